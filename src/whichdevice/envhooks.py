@@ -1,0 +1,105 @@
+"""Environment set-up hooks and scoped variables: set only what is unset, record it, restore the rest."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from whichdevice.registry import Backend
+
+__all__ = ["EnvAction", "applied_env", "apply_env_defaults", "scoped_env"]
+
+
+@dataclass(frozen=True)
+class EnvAction:
+    """What a hook did with one variable: "set" it, or "kept" the user's different value."""
+
+    name: str
+    value: str
+    action: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "value": self.value, "action": self.action, "message": self.message}
+
+
+_lock = threading.Lock()
+# Variables whichdevice itself set in this process, so a resolution can list them and an
+# idempotent second call can tell "ours" from "the user's".
+_applied: dict[str, str] = {}
+
+
+def applied_env() -> dict[str, str]:
+    """Every variable whichdevice's hooks set in this process, name -> value."""
+    with _lock:
+        return dict(_applied)
+
+
+def _forget(name: str) -> None:
+    with _lock:
+        _applied.pop(name, None)
+
+
+def apply_env_defaults(backend: Backend, stage: str) -> tuple[EnvAction, ...]:
+    """Run ``backend``'s hooks for ``stage`` ("import" or "select"); never overwrite a user's value."""
+    actions: list[EnvAction] = []
+    for default in backend.env_defaults:
+        if default.stage != stage:
+            continue
+        with _lock:
+            current = os.environ.get(default.name)
+            if current is None:
+                os.environ[default.name] = default.value
+                _applied[default.name] = default.value
+                actions.append(
+                    EnvAction(
+                        default.name,
+                        default.value,
+                        "set",
+                        f"set {default.name}={default.value} ({default.why})",
+                    )
+                )
+            elif _applied.get(default.name) == current:
+                actions.append(
+                    EnvAction(
+                        default.name,
+                        current,
+                        "set",
+                        f"set {default.name}={current} ({default.why})",
+                    )
+                )
+            elif current != default.value:
+                actions.append(
+                    EnvAction(
+                        default.name,
+                        current,
+                        "kept",
+                        f"kept your {default.name}={current}; {backend.name} wants "
+                        f"{default.name}={default.value} because {default.why}",
+                    )
+                )
+    return tuple(actions)
+
+
+@contextmanager
+def scoped_env(**values: str) -> Iterator[None]:
+    """Set variables for the duration of a block, then restore each old value, "unset" included.
+
+    Used around calls like ``torch.cuda.device_count()`` that read a switch from the environment
+    (``PYTORCH_NVML_BASED_CUDA_CHECK``); clobbering the user's own value was accelerate PR #2524.
+    """
+    previous = {name: os.environ.get(name) for name in values}
+    try:
+        os.environ.update(values)
+        yield
+    finally:
+        for name, old in previous.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old

@@ -1,0 +1,72 @@
+"""Errors raised by whichdevice: each says what was asked, what this machine has, and what to do."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "ConfigConflictError",
+    "DeviceError",
+    "DeviceUnavailableError",
+    "DoesNotFitError",
+    "UnknownDeviceError",
+    "closest_match",
+]
+
+
+class DeviceError(ValueError):
+    """A device request that cannot be honoured; the message names the fix."""
+
+
+class UnknownDeviceError(DeviceError):
+    """A device string (or backend name) that no registered backend answers to."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """A known backend that is not installed, not usable, or lacks the requested index."""
+
+
+class ConfigConflictError(DeviceError):
+    """An explicit setting that contradicts the hardware (bf16 on a GPU without bf16, ...)."""
+
+
+class DoesNotFitError(DeviceError):
+    """A model larger than the memory of the devices it may use."""
+
+
+# Words people type for a device that are not device strings. Checked before fuzzy matching
+# because "gpu" is closer to "mps" than to "cuda" by edit distance.
+_ALIASES = {
+    "gpu": "cuda",
+    "nvidia": "cuda",
+    "rocm": "cuda",
+    "hip": "cuda",
+    "amd": "cuda",
+    "gaudi": "hpu",
+    "habana": "hpu",
+    "ascend": "npu",
+    "trainium": "neuron",
+    "inferentia": "neuron",
+    "xla": "tpu",
+    "apple": "mps",
+    "metal": "mps",
+    "intel": "xpu",
+    "arc": "xpu",
+    "cambricon": "mlu",
+    "moorethreads": "musa",
+    "mthreads": "musa",
+}
+
+
+def closest_match(word: str, choices: Iterable[str]) -> str | None:
+    """The valid name a user most likely meant by ``word``, or None."""
+    choices = list(choices)
+    key = word.strip().lower().split(":", 1)[0].replace(" ", "").replace("-", "").replace("_", "")
+    if key in choices:
+        return key
+    alias = _ALIASES.get(key)
+    if alias in choices:
+        return alias
+    matches = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
+    return matches[0] if matches else None

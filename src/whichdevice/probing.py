@@ -1,0 +1,300 @@
+"""The probe layer: what is really here, asked once per process, bounded in time, never raising.
+
+``probe(name)`` returns a frozen :class:`ProbeResult`. The per-backend functions that do the asking
+live in :mod:`whichdevice.probes`; this module runs them: one run per backend even when many threads
+ask at once, a time limit for a probe that hangs, an exception turned into a reason, and a cache
+that ``refresh=True`` bypasses. ``whichdevice.testing.simulate`` swaps the functions and the cache,
+nothing else, so simulated hardware goes through the same machinery.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.registry import Backend, backends, get_backend
+
+if TYPE_CHECKING:
+    from whichdevice.envhooks import EnvAction
+    from whichdevice.visible import Visibility
+
+__all__ = [
+    "DeviceInfo",
+    "ProbeResult",
+    "clear_cache",
+    "probe",
+    "probe_all",
+    "probe_counts",
+    "probe_timeout",
+]
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One visible device: index as this process sees it, and the physical device behind it."""
+
+    index: int
+    name: str | None = None
+    total_memory: int | None = None
+    capability: tuple[int, int] | None = None
+    generation: str | None = None
+    physical_id: str | None = None
+    bf16: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "total_memory": self.total_memory,
+            "capability": ".".join(map(str, self.capability)) if self.capability else None,
+            "generation": self.generation,
+            "physical_id": self.physical_id,
+            "bf16": self.bf16,
+        }
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one backend's probe found. ``reason`` says why it is not available, and what to do."""
+
+    backend: str
+    installed: bool
+    available: bool
+    device_count: int = 0
+    devices: tuple[DeviceInfo, ...] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)
+    variant: str | None = None
+    reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    env_set: tuple[EnvAction, ...] = ()
+    features: frozenset[str] = frozenset()
+    os_version: str | None = None
+    visible: Visibility | None = None
+    simulated: bool = False
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.available
+
+    @property
+    def min_capability(self) -> tuple[int, int] | None:
+        caps = [d.capability for d in self.devices if d.capability is not None]
+        return min(caps) if caps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (used by ``whichdevice --json``)."""
+        return {
+            "backend": self.backend,
+            "installed": self.installed,
+            "available": self.available,
+            "device_count": self.device_count,
+            "devices": [d.to_dict() for d in self.devices],
+            "versions": dict(self.versions),
+            "variant": self.variant,
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+            "env_set": [a.to_dict() for a in self.env_set],
+            "features": sorted(self.features),
+            "os_version": self.os_version,
+            "visible_devices": (
+                {
+                    "variable": self.visible.variable,
+                    "value": self.visible.raw,
+                    "physical_ids": list(self.visible.ids) if self.visible.ids is not None else None,
+                }
+                if self.visible is not None and self.visible.variable
+                else None
+            ),
+            "simulated": self.simulated,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+ProbeFunction = Callable[[Backend], ProbeResult]
+
+
+class _Store:
+    """Results, in-flight markers and run counts: one for real hardware, one per simulation."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.results: dict[str, ProbeResult] = {}
+        self.inflight: dict[str, threading.Event] = {}
+        self.counts: dict[str, int] = {}
+
+    def function(self, backend: Backend) -> ProbeFunction:
+        return backend.probe
+
+
+_real_store = _Store()
+# The simulation stack (whichdevice.testing pushes and pops); the innermost one answers.
+_simulations: list[_Store] = []
+_timeout_override: float | None = None
+
+
+def _store() -> _Store:
+    return _simulations[-1] if _simulations else _real_store
+
+
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread held a lock or ran a probe would leave the child waiting
+    # forever; results stay valid (same machine), the bookkeeping starts fresh.
+    for store in (_real_store, *_simulations):
+        store.lock = threading.Lock()
+        store.inflight.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def probe_timeout() -> float:
+    """Seconds a probe may take before it is reported as hung (``WHICHDEVICE_PROBE_TIMEOUT``)."""
+    if _timeout_override is not None:
+        return _timeout_override
+    raw = os.environ.get("WHICHDEVICE_PROBE_TIMEOUT")
+    if raw:
+        try:
+            value = float(raw)
+            if value > 0:
+                return value
+        except ValueError:
+            pass
+    return DEFAULT_TIMEOUT_S
+
+
+def set_probe_timeout(seconds: float | None) -> None:
+    """Set the probe time limit for this process (None: back to the default)."""
+    global _timeout_override
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"a probe timeout is a positive number of seconds, not {seconds!r}")
+    _timeout_override = seconds
+
+
+def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> ProbeResult:
+    """Probe backend ``name`` (cached per process; ``refresh=True`` probes again)."""
+    backend = get_backend(name)
+    store = _store()
+    while True:
+        with store.lock:
+            if not refresh and name in store.results:
+                return store.results[name]
+            event = store.inflight.get(name)
+            owner = event is None
+            if owner:
+                event = threading.Event()
+                store.inflight[name] = event
+        assert event is not None
+        if not owner:
+            # Someone else is probing this backend now: their answer is ours too.
+            event.wait()
+            refresh = False
+            continue
+        result: ProbeResult | None = None
+        try:
+            result = _run(backend, store.function(backend), timeout or probe_timeout())
+        finally:
+            with store.lock:
+                if result is not None:
+                    store.results[name] = result
+                    store.counts[name] = store.counts.get(name, 0) + 1
+                store.inflight.pop(name, None)
+            event.set()
+        return result
+
+
+def probe_all(refresh: bool = False) -> tuple[ProbeResult, ...]:
+    """Probe every registered backend, in detection order."""
+    return tuple(probe(b.name, refresh=refresh) for b in backends())
+
+
+def probe_counts() -> dict[str, int]:
+    """How many times each backend's probe really ran in this process (or this simulation)."""
+    store = _store()
+    with store.lock:
+        return dict(store.counts)
+
+
+def clear_cache(name: str | None = None) -> None:
+    """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
+    store = _store()
+    with store.lock:
+        if name is None:
+            store.results.clear()
+            store.counts.clear()
+        else:
+            store.results.pop(name, None)
+            store.counts.pop(name, None)
+
+
+def _ensure_torch_imported(backend: Backend) -> None:
+    # ``import torch`` takes seconds on a cold disk and a probe whose package is installed imports
+    # it anyway, so it happens before the clock starts: the time limit is for the vendor part that
+    # can hang. The CPU probe and probes of absent packages need no torch at all.
+    from importlib.util import find_spec
+
+    if backend.name == "cpu":
+        return
+    if find_spec(backend.module.split(".")[0]) is not None and find_spec("torch") is not None:
+        import torch  # noqa: F401
+
+
+def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResult:
+    try:
+        _ensure_torch_imported(backend)
+    except Exception as exc:  # noqa: BLE001 - a broken torch is a result, not a crash
+        return ProbeResult(
+            backend.name,
+            installed=False,
+            available=False,
+            reason=f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch",
+        )
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = function(backend)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a vendor import included
+            box["error"] = exc
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=target, name=f"whichdevice-probe-{backend.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    elapsed = time.perf_counter() - start
+    if thread.is_alive():
+        return ProbeResult(
+            backend.name,
+            installed=True,
+            available=False,
+            reason=(
+                f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "
+                f"package import?); whichdevice gave up on it. Raise the limit with "
+                f"WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow"
+            ),
+            seconds=elapsed,
+        )
+    if "error" in box:
+        exc = box["error"]
+        if isinstance(exc, SystemExit):
+            what = f"called sys.exit({exc.code!r})"
+        else:
+            what = f"raised {type(exc).__name__}: {exc}"
+        return ProbeResult(
+            backend.name,
+            installed=True,
+            available=False,
+            reason=(
+                f"the {backend.name} probe {what}. The package {backend.package!r} is installed "
+                f"but broken: reinstall it ({backend.install_command}) or uninstall it"
+            ),
+            seconds=elapsed,
+        )
+    result: ProbeResult = box["result"]
+    return replace(result, seconds=elapsed)

@@ -1,0 +1,408 @@
+"""The backend registry: one record per device string, in one declared detection order.
+
+The detection order is written once, here (``_BUILTIN``), and every other part of whichdevice reads
+it through :func:`backends`. Why this order:
+
+1. ``neuron``, ``tpu``, ``npu``, ``hpu``, ``mlu``, ``musa`` come first. Each needs a vendor package
+   the user installed on purpose, so a usable one is the accelerator the machine was built for. Some
+   of them also make CUDA *look* available: ``torch_npu.contrib.transfer_to_npu`` redirects
+   ``torch.cuda`` to the NPU (accelerate#3020) and the Neuron extension loads into CUDA builds of
+   torch, so they must be asked before ``cuda``.
+2. ``cuda`` (NVIDIA, and AMD through the ROCm build), then ``xpu`` and ``mps``, which stock torch
+   builds report on their own.
+3. ``cpu`` last: always there, the fallback.
+
+Static facts (visible-devices variables, distributed backends, compile backends) live in these
+records; ``tests/test_registry.py`` compares them with accelerate's own constants so drift fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.errors import UnknownDeviceError, closest_match
+
+if TYPE_CHECKING:
+    from whichdevice.probing import ProbeResult
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "EnvDefault",
+    "backends",
+    "backend_names",
+    "get_backend",
+    "register_backend",
+    "unregister_backend",
+]
+
+ENTRY_POINT_GROUP = "whichdevice.backends"
+
+ProbeFunction = Callable[["Backend"], "ProbeResult"]
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    """An environment variable a backend needs, set only when the user has not set it."""
+
+    name: str
+    value: str
+    why: str
+    # "import": before the backend's package is imported by its probe; "select": when chosen.
+    stage: str = "import"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Everything whichdevice knows about one device string without touching hardware."""
+
+    name: str
+    hardware: str
+    package: str
+    module: str
+    probe_ref: str | ProbeFunction = field(repr=False)
+    visible_devices_env: tuple[str, ...] = ()
+    distributed_backend: str | None = None
+    # Other process-group backends that also work here (validated against a user's ddp_backend).
+    other_distributed_backends: tuple[str, ...] = ()
+    compile_backend: str | None = "inductor"
+    device_map_auto: bool = True
+    bitsandbytes: bool = False
+    kernels_key: str | None = None
+    flash_attention: tuple[int, ...] = ()
+    # True: "cuda:0" names the first device; False: the bare string ("hpu", "mps") is the usual form.
+    indexed: bool = True
+    default_dtype: str = "float32"
+    env_defaults: tuple[EnvDefault, ...] = ()
+    install_hint: str = ""
+    docs: str = ""
+
+    @property
+    def install_command(self) -> str:
+        """The command that installs this backend's package."""
+        return self.install_hint or f"pip install {self.package}"
+
+    @property
+    def probe(self) -> ProbeFunction:
+        """The probe function, imported on first use (the registry itself imports nothing)."""
+        ref = self.probe_ref
+        if callable(ref):
+            return ref
+        module_name, _, attr = ref.partition(":")
+        func: ProbeFunction = getattr(importlib.import_module(module_name), attr)
+        return func
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_PROBES = "whichdevice.probes"
+
+_BUILTIN: tuple[Backend, ...] = (
+    Backend(
+        name="neuron",
+        hardware="AWS Trainium / Inferentia",
+        package="torch-neuronx",
+        module="torch_neuronx",
+        probe_ref=f"{_PROBES}:probe_neuron",
+        visible_devices_env=("NEURON_RT_VISIBLE_CORES",),
+        distributed_backend="neuron",
+        other_distributed_backends=("xla",),
+        compile_backend="neuron",
+        device_map_auto=False,
+        kernels_key="neuron",
+        indexed=False,
+        default_dtype="bfloat16",
+        install_hint="pip install torch-neuronx (from the AWS Neuron package index)",
+        docs="neuron",
+    ),
+    Backend(
+        name="tpu",
+        hardware="Google TPU",
+        package="torch-tpu",
+        module="torch_tpu",
+        probe_ref=f"{_PROBES}:probe_tpu",
+        visible_devices_env=("TPU_VISIBLE_CHIPS",),
+        distributed_backend="xla",
+        compile_backend=None,
+        device_map_auto=False,
+        kernels_key="tpu",
+        indexed=False,
+        default_dtype="bfloat16",
+        docs="tpu",
+    ),
+    Backend(
+        name="npu",
+        hardware="Huawei Ascend",
+        package="torch-npu",
+        module="torch_npu",
+        probe_ref=f"{_PROBES}:probe_npu",
+        visible_devices_env=("ASCEND_RT_VISIBLE_DEVICES",),
+        distributed_backend="hccl",
+        bitsandbytes=True,
+        kernels_key="npu",
+        flash_attention=(2,),
+        default_dtype="bfloat16",
+        docs="npu",
+    ),
+    Backend(
+        name="hpu",
+        hardware="Intel Gaudi",
+        package="habana-torch-plugin",
+        module="habana_frameworks",
+        probe_ref=f"{_PROBES}:probe_hpu",
+        visible_devices_env=("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES"),
+        distributed_backend="hccl",
+        compile_backend="hpu_backend",
+        bitsandbytes=True,
+        indexed=False,
+        default_dtype="bfloat16",
+        env_defaults=(
+            EnvDefault(
+                "PT_ENABLE_INT64_SUPPORT",
+                "1",
+                "token ids are int64; without it Gaudi kernels fail or truncate them",
+            ),
+        ),
+        install_hint="pip install habana-torch-plugin (ships with the Intel Gaudi software stack)",
+        docs="hpu",
+    ),
+    Backend(
+        name="mlu",
+        hardware="Cambricon MLU",
+        package="torch-mlu",
+        module="torch_mlu",
+        probe_ref=f"{_PROBES}:probe_mlu",
+        visible_devices_env=("MLU_VISIBLE_DEVICES",),
+        distributed_backend="cncl",
+        flash_attention=(2,),
+        default_dtype="float16",
+        docs="mlu",
+    ),
+    Backend(
+        name="musa",
+        hardware="Moore Threads GPU",
+        package="torch-musa",
+        module="torch_musa",
+        probe_ref=f"{_PROBES}:probe_musa",
+        visible_devices_env=("MUSA_VISIBLE_DEVICES",),
+        distributed_backend="mccl",
+        flash_attention=(2,),
+        default_dtype="float16",
+        docs="musa",
+    ),
+    Backend(
+        name="cuda",
+        hardware="NVIDIA GPU, or AMD GPU through the ROCm build of torch",
+        package="torch",
+        module="torch",
+        probe_ref=f"{_PROBES}:probe_cuda",
+        visible_devices_env=(
+            "CUDA_VISIBLE_DEVICES",
+            "HIP_VISIBLE_DEVICES",
+            "ROCR_VISIBLE_DEVICES",
+        ),
+        distributed_backend="nccl",
+        other_distributed_backends=("gloo",),
+        bitsandbytes=True,
+        kernels_key="cuda",
+        flash_attention=(2, 3, 4),
+        default_dtype="float16",
+        install_hint="pip install torch (a CUDA or ROCm build; see https://pytorch.org/get-started/)",
+        docs="cuda",
+    ),
+    Backend(
+        name="xpu",
+        hardware="Intel GPU",
+        package="torch",
+        module="torch",
+        probe_ref=f"{_PROBES}:probe_xpu",
+        visible_devices_env=("ZE_AFFINITY_MASK",),
+        distributed_backend="xccl",
+        other_distributed_backends=("ccl", "gloo"),
+        bitsandbytes=True,
+        kernels_key="xpu",
+        flash_attention=(2,),
+        default_dtype="bfloat16",
+        install_hint="pip install torch --index-url https://download.pytorch.org/whl/xpu",
+        docs="xpu",
+    ),
+    Backend(
+        name="mps",
+        hardware="Apple Silicon GPU",
+        package="torch",
+        module="torch",
+        probe_ref=f"{_PROBES}:probe_mps",
+        distributed_backend=None,
+        bitsandbytes=True,
+        kernels_key="mps",
+        indexed=False,
+        default_dtype="float16",
+        env_defaults=(
+            EnvDefault(
+                "PYTORCH_ENABLE_MPS_FALLBACK",
+                "1",
+                "operators MPS lacks run on the CPU instead of raising (accelerate sets it too)",
+                stage="select",
+            ),
+        ),
+        install_hint="pip install torch (on macOS 12.3 or newer, Apple Silicon)",
+        docs="mps",
+    ),
+    Backend(
+        name="cpu",
+        hardware="CPU",
+        package="torch",
+        module="torch",
+        probe_ref=f"{_PROBES}:probe_cpu",
+        distributed_backend="gloo",
+        other_distributed_backends=("mpi", "ccl"),
+        bitsandbytes=True,
+        indexed=False,
+        default_dtype="float32",
+        docs="cpu",
+    ),
+)
+
+_lock = threading.RLock()
+_registry: dict[str, Backend] = {}
+_order: list[str] = []
+_entry_points_loaded = False
+
+
+def _reset() -> None:
+    """Back to the built-in records (tests use this; entry points load again on next read)."""
+    global _entry_points_loaded
+    with _lock:
+        _registry.clear()
+        _order.clear()
+        for record in _BUILTIN:
+            _registry[record.name] = record
+            _order.append(record.name)
+        _entry_points_loaded = False
+
+
+_reset()
+
+
+def _load_entry_points() -> None:
+    # Third-party backends register through the entry-point group; an entry point may name a
+    # Backend record or a callable returning one. A broken plugin must not break detection, so
+    # failures become warnings.
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    with _lock:
+        if _entry_points_loaded:
+            return
+        _entry_points_loaded = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                obj: Any = ep.load()
+                record = obj() if callable(obj) and not isinstance(obj, Backend) else obj
+                if not isinstance(record, Backend):
+                    raise TypeError(f"entry point gave {type(record).__name__}, not a Backend")
+                if record.name not in _registry:
+                    _insert(record, before="cpu")
+            except Exception as exc:  # noqa: BLE001 - a plugin's failure is reported, not raised
+                import warnings
+
+                warnings.warn(
+                    f"whichdevice: backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
+                    stacklevel=2,
+                )
+
+
+def _insert(record: Backend, before: str | None) -> None:
+    _registry[record.name] = record
+    if record.name in _order:
+        return
+    if before is None:
+        before = "cpu"
+    if before not in _order:
+        raise UnknownDeviceError(
+            f"register_backend(before={before!r}): no backend named {before!r}; "
+            f"valid names: {', '.join(_order)}"
+        )
+    _order.insert(_order.index(before), record.name)
+
+
+def backends() -> tuple[Backend, ...]:
+    """Every registered backend, in detection order."""
+    _load_entry_points()
+    with _lock:
+        return tuple(_registry[name] for name in _order)
+
+
+def backend_names() -> tuple[str, ...]:
+    """The valid device-string prefixes, in detection order."""
+    return tuple(b.name for b in backends())
+
+
+def registry_view() -> Mapping[str, Backend]:
+    """A read-only name -> record view of the registry."""
+    _load_entry_points()
+    return MappingProxyType(dict(_registry))
+
+
+def get_backend(name: str) -> Backend:
+    """The record for ``name`` ("cuda", "hpu", ...); an unknown name raises with the closest match."""
+    _load_entry_points()
+    if not isinstance(name, str):
+        raise UnknownDeviceError(
+            f"a backend name is a string such as 'cuda', not {type(name).__name__} {name!r}; "
+            f"valid names: {', '.join(_order)}"
+        )
+    record = _registry.get(name)
+    if record is not None:
+        return record
+    raise UnknownDeviceError(unknown_name_message(name, what="backend"))
+
+
+def unknown_name_message(name: str, what: str = "device") -> str:
+    """The text for a name no backend answers to: the valid names and the closest match."""
+    names = backend_names()
+    hint = closest_match(name, names)
+    guess = f" Did you mean {hint!r}?" if hint else ""
+    return f"unknown {what} {name!r}.{guess} Valid {what} names: {', '.join(names)}."
+
+
+def register_backend(record: Backend, *, replace: bool = False, before: str | None = None) -> Backend:
+    """Add a third-party backend, detected just before ``before`` (default: before "cpu").
+
+    Registering a name that exists is an error unless ``replace=True``; a replaced record keeps its
+    place in the detection order unless ``before`` moves it.
+    """
+    if not isinstance(record, Backend):
+        raise TypeError(f"register_backend takes a whichdevice.Backend, not {type(record).__name__}")
+    if not record.name or not record.name.isidentifier() or record.name != record.name.lower():
+        raise ValueError(f"a backend name is a lower-case identifier like 'cuda', not {record.name!r}")
+    _load_entry_points()
+    with _lock:
+        if record.name in _registry and not replace:
+            raise ValueError(
+                f"a backend named {record.name!r} is already registered; "
+                "pass replace=True to replace it"
+            )
+        if before is not None and record.name in _order:
+            _order.remove(record.name)
+        _insert(record, before)
+    from whichdevice import probing as _probe
+
+    _probe.clear_cache(record.name)
+    return record
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend (built-in ones too; ``_reset`` restores them)."""
+    with _lock:
+        get_backend(name)
+        del _registry[name]
+        _order.remove(name)

@@ -1,0 +1,264 @@
+"""Visible-devices variables, parsed the way each runtime reads them.
+
+Each parser answers "which physical devices sit behind visible indices 0, 1, ...?" and returns a
+:class:`Visibility`. ``ids is None`` means the variable is unset (every device is visible). Values a
+runtime silently misreads (``CUDA_VISIBLE_DEVICES=0,,2`` shows only GPU 0) parse the way the runtime
+reads them and carry a warning that says so; values no runtime accepts raise ``DeviceError``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from whichdevice.errors import DeviceError
+
+__all__ = ["Visibility", "parse_cuda", "parse_index_list", "visible_devices"]
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which physical devices a backend's runtime will show, and from which variable."""
+
+    variable: str | None = None
+    raw: str | None = None
+    ids: tuple[str, ...] | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def restricted(self) -> bool:
+        return self.ids is not None
+
+    def count(self, physical: int | None = None) -> int | None:
+        """Visible count given ``physical`` devices (None when it cannot be known)."""
+        if self.ids is None:
+            return physical
+        return len(self.ids)
+
+    def physical_id(self, index: int) -> str:
+        """The physical device behind visible ``index`` ("3", "GPU-8a1...", or the index itself)."""
+        if self.ids is None:
+            return str(index)
+        return self.ids[index]
+
+
+def _strtoul(text: str) -> int:
+    # The CUDA runtime reads each entry like C's strtoul: "1gpu" is 1, "" or "x" ends the list.
+    match = re.match(r"[+-]?\d+", text)
+    return int(match.group()) if match else -1
+
+
+def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) -> Visibility:
+    """CUDA_VISIBLE_DEVICES (and on ROCm, ROCR_VISIBLE_DEVICES then HIP_VISIBLE_DEVICES)."""
+    env = os.environ if environ is None else environ
+    warnings: list[str] = []
+    variable = "CUDA_VISIBLE_DEVICES"
+    value = env.get(variable)
+    rocr_prefix: tuple[str, ...] | None = None
+    if rocm:
+        # ROCR is applied first by the ROCm runtime; HIP then selects among what ROCR left.
+        rocr = env.get("ROCR_VISIBLE_DEVICES")
+        hip = env.get("HIP_VISIBLE_DEVICES")
+        if rocr is not None:
+            rocr_prefix = _parse_cuda_value(rocr, "ROCR_VISIBLE_DEVICES", warnings)
+            variable, value = "ROCR_VISIBLE_DEVICES", rocr
+        if hip is not None:
+            variable, value = "HIP_VISIBLE_DEVICES", hip
+            if rocr_prefix is not None and len(hip.split(",")) > len(rocr_prefix):
+                raise DeviceError(
+                    f"HIP_VISIBLE_DEVICES={hip!r} names more GPUs than ROCR_VISIBLE_DEVICES="
+                    f"{env.get('ROCR_VISIBLE_DEVICES')!r} leaves visible; HIP selects among the GPUs "
+                    "ROCR shows, so unset one of them or shorten HIP_VISIBLE_DEVICES"
+                )
+        elif rocr is not None:
+            return Visibility(variable, value, rocr_prefix, tuple(warnings))
+        if env.get("CUDA_VISIBLE_DEVICES") is not None and hip is not None:
+            warnings.append(
+                "both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins"
+            )
+    if value is None:
+        return Visibility(None, None, None, tuple(warnings))
+    ids = _parse_cuda_value(value, variable, warnings)
+    if rocr_prefix is not None and ids and all(i.isdigit() for i in ids):
+        # HIP indices count within the ROCR selection.
+        ids = tuple(rocr_prefix[int(i)] for i in ids if int(i) < len(rocr_prefix))
+    return Visibility(variable, value, ids, tuple(warnings))
+
+
+def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[str, ...]:
+    text = value.strip()
+    if text != value:
+        warnings.append(f"{variable}={value!r} has surrounding spaces; read as {text!r}")
+    if text == "":
+        warnings.append(f"{variable} is set but empty, which hides every GPU")
+        return ()
+    for prefix in ("GPU-", "MIG-"):
+        if text.startswith(prefix):
+            uuids: list[str] = []
+            for entry in text.split(","):
+                entry = entry.strip()
+                if entry in uuids:
+                    warnings.append(
+                        f"{variable}={value!r} repeats {entry}; the runtime then shows no GPU at all"
+                    )
+                    return ()
+                if not entry.startswith(prefix):
+                    warnings.append(
+                        f"{variable}={value!r}: the runtime stops reading at {entry!r}"
+                    )
+                    break
+                uuids.append(entry)
+            return tuple(uuids)
+    indices: list[str] = []
+    for entry in text.split(","):
+        number = _strtoul(entry.strip())
+        if str(number) in indices:
+            warnings.append(
+                f"{variable}={value!r} repeats GPU {number}; the runtime then shows no GPU at all"
+            )
+            return ()
+        if number < 0:
+            if entry.strip() == "-1" and not indices:
+                warnings.append(f"{variable}=-1 hides every GPU")
+            else:
+                kept = ",".join(indices) or "none"
+                warnings.append(
+                    f"{variable}={value!r}: the runtime stops reading at {entry!r}, "
+                    f"so the visible GPUs are: {kept}"
+                )
+            break
+        if entry.strip() != str(number):
+            warnings.append(f"{variable}={value!r}: the runtime reads {entry!r} as {number}")
+        indices.append(str(number))
+    return tuple(indices)
+
+
+def parse_index_list(value: str, variable: str) -> tuple[str, ...]:
+    """A plain comma-separated list of non-negative device indices ("0,1,3")."""
+    text = value.strip()
+    if text == "":
+        return ()
+    out: list[str] = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry.isdigit() or not entry.isascii():
+            raise DeviceError(
+                f"{variable}={value!r}: {entry!r} is not a device index; "
+                f"use comma-separated indices such as {variable}=0,1"
+            )
+        if str(int(entry)) in out:
+            raise DeviceError(f"{variable}={value!r} names device {entry} twice; list each device once")
+        out.append(str(int(entry)))
+    return tuple(out)
+
+
+def parse_ranges(value: str, variable: str) -> tuple[str, ...]:
+    """Indices and inclusive ranges, as NEURON_RT_VISIBLE_CORES takes them ("0-3", "0,2,4-5")."""
+    out: list[str] = []
+    for entry in value.strip().split(","):
+        entry = entry.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", entry)
+        if not match or not entry.isascii():
+            raise DeviceError(
+                f"{variable}={value!r}: {entry!r} is not a core index or range; "
+                f"use e.g. {variable}=0-1 or {variable}=0,1"
+            )
+        lo = int(match.group(1))
+        hi = int(match.group(2)) if match.group(2) else lo
+        if hi < lo:
+            raise DeviceError(f"{variable}={value!r}: range {entry!r} runs backwards; write {hi}-{lo}")
+        for i in range(lo, hi + 1):
+            if str(i) in out:
+                raise DeviceError(f"{variable}={value!r} names core {i} twice")
+            out.append(str(i))
+    return tuple(out)
+
+
+def parse_ze_affinity_mask(value: str, variable: str = "ZE_AFFINITY_MASK") -> tuple[str, ...]:
+    """Level Zero's mask: "0,1" (devices) or "0.0,0.1" (device.sub-device tiles)."""
+    text = value.strip()
+    if text == "":
+        return ()
+    out: list[str] = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not re.fullmatch(r"\d+(\.\d+)?", entry) or not entry.isascii():
+            raise DeviceError(
+                f"{variable}={value!r}: {entry!r} is neither a device index nor device.tile; "
+                f"use e.g. {variable}=0,1 or {variable}=0.0,0.1"
+            )
+        if entry in out:
+            raise DeviceError(f"{variable}={value!r} names {entry} twice")
+        out.append(entry)
+    return tuple(out)
+
+
+def parse_habana(environ: Mapping[str, str] | None = None) -> Visibility:
+    """HABANA_VISIBLE_MODULES (stable module ids) wins over HABANA_VISIBLE_DEVICES (indices)."""
+    env = os.environ if environ is None else environ
+    modules = env.get("HABANA_VISIBLE_MODULES")
+    devices = env.get("HABANA_VISIBLE_DEVICES")
+    warnings: list[str] = []
+    if modules is not None:
+        ids = parse_index_list(modules, "HABANA_VISIBLE_MODULES")
+        if devices is not None and devices.strip().lower() != "all":
+            other = parse_index_list(devices, "HABANA_VISIBLE_DEVICES")
+            if len(other) != len(ids) or set(other) != set(ids):
+                warnings.append(
+                    f"HABANA_VISIBLE_MODULES={modules!r} and HABANA_VISIBLE_DEVICES={devices!r} "
+                    "disagree; whichdevice follows HABANA_VISIBLE_MODULES (module ids are stable, "
+                    "device indices may change): unset one of them"
+                )
+        return Visibility("HABANA_VISIBLE_MODULES", modules, ids, tuple(warnings))
+    if devices is not None:
+        if devices.strip().lower() == "all":
+            return Visibility("HABANA_VISIBLE_DEVICES", devices, None, ())
+        ids = parse_index_list(devices, "HABANA_VISIBLE_DEVICES")
+        return Visibility("HABANA_VISIBLE_DEVICES", devices, ids, ())
+    return Visibility()
+
+
+def _single_variable(
+    variable: str, parser: Callable[[str, str], tuple[str, ...]]
+) -> Callable[[Mapping[str, str]], Visibility]:
+    def parse(env: Mapping[str, str]) -> Visibility:
+        value = env.get(variable)
+        if value is None:
+            return Visibility()
+        ids = parser(value, variable)
+        warnings = (f"{variable} is set but empty, which hides every device",) if not ids else ()
+        return Visibility(variable, value, ids, warnings)
+
+    return parse
+
+
+_PARSERS: dict[str, Callable[[Mapping[str, str]], Visibility]] = {
+    "cuda": lambda env: parse_cuda(env),
+    "xpu": _single_variable("ZE_AFFINITY_MASK", parse_ze_affinity_mask),
+    "hpu": lambda env: parse_habana(env),
+    "neuron": _single_variable("NEURON_RT_VISIBLE_CORES", parse_ranges),
+    "tpu": _single_variable("TPU_VISIBLE_CHIPS", parse_index_list),
+    "npu": _single_variable("ASCEND_RT_VISIBLE_DEVICES", parse_index_list),
+    "mlu": _single_variable("MLU_VISIBLE_DEVICES", parse_index_list),
+    "musa": _single_variable("MUSA_VISIBLE_DEVICES", parse_index_list),
+}
+
+
+def visible_devices(
+    backend: str, environ: Mapping[str, str] | None = None, *, variant: str | None = None
+) -> Visibility:
+    """The :class:`Visibility` for ``backend`` from ``environ`` (default: ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    if backend == "cuda" and variant == "rocm":
+        return parse_cuda(env, rocm=True)
+    parser = _PARSERS.get(backend)
+    if parser is not None:
+        return parser(env)
+    from whichdevice.registry import get_backend
+
+    record = get_backend(backend)
+    if record.visible_devices_env:
+        return _single_variable(record.visible_devices_env[0], parse_index_list)(env)
+    return Visibility()
