@@ -296,7 +296,7 @@ def _nvml_devices() -> list[dict[str, Any]]:
                 }
             )
         return out
-    except Exception:  # noqa: BLE001 - NVML missing or too old: fall back to nvidia-smi
+    except Exception:
         return []
 
 
@@ -338,7 +338,7 @@ def _torch_module_devices(module: Any, count: int, vis: Visibility) -> list[Devi
     if hasattr(module, "is_bf16_supported"):
         try:
             bf16 = bool(module.is_bf16_supported())
-        except Exception:  # noqa: BLE001 - optional detail
+        except Exception:
             bf16 = None
     for i in range(count):
         name = memory = None
@@ -346,10 +346,10 @@ def _torch_module_devices(module: Any, count: int, vis: Visibility) -> list[Devi
             props = module.get_device_properties(i)
             name = getattr(props, "name", None)
             memory = getattr(props, "total_memory", None)
-        except Exception:  # noqa: BLE001 - optional detail
+        except Exception:
             try:
                 name = module.get_device_name(i)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 name = None
         pid = vis.physical_id(i) if vis.ids is not None and i < len(vis.ids) else str(i)
         out.append(DeviceInfo(i, name, int(memory) if memory else None, physical_id=pid, bf16=bf16))

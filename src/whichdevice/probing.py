@@ -248,7 +248,7 @@ def _ensure_torch_imported(backend: Backend) -> None:
 def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResult:
     try:
         _ensure_torch_imported(backend)
-    except Exception as exc:  # noqa: BLE001 - a broken torch is a result, not a crash
+    except Exception as exc:
         return ProbeResult(
             backend.name,
             installed=False,
@@ -260,7 +260,7 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
     def target() -> None:
         try:
             box["result"] = function(backend)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit from a vendor import included
+        except BaseException as exc:
             box["error"] = exc
 
     start = time.perf_counter()

@@ -34,8 +34,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Backend",
     "EnvDefault",
-    "backends",
     "backend_names",
+    "backends",
     "get_backend",
     "register_backend",
     "unregister_backend",
@@ -311,7 +311,7 @@ def _load_entry_points() -> None:
                     raise TypeError(f"entry point gave {type(record).__name__}, not a Backend")
                 if record.name not in _registry:
                     _insert(record, before="cpu")
-            except Exception as exc:  # noqa: BLE001 - a plugin's failure is reported, not raised
+            except Exception as exc:
                 import warnings
 
                 warnings.warn(

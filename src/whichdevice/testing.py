@@ -32,6 +32,7 @@ from whichdevice.envhooks import _forget, apply_env_defaults
 from whichdevice.errors import DeviceError
 from whichdevice.probing import DeviceInfo, ProbeResult
 from whichdevice.registry import Backend, backend_names, get_backend, unknown_name_message
+from whichdevice.sizing import parse_size
 
 __all__ = ["SimulatedDevice", "parse_spec", "simulate"]
 
@@ -73,18 +74,7 @@ class SimulatedDevice:
 
 
 def _parse_memory(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|TB|GB|MB|T|G|M|B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise DeviceError(f"simulate: mem={text!r} is not a size; write e.g. mem=80GiB or mem=16GB")
-    number = float(match.group(1))
-    unit = (match.group(2) or "B").lower()
-    scale = {
-        "tib": 1024**4, "t": 1024**4, "tb": 1000**4,
-        "gib": _GiB, "g": _GiB, "gb": 1000**3,
-        "mib": 1024**2, "m": 1024**2, "mb": 1000**2,
-        "b": 1,
-    }[unit]
-    return int(number * scale)
+    return parse_size(text, "simulate: mem")
 
 
 def _parse_bool(key: str, text: str) -> bool:

@@ -1,0 +1,108 @@
+"""The distributed context of this process, read from what torchrun, accelerate, SLURM or MPI set."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from whichdevice.errors import DeviceError
+
+__all__ = ["DistributedContext", "detect_distributed"]
+
+# (launcher, local rank, global rank, world size, local world size) variable names, most specific
+# first: torchrun and accelerate launch export the first set, srun the SLURM_* set, mpirun OMPI_*.
+_LAUNCHERS = (
+    ("torchrun", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    ("mpi", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("slurm", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
+)
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """Where this process sits in a multi-process run."""
+
+    launcher: str
+    local_rank: int
+    rank: int
+    world_size: int
+    local_world_size: int | None
+    variables: tuple[str, ...]
+
+    @property
+    def local_rank_variable(self) -> str:
+        return self.variables[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "launcher": self.launcher,
+            "local_rank": self.local_rank,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_world_size": self.local_world_size,
+        }
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = env.get(name)
+    if raw is None:
+        return None
+    text = raw.strip()
+    # SLURM_NTASKS_PER_NODE can read "4(x2)": the count is the leading number.
+    if name == "SLURM_NTASKS_PER_NODE":
+        text = text.split("(", 1)[0]
+    try:
+        value = int(text)
+    except ValueError:
+        raise DeviceError(
+            f"{name}={raw!r} is not a whole number; the launcher sets it (torchrun, srun, mpirun), "
+            f"so unset it if you exported it by hand"
+        ) from None
+    if value < minimum:
+        raise DeviceError(f"{name}={raw!r} must be {minimum} or more; unset it or fix the launch command")
+    return value
+
+
+def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedContext | None:
+    """The context when this process is one of several launched together, else None.
+
+    torchrun and ``accelerate launch`` count as distributed as soon as they set ``LOCAL_RANK``
+    (even with one process, because TrainingArguments then sets up a process group). SLURM and MPI
+    count only with more than one task, since their variables are present in every batch job.
+    """
+    env = os.environ if environ is None else environ
+    for launcher, local_var, rank_var, world_var, local_world_var in _LAUNCHERS:
+        local_rank = _int(env, local_var, 0)
+        if local_rank is None:
+            continue
+        world = _int(env, world_var, 1)
+        if launcher != "torchrun" and (world is None or world <= 1):
+            continue
+        rank = _int(env, rank_var, 0)
+        local_world = _int(env, local_world_var, 1)
+        world = world if world is not None else 1
+        rank = rank if rank is not None else local_rank
+        if local_world is not None and world < local_world:
+            raise DeviceError(
+                f"{world_var}={world} is smaller than {local_world_var}={local_world}: a run cannot have "
+                "fewer processes in total than on one node; check the launch command"
+            )
+        if local_world is not None and local_rank >= local_world:
+            raise DeviceError(
+                f"{local_var}={local_rank} is not below {local_world_var}={local_world}; local ranks "
+                f"run from 0 to {local_world - 1}"
+            )
+        if rank >= world:
+            raise DeviceError(f"{rank_var}={rank} is not below {world_var}={world}; ranks run from 0 to {world - 1}")
+        return DistributedContext(
+            launcher,
+            local_rank,
+            rank,
+            world,
+            local_world,
+            (local_var, rank_var, world_var, local_world_var),
+        )
+    return None

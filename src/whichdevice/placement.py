@@ -1,0 +1,105 @@
+"""Placement for a known model: which devices, how much memory each, and quantization when needed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.errors import DeviceError
+from whichdevice.sizing import estimate_model_size, format_bytes, parse_size, plan_placement
+
+if TYPE_CHECKING:
+    from whichdevice.distributed import DistributedContext
+    from whichdevice.probing import ProbeResult
+    from whichdevice.quantization import QuantizationPlan
+    from whichdevice.registry import Backend
+    from whichdevice.resolver import TraceStep
+
+__all__ = ["capacities", "place_model"]
+
+
+def capacities(
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dist: DistributedContext | None,
+    max_memory: Mapping[int | str, Any] | None,
+) -> dict[int | str, int] | None:
+    """Memory per usable device (max_memory key -> bytes); None when the hardware does not say."""
+    _, _, idx = device.partition(":")
+    if max_memory is not None:
+        wanted: dict[int | str, int] = {}
+        for key, value in max_memory.items():
+            if key == backend.name or (isinstance(key, int) and backend.name != "cpu"):
+                wanted[key] = parse_size(value, f"max_memory[{key!r}]")
+        if not wanted:
+            keys = "'cpu'" if backend.name == "cpu" else f"device indices (0, 1, ...) for {backend.name}"
+            raise DeviceError(
+                f"max_memory={dict(max_memory)!r} has no entry for the resolved device {device}; "
+                f"give {keys}"
+            )
+        if idx and int(idx) in wanted:
+            # The chosen device first, so the one-device check is against it.
+            wanted = {int(idx): wanted[int(idx)], **wanted}
+        return wanted
+    if backend.name in ("cpu", "mps"):
+        memory = result.devices[0].total_memory if result.devices else None
+        return {backend.name: memory} if memory else None
+    devices = list(result.devices)
+    if idx:
+        devices = [d for d in devices if d.index == int(idx)] + [d for d in devices if d.index != int(idx)]
+    if dist is not None:
+        devices = devices[:1]
+    if not devices or any(d.total_memory is None for d in devices):
+        return None
+    return {d.index: int(d.total_memory or 0) for d in devices}
+
+
+def place_model(
+    model: Any,
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dist: DistributedContext | None,
+    dtype: str,
+    max_memory: Mapping[int | str, Any] | None,
+    quantize: str | None,
+    trace: list[TraceStep],
+) -> tuple[str | dict[str, Any], dict[int | str, str] | None, QuantizationPlan | None]:
+    """(device_map, max_memory, quantization plan) for ``model`` on ``device``; never splits a model that fits."""
+    from whichdevice.resolver import TraceStep
+
+    caps = capacities(backend, result, device, dist, max_memory)
+    if model is None:
+        assert caps is not None
+        budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
+        trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
+        return device, budget if len(budget) > 1 else None, None
+    size = estimate_model_size(model)
+    weights = size.bytes_in(dtype)
+    trace.append(
+        TraceStep(
+            "model",
+            f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
+        )
+    )
+    if caps is None:
+        trace.append(
+            TraceStep("placement", f"device_map={device!r}: {backend.name} does not report its memory, so fit is unchecked")
+        )
+        return device, None, None
+    can_split = backend.device_map_auto and dist is None and backend.name not in ("cpu", "mps")
+    placement = plan_placement(
+        weights, device, caps, budget_given=max_memory is not None, can_split=can_split, backend=backend.name
+    )
+    if placement.fits:
+        trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+        return placement.device_map, placement.max_memory, None
+    from whichdevice.quantization import plan_quantization
+
+    plan = plan_quantization(size, backend, result, dtype, caps, quantize, placement.note, max_memory is not None)
+    trace.append(TraceStep("quantization", plan.explanation))
+    trace.append(TraceStep("placement", f"device_map={device!r}: the {plan.bits}-bit weights fit there"))
+    return device, None, plan
+
+

@@ -1,0 +1,580 @@
+"""The resolver: device, device_map, dtype, attention and distributed settings, with the reasons.
+
+``resolve_device()`` reads probe results (never hardware directly), so everything here runs the
+same on real and simulated machines. Precedence: the ``device`` argument, then the
+``WHICHDEVICE_DEVICE`` variable, then detection in the registry's declared order; each step that
+mattered is kept in the trace that :meth:`Resolution.explain` prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from whichdevice import probing
+from whichdevice.attention import choose_attention
+from whichdevice.distributed import DistributedContext, detect_distributed
+from whichdevice.envhooks import EnvAction, apply_env_defaults
+from whichdevice.errors import (
+    ConfigConflictError,
+    DeviceError,
+    DeviceUnavailableError,
+    UnknownDeviceError,
+    closest_match,
+)
+from whichdevice.precision import choose_dtype, parse_dtype, supports
+from whichdevice.registry import Backend, backend_names, backends, get_backend, unknown_name_message
+
+if TYPE_CHECKING:
+    import torch
+
+    from whichdevice.probing import ProbeResult
+    from whichdevice.quantization import QuantizationPlan
+
+__all__ = ["ENV_DEVICE", "Resolution", "TraceStep", "parse_device", "resolve_device"]
+
+ENV_DEVICE = "WHICHDEVICE_DEVICE"
+TASKS = ("inference", "training")
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One line of the decision trace: what was decided (``topic``) and why."""
+
+    topic: str
+    message: str
+    chosen: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "message": self.message, "chosen": self.chosen}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments."""
+
+    device: str
+    backend: Backend
+    task: str
+    device_count: int
+    device_map: str | dict[str, Any]
+    dtype_name: str | None
+    attn_implementation: str
+    probe: ProbeResult = field(repr=False)
+    max_memory: dict[int | str, str] | None = None
+    distributed: DistributedContext | None = None
+    env_set: tuple[EnvAction, ...] = ()
+    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
+    source: str = "detection"
+    quantization: QuantizationPlan | None = None
+    use_kernels: bool = False
+    kernels_key: str | None = None
+    torch_compile: bool = False
+
+    def __str__(self) -> str:
+        return self.device
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The torch dtype chosen for this hardware (None: leave it to transformers)."""
+        if self.dtype_name is None:
+            return None
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype_name)
+        return dtype
+
+    @property
+    def simulated(self) -> bool:
+        return self.probe.simulated
+
+    @property
+    def index(self) -> int | None:
+        _, _, idx = self.device.partition(":")
+        return int(idx) if idx else None
+
+    # ------------------------------------------------------------------------------ adapters
+
+    def model_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for ``AutoModel*.from_pretrained`` on the installed transformers.
+
+        ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
+        or tpu raises, since Accelerate's "auto" does not cover them).
+        """
+        kwargs: dict[str, Any] = {"device_map": self.device_map}
+        if self.dtype_name is not None:
+            kwargs[_dtype_keyword()] = self.dtype
+        kwargs["attn_implementation"] = self.attn_implementation
+        if self.max_memory:
+            kwargs["max_memory"] = dict(self.max_memory)
+        if self.quantization is not None:
+            kwargs["quantization_config"] = self.quantization.config()
+        if self.use_kernels:
+            kwargs["use_kernels"] = True
+        for key in ("dtype", "torch_dtype"):
+            if key in overrides:
+                kwargs.pop("dtype", None)
+                kwargs.pop("torch_dtype", None)
+        if "device_map" in overrides:
+            _check_device_map(self.backend, overrides["device_map"])
+        kwargs.update(overrides)
+        return kwargs
+
+    def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.pipeline``."""
+        model_kwargs = self.model_kwargs()
+        kwargs: dict[str, Any] = {"device_map": model_kwargs.pop("device_map")}
+        key = _dtype_keyword()
+        if key in model_kwargs:
+            kwargs[key] = model_kwargs.pop(key)
+        kwargs["model_kwargs"] = model_kwargs
+        if "device_map" in overrides:
+            _check_device_map(self.backend, overrides["device_map"])
+        kwargs.update(overrides)
+        return kwargs
+
+    def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``TrainingArguments``: device, precision, ddp and compile settings."""
+        from whichdevice.training import training_kwargs_for
+
+        return training_kwargs_for(self, torch_compile=self.torch_compile if torch_compile is None else torch_compile)
+
+    # --------------------------------------------------------------------------- explanation
+
+    def explain(self) -> str:
+        """The decision trace as text a person reads top to bottom."""
+        header = f"whichdevice chose {self.device} for {self.task}"
+        if self.simulated:
+            header += " (SIMULATED hardware)"
+        width = max((len(s.topic) for s in self.trace), default=8)
+        lines = [header]
+        for step in self.trace:
+            mark = {True: "+", False: "-", None: " "}[step.chosen]
+            lines.append(f"  {mark} {step.topic.ljust(width)}  {step.message}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``whichdevice --json`` embeds it)."""
+        return {
+            "device": self.device,
+            "backend": self.backend.name,
+            "variant": self.probe.variant,
+            "task": self.task,
+            "source": self.source,
+            "device_count": self.device_count,
+            "device_map": self.device_map,
+            "dtype": self.dtype_name,
+            "attn_implementation": self.attn_implementation,
+            "max_memory": {str(k): v for k, v in self.max_memory.items()} if self.max_memory else None,
+            "distributed": self.distributed.to_dict() if self.distributed else None,
+            "distributed_backend": self.backend.distributed_backend if self.distributed else None,
+            "env_set": [a.to_dict() for a in self.env_set],
+            "quantization": self.quantization.to_dict() if self.quantization else None,
+            "use_kernels": self.use_kernels,
+            "kernels_key": self.kernels_key,
+            "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
+            "simulated": self.simulated,
+            "trace": [s.to_dict() for s in self.trace],
+        }
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+_DTYPE_KEYWORD: list[str] = []
+
+
+def _dtype_keyword() -> str:
+    # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; read the installed
+    # version from metadata so transformers itself is not imported here.
+    if not _DTYPE_KEYWORD:
+        from whichdevice.probes import _version_tuple, package_version
+
+        version = package_version("transformers")
+        new = version is None or _version_tuple(version) >= (4, 56)
+        _DTYPE_KEYWORD.append("dtype" if new else "torch_dtype")
+    return _DTYPE_KEYWORD[0]
+
+
+def _check_device_map(backend: Backend, device_map: Any) -> None:
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
+        raise ConfigConflictError(
+            f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
+            f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
+        )
+
+
+# ----------------------------------------------------------------------------- device strings
+
+_DEVICE_RE = re.compile(r"([a-z_][a-z0-9_]*)(?::(.*))?", re.DOTALL)
+
+
+def parse_device(value: Any, source: str = "device") -> tuple[str, int | None]:
+    """Split a device request ("cuda:1", "hpu", torch.device) into (backend name, index or None).
+
+    ``source`` names where the value came from ("device", "WHICHDEVICE_DEVICE") so the error
+    points at the thing to fix.
+    """
+    names = backend_names()
+    valid = ", ".join(names)
+    if type(value).__name__ == "device" and hasattr(value, "type") and hasattr(value, "index"):
+        value = str(value)
+    if isinstance(value, bool) or not isinstance(value, str):
+        hint = ""
+        if isinstance(value, int) and not isinstance(value, bool):
+            hint = f" A bare index is ambiguous: write 'cuda:{value}' (or 'npu:{value}', 'xpu:{value}', ...)."
+        raise UnknownDeviceError(
+            f"{source}={value!r}: a device is a string such as 'cuda', 'cuda:1', 'hpu' or 'cpu', or a "
+            f"torch.device, not {type(value).__name__}.{hint} Valid device names: {valid}."
+        )
+    text = value
+    if not text.strip():
+        raise UnknownDeviceError(
+            f"{source}={value!r} is empty; pass a device such as 'cuda:0' or 'cpu', or leave it out "
+            f"to detect one. Valid device names: {valid}."
+        )
+    if text != text.strip():
+        raise UnknownDeviceError(f"{source}={value!r} has surrounding spaces; write {text.strip()!r}")
+    match = _DEVICE_RE.fullmatch(text)
+    name = match.group(1) if match else text.split(":", 1)[0]
+    if name not in names:
+        lowered = text.lower()
+        if lowered != text and lowered.split(":", 1)[0] in names:
+            raise UnknownDeviceError(
+                f"{source}={value!r}: device strings are lower case; write {lowered!r}"
+            )
+        guess = closest_match(name, names)
+        suggestion = f" Did you mean {guess!r}?" if guess else ""
+        raise UnknownDeviceError(
+            f"{source}={value!r}: unknown device {name!r}.{suggestion} Valid device names: {valid}."
+        )
+    if match is None or match.group(2) is None:
+        if ":" in text:
+            raise UnknownDeviceError(f"{source}={value!r}: unexpected text; write {name!r} or '{name}:0'")
+        return name, None
+    index_text = match.group(2)
+    if index_text == "":
+        raise UnknownDeviceError(
+            f"{source}={value!r}: the index after ':' is missing; write '{name}:0' or just {name!r}"
+        )
+    if not index_text.isdigit() or not index_text.isascii():
+        if ":" in index_text:
+            raise UnknownDeviceError(
+                f"{source}={value!r}: a device has one index; write '{name}:{index_text.split(':')[0]}'"
+            )
+        if index_text.lstrip("-").isdigit():
+            raise UnknownDeviceError(
+                f"{source}={value!r}: device indices start at 0; write '{name}:0' or just {name!r}"
+            )
+        raise UnknownDeviceError(
+            f"{source}={value!r}: {index_text!r} is not a device index; write e.g. '{name}:0'"
+        )
+    return name, int(index_text)
+
+
+# ---------------------------------------------------------------------------------- resolving
+
+
+def _names(values: Any, what: str) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    out = []
+    for v in values:
+        name, _ = parse_device(v, what)
+        out.append(name)
+    return out
+
+
+def _order(prefer: Any, exclude: Any, trace: list[TraceStep]) -> list[Backend]:
+    preferred = _names(prefer, "prefer")
+    excluded = set(_names(exclude, "exclude"))
+    order = [b for b in backends() if b.name not in excluded]
+    if preferred:
+        rank = {name: i for i, name in enumerate(preferred)}
+        order.sort(key=lambda b: rank.get(b.name, len(rank)))
+        trace.append(TraceStep("order", f"prefer={preferred} moves them to the front"))
+    if excluded:
+        trace.append(TraceStep("order", f"exclude={sorted(excluded)} removes them"))
+    return order
+
+
+def _machine_has() -> str:
+    found = [
+        f"{r.backend} ({r.device_count} device{'s' if r.device_count != 1 else ''})"
+        for r in probing.probe_all()
+        if r.available
+    ]
+    return ", ".join(found) or "nothing usable"
+
+
+def _unavailable(asked: str, backend: Backend, result: ProbeResult, source: str) -> DeviceUnavailableError:
+    where = f"{source}={asked!r}" if source != "device" else f"device {asked!r}"
+    fix = "" if source == "device" else f" Fix or unset {source}."
+    return DeviceUnavailableError(
+        f"{where} is not usable here: {result.reason}. This machine has: {_machine_has()}.{fix}"
+    )
+
+
+def _index_error(asked: str, backend: Backend, result: ProbeResult, index: int, source: str, why: str) -> DeviceError:
+    count = result.device_count
+    vis = result.visible
+    valid = f"{backend.name}:0..{backend.name}:{count - 1}" if count > 1 else f"{backend.name}:0"
+    because = ""
+    if vis is not None and vis.variable:
+        because = f" because {vis.variable}={vis.raw!r}"
+    fix = f" Fix or unset {source}." if source != "device" else ""
+    return DeviceUnavailableError(
+        f"{why} {asked!r} asks for {backend.name} index {index}, but {count} "
+        f"{'is' if count == 1 else 'are'} visible{because}; use {valid}"
+        + (f" or change {vis.variable}" if because and vis is not None else "")
+        + f".{fix}"
+    )
+
+
+def resolve_device(
+    device: Any = None,
+    *,
+    task: str = "inference",
+    model: Any = None,
+    prefer: Any = None,
+    exclude: Any = None,
+    dtype: Any = "auto",
+    attn_implementation: str = "auto",
+    device_map: Any = None,
+    max_memory: Mapping[int | str, Any] | None = None,
+    quantize: str | None = "auto",
+    use_kernels: Any = "auto",
+    torch_compile: bool = False,
+    refresh: bool = False,
+) -> Resolution:
+    """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
+
+    ``device`` (a string or ``torch.device``) beats ``WHICHDEVICE_DEVICE``, which beats detection.
+    ``model`` (a local path, a cached model id or a config) lets placement and quantization know
+    the model's size; ``max_memory`` (from_pretrained's form) states the memory budget.
+    """
+    if task not in TASKS:
+        raise DeviceError(f"task={task!r}: use 'inference' or 'training'")
+    if refresh:
+        probing.clear_cache()
+    trace: list[TraceStep] = []
+    dist = detect_distributed()
+    source = "detection"
+    asked: str | None = None
+    index: int | None = None
+    if device is not None:
+        name, index = parse_device(device, "device")
+        source, asked = "device", str(device)
+        trace.append(TraceStep("request", f"device={asked!r} given as an argument (beats {ENV_DEVICE} and detection)"))
+        if os.environ.get(ENV_DEVICE):
+            trace.append(TraceStep("request", f"{ENV_DEVICE}={os.environ[ENV_DEVICE]!r} ignored: the argument wins"))
+    elif os.environ.get(ENV_DEVICE, "").strip():
+        asked = os.environ[ENV_DEVICE]
+        name, index = parse_device(asked, ENV_DEVICE)
+        source = ENV_DEVICE
+        trace.append(TraceStep("request", f"{ENV_DEVICE}={asked!r} set in the environment (beats detection)"))
+    else:
+        name = ""
+    if source == "detection":
+        order = _order(prefer, exclude, trace)
+        trace.append(
+            TraceStep(
+                "request",
+                f"no device given and {ENV_DEVICE} unset: first available in the order "
+                + ", ".join(b.name for b in order),
+            )
+        )
+        chosen_backend, result = _detect(order, trace)
+    else:
+        chosen_backend = get_backend(name)
+        result = probing.probe(name)
+        assert asked is not None
+        if not result.available:
+            raise _unavailable(asked, chosen_backend, result, source)
+        if index is not None and index >= result.device_count:
+            raise _index_error(asked, chosen_backend, result, index, source, "device" if source == "device" else source)
+        for other in backends():
+            if other.name != name:
+                trace.append(TraceStep(other.name, f"not considered: {source} asked for {asked!r}", False))
+        trace.append(TraceStep(name, f"chosen: {_describe(chosen_backend, result)}", True))
+
+    backend = chosen_backend
+    device_str, count_used = _device_string(backend, result, index, dist, source, asked, trace)
+    env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
+    for action in env_set:
+        trace.append(TraceStep("env", action.message))
+    for warning in result.warnings:
+        trace.append(TraceStep("warning", warning))
+
+    # dtype
+    if dtype is None:
+        dtype_choice = None
+        trace.append(TraceStep("dtype", "dtype=None: left to transformers (the checkpoint's own dtype)"))
+    elif isinstance(dtype, str) and dtype == "auto":
+        dtype_choice, why = choose_dtype(backend, result)
+        trace.append(TraceStep("dtype", f"{dtype_choice}: {why}"))
+    else:
+        dtype_choice = parse_dtype(dtype)
+        ok, why = supports(backend, result, dtype_choice)
+        note = "" if ok else f" (slow or unsupported here: {why})"
+        trace.append(TraceStep("dtype", f"{dtype_choice} as you asked{note}"))
+
+    attn, why = choose_attention(backend, result, dtype_choice, attn_implementation)
+    trace.append(TraceStep("attention", f"{attn}: {why}" if not why.startswith(attn) else why))
+
+    # placement
+    placement_map: str | dict[str, Any] = device_str
+    max_mem: dict[int | str, str] | None = None
+    quant_plan = None
+    if device_map is not None:
+        _check_device_map(backend, device_map)
+        placement_map = device_map
+        trace.append(TraceStep("placement", f"device_map={device_map!r} as you asked"))
+        if max_memory is not None:
+            from whichdevice.sizing import parse_size
+
+            max_mem = {k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in max_memory.items()}
+    elif model is not None or max_memory is not None:
+        from whichdevice.placement import place_model
+
+        placement_map, max_mem, quant_plan = place_model(
+            model,
+            backend,
+            result,
+            device_str,
+            dist,
+            dtype_choice or "float32",
+            max_memory,
+            quantize,
+            trace,
+        )
+    else:
+        trace.append(
+            TraceStep(
+                "placement",
+                f"device_map={device_str!r}: the whole model on the chosen device "
+                "(pass model= to check that it fits)",
+            )
+        )
+
+    from whichdevice.kernels_support import decide_kernels
+
+    kernels_on, kernels_key = decide_kernels(backend, result, use_kernels, trace)
+
+    if dist is not None:
+        trace.append(
+            TraceStep(
+                "distributed",
+                f"{dist.launcher}: rank {dist.rank} of {dist.world_size}, local rank {dist.local_rank}; "
+                f"process group backend {backend.distributed_backend!r}",
+            )
+        )
+    return Resolution(
+        device=device_str,
+        backend=backend,
+        task=task,
+        device_count=count_used,
+        device_map=placement_map,
+        dtype_name=dtype_choice,
+        attn_implementation=attn,
+        probe=result,
+        max_memory=max_mem,
+        distributed=dist,
+        env_set=env_set,
+        trace=tuple(trace),
+        source=source,
+        quantization=quant_plan,
+        use_kernels=kernels_on,
+        kernels_key=kernels_key,
+        torch_compile=torch_compile,
+    )
+
+
+def _describe(backend: Backend, result: ProbeResult) -> str:
+    names = sorted({d.name for d in result.devices if d.name})
+    what = backend.hardware if backend.name != "cuda" else ("AMD GPU (ROCm)" if result.variant == "rocm" else "NVIDIA GPU")
+    detail = f"; {', '.join(names)}" if names else ""
+    return f"{what}, {result.device_count} device{'s' if result.device_count != 1 else ''}{detail}"
+
+
+def _detect(order: Iterable[Backend], trace: list[TraceStep]) -> tuple[Backend, ProbeResult]:
+    order = list(order)
+    for position, backend in enumerate(order):
+        result = probing.probe(backend.name)
+        if result.available:
+            trace.append(TraceStep(backend.name, f"chosen: {_describe(backend, result)}", True))
+            for later in order[position + 1 :]:
+                trace.append(
+                    TraceStep(later.name, f"not probed: {backend.name} comes first in the order", False)
+                )
+            return backend, result
+        trace.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
+    raise DeviceUnavailableError(
+        "no usable device: every backend in "
+        + ", ".join(b.name for b in order)
+        + " is unavailable (see the reasons in `whichdevice`); leave 'cpu' out of exclude= to fall back to it"
+    )
+
+
+def _device_string(
+    backend: Backend,
+    result: ProbeResult,
+    index: int | None,
+    dist: DistributedContext | None,
+    source: str,
+    asked: str | None,
+    trace: list[TraceStep],
+) -> tuple[str, int]:
+    """The device string and how many devices this process uses."""
+    if dist is not None and backend.name != "cpu":
+        if backend.distributed_backend is None:
+            raise DeviceError(
+                f"{dist.launcher} started {dist.world_size} processes, but {backend.name} has no "
+                f"distributed backend ({backend.hardware} runs one process); run a single process or "
+                "use device='cpu' (gloo)"
+            )
+        if index is None:
+            index = dist.local_rank
+            if index >= result.device_count:
+                vis = result.visible
+                because = f" ({vis.variable}={vis.raw!r})" if vis is not None and vis.variable else ""
+                raise DeviceUnavailableError(
+                    f"{dist.local_rank_variable}={dist.local_rank} but only {result.device_count} "
+                    f"{backend.name} device(s) are visible{because}; start at most "
+                    f"{result.device_count} processes per node (--nproc_per_node={result.device_count}) "
+                    "or make more devices visible"
+                )
+            trace.append(
+                TraceStep(
+                    "device",
+                    f"{backend.name}:{index}: local rank {dist.local_rank} ({dist.local_rank_variable}) "
+                    "picks its own device",
+                )
+            )
+        return f"{backend.name}:{index}", 1
+    if backend.name == "cpu":
+        return "cpu", 1
+    if index is not None:
+        return f"{backend.name}:{index}", 1
+    if backend.indexed:
+        return f"{backend.name}:0", result.device_count
+    return backend.name, result.device_count
+
+
+def _validate_names(values: Iterable[str]) -> None:
+    names = backend_names()
+    for v in values:
+        if v not in names:
+            raise UnknownDeviceError(unknown_name_message(v))

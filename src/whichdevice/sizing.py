@@ -1,0 +1,256 @@
+"""How big a model is in a given dtype, and where it fits: one device, several, or nowhere.
+
+Sizes come from safetensors headers (8-byte length + JSON; no tensor is read) or, without
+safetensors, from a build of the config on the meta device. A model id is looked up in the local
+Hugging Face cache only: whichdevice never downloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from whichdevice.errors import DeviceError
+
+__all__ = [
+    "FIT_FRACTION",
+    "SPLIT_FRACTION",
+    "ModelSize",
+    "Placement",
+    "estimate_model_size",
+    "format_bytes",
+    "parse_size",
+    "plan_placement",
+]
+
+GiB = 1024**3
+# A model "fits" one device when its weights take at most this share of the memory; the rest is
+# for activations, the KV cache and the runtime's own allocations.
+FIT_FRACTION = 0.8
+# When a model must be split, each device offers this share to accelerate's max_memory.
+SPLIT_FRACTION = 0.9
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+_FLOAT_CODES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"}
+_ST_ITEMSIZE = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+    "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+}
+
+
+def parse_size(value: Any, what: str = "size") -> int:
+    """Bytes from 1234, "80GiB", "16GB", "512MiB" (accelerate's max_memory forms)."""
+    if isinstance(value, bool):
+        raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB' or a number of bytes")
+    if isinstance(value, int):
+        if value < 0:
+            raise DeviceError(f"{what}={value!r} is negative")
+        return value
+    if isinstance(value, float) and value >= 0:
+        return int(value)
+    match = re.fullmatch(
+        r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|KiB|TB|GB|MB|KB|T|G|M|K|B)?\s*", str(value), re.IGNORECASE
+    )
+    if not match:
+        raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB', '16GB' or a number of bytes")
+    number = float(match.group(1))
+    unit = (match.group(2) or "B").lower()
+    scale = {
+        "tib": 1024**4, "t": 1024**4, "tb": 1000**4, "gib": GiB, "g": GiB, "gb": 1000**3,
+        "mib": 1024**2, "m": 1024**2, "mb": 1000**2, "kib": 1024, "k": 1024, "kb": 1000, "b": 1,
+    }[unit]
+    return int(number * scale)
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Parameter counts of a model, split the way dtype and quantization treat them."""
+
+    source: str
+    float_params: int
+    # Weights of 2-D linear layers (what bitsandbytes quantizes); embeddings and lm_head excluded.
+    linear_params: int
+    other_bytes: int = 0
+
+    @property
+    def parameters(self) -> int:
+        return self.float_params
+
+    def bytes_in(self, dtype: str) -> int:
+        return self.float_params * _ITEMSIZE.get(dtype, 4) + self.other_bytes
+
+    def bytes_quantized(self, bits: int, dtype: str) -> int:
+        """Estimated weights in memory with linear layers in ``bits``-bit (bitsandbytes) and the rest in dtype."""
+        rest = self.float_params - self.linear_params
+        # 4-bit NF4 also stores one absmax per 64-weight block (double-quantized: ~0.127 bits/weight).
+        per_weight = bits / 8 + (0.016 if bits == 4 else 0.0)
+        return int(self.linear_params * per_weight + rest * _ITEMSIZE.get(dtype, 4) + self.other_bytes)
+
+
+def _is_linear(name: str, shape: list[int]) -> bool:
+    lowered = name.lower()
+    return (
+        len(shape) == 2
+        and lowered.endswith("weight")
+        and "embed" not in lowered
+        and "lm_head" not in lowered
+        and "wte" not in lowered
+        and "wpe" not in lowered
+    )
+
+
+def _from_safetensors(files: list[Path]) -> ModelSize:
+    float_params = linear = other = 0
+    for path in files:
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > 100 * 1024**2:
+                raise DeviceError(f"{path}: safetensors header of {length} bytes; the file looks corrupt")
+            header = json.loads(fh.read(length))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            if info["dtype"] in _FLOAT_CODES:
+                float_params += count
+                if _is_linear(name, info["shape"]):
+                    linear += count
+            else:
+                other += count * _ST_ITEMSIZE.get(info["dtype"], 4)
+    where = files[0].parent if len(files) > 1 else files[0]
+    return ModelSize(f"safetensors headers ({len(files)} file(s) in {where})", float_params, linear, other)
+
+
+def _from_config(config: Any) -> ModelSize:
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    model = None
+    errors = []
+    for auto in (AutoModelForCausalLM, AutoModel):
+        try:
+            with torch.device("meta"):
+                model = auto.from_config(config)
+            break
+        except Exception as exc:
+            errors.append(f"{auto.__name__}: {exc}")
+    if model is None:
+        raise DeviceError(
+            f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "
+            "device explicitly, or a folder with safetensors weights"
+        )
+    float_params = linear = 0
+    seen: set[int] = set()
+    for name, param in model.named_parameters(remove_duplicate=True):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        if param.is_floating_point():
+            float_params += param.numel()
+            if _is_linear(name, list(param.shape)):
+                linear += param.numel()
+    return ModelSize(f"a meta-device build of {type(config).__name__}", float_params, linear)
+
+
+def _resolve_path(model: str | os.PathLike[str]) -> Path:
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    text = str(model)
+    if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) and not text.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(text, local_files_only=True))
+        except Exception:
+            pass
+    raise DeviceError(
+        f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
+        "whichdevice never downloads, so pass a local path or a config (transformers.AutoConfig)"
+    )
+
+
+def estimate_model_size(model: Any) -> ModelSize:
+    """Size of ``model``: a local folder or file, a cached model id, or a transformers config."""
+    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        return _from_config(model)
+    if not isinstance(model, (str, os.PathLike)):
+        raise DeviceError(
+            f"model= takes a local path, a cached model id or a transformers config, not "
+            f"{type(model).__name__}"
+        )
+    path = _resolve_path(model)
+    if path.is_file() and path.suffix == ".safetensors":
+        return _from_safetensors([path])
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return _from_safetensors(files)
+    if (path / "config.json").exists():
+        from transformers import AutoConfig
+
+        return _from_config(AutoConfig.from_pretrained(str(path)))
+    raise DeviceError(f"{path} has neither *.safetensors files nor a config.json to size the model from")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the weights go: ``device_map`` and, when split, ``max_memory``."""
+
+    device_map: str | dict[str, Any]
+    max_memory: dict[int | str, str] | None
+    note: str
+    fits: bool = True
+
+
+def plan_placement(
+    weights: int,
+    device: str,
+    capacities: dict[int | str, int],
+    *,
+    budget_given: bool,
+    can_split: bool,
+    backend: str,
+) -> Placement:
+    """Place ``weights`` bytes: on ``device`` when it fits there, split with "auto" when it needs
+    several of ``capacities`` (device key -> bytes), else a Placement with ``fits=False``."""
+    fraction = 1.0 if budget_given else FIT_FRACTION
+    need = format_bytes(weights)
+    first_key = next(iter(capacities))
+    first = capacities[first_key]
+    if weights <= first * fraction:
+        return Placement(
+            device,
+            None,
+            f"the weights ({need}) fit on {device} ({format_bytes(first)}"
+            + (" budget)" if budget_given else f", {int(FIT_FRACTION * 100)}% usable)"),
+        )
+    split_fraction = 1.0 if budget_given else SPLIT_FRACTION
+    total = sum(capacities.values()) * split_fraction
+    if can_split and len(capacities) > 1 and weights <= total:
+        max_memory = {key: f"{int(cap * split_fraction // (1024**2))}MiB" for key, cap in capacities.items()}
+        return Placement(
+            "auto",
+            max_memory,
+            f"the weights ({need}) do not fit one {backend} device ({format_bytes(first)}); split over "
+            f"{len(capacities)} devices with device_map='auto' ({format_bytes(total)} usable)",
+        )
+    where = (
+        f"{len(capacities)} {backend} devices ({format_bytes(total)} usable)"
+        if len(capacities) > 1 and can_split
+        else f"{device} ({format_bytes(first * fraction)} usable)"
+    )
+    return Placement(device, None, f"the weights ({need}) do not fit {where}", fits=False)
