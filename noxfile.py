@@ -1,0 +1,61 @@
+"""nox sessions: tests, the transformers 4.57 end-to-end run, lint, bench and docs (`nox -l` lists them)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+# A bare torch requirement pulls a multi-GB CUDA build; the pinned CPU build comes first.
+TORCH = "torch==2.13.0"
+
+
+def install(session: nox.Session, *extras: str, pins: tuple[str, ...] = ()) -> None:
+    session.install(TORCH)
+    target = f".[{','.join(extras)}]" if extras else "."
+    session.install(target, *pins)
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The whole test suite against the newest transformers here."""
+    install(session, "test", "quantization")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11", name="tests-transformers-4.57")
+def tests_transformers_457(session: nox.Session) -> None:
+    """End-to-end and training tests against transformers 4.57.6 (the oldest supported)."""
+    install(session, "test", pins=("transformers==4.57.6",))
+    session.run(
+        "pytest",
+        "tests/test_end_to_end.py",
+        "tests/test_training.py",
+        "tests/test_distributed.py",
+        "tests/test_resolver.py",
+        *session.posargs,
+    )
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format check) and mypy --strict on src/."""
+    install(session, "dev", "quantization")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """The benchmark: prints a table of medians and ratios and writes benchmarks/results/latest.json."""
+    install(session, "quantization")
+    session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Build the user docs with mkdocs in strict mode (broken links fail)."""
+    session.install("mkdocs>=1.6")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site")

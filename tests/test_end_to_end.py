@@ -1,0 +1,41 @@
+"""End to end on this machine: tiny checkpoints in fp16, bf16 and fp32 through from_pretrained and pipeline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import whichdevice as wd
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=[torch.float16, torch.bfloat16, torch.float32], ids=str)
+def checkpoint(request, tmp_path_factory):
+    from tiny_models import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("ckpt"), request.param)
+
+
+def test_from_pretrained_and_generate(checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    res = wd.resolve_device(model=checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, **res.model_kwargs())
+    # Whatever dtype the checkpoint was saved in, it runs in the one chosen for this CPU.
+    assert model.dtype == res.dtype == torch.bfloat16
+    assert str(model.device) == res.device == "cpu"
+    assert model.config._attn_implementation == res.attn_implementation == "sdpa"
+    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, 8)
+
+
+def test_pipeline(checkpoint):
+    from transformers import pipeline
+
+    res = wd.resolve_device(model=checkpoint)
+    pipe = pipeline("text-generation", model=str(checkpoint), **res.pipeline_kwargs())
+    assert pipe.model.dtype == res.dtype
+    assert pipe.device.type == "cpu"
+    text = pipe("t1 t2 t3", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    assert text.startswith("t1 t2 t3") and len(text) > len("t1 t2 t3")

@@ -1,0 +1,299 @@
+"""resolve_device(): precedence, validation, the scenario table for every registry row, explain()."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import whichdevice as wd
+from whichdevice.testing import simulate
+
+# spec(s) -> (device, dtype, device_map, training kwargs in a single process)
+SINGLE = [
+    (("cpu,flags=avx512_bf16",), "cpu", "bfloat16", "cpu", {"use_cpu": True, "bf16": True}),
+    (("cpu,flags=",), "cpu", "float32", "cpu", {"use_cpu": True}),
+    (("cuda:8,cc=9.0,mem=141GiB,name=NVIDIA H200",), "cuda:0", "bfloat16", "cuda:0", {"bf16": True}),
+    (("cuda:1,cc=7.0,name=Tesla V100",), "cuda:0", "float16", "cuda:0", {"fp16": True}),
+    (("cuda:1,cc=7.5,name=Tesla T4",), "cuda:0", "float16", "cuda:0", {"fp16": True}),
+    (("cuda:1,cc=6.1,name=GTX 1080",), "cuda:0", "float32", "cuda:0", {}),
+    (("cuda:2,variant=rocm",), "cuda:0", "bfloat16", "cuda:0", {"bf16": True}),
+    (("hpu:8",), "hpu", "bfloat16", "hpu", {"bf16": True}),
+    (("hpu:8,gen=gaudi3",), "hpu", "bfloat16", "hpu", {"bf16": True}),
+    (("npu:8",), "npu:0", "bfloat16", "npu:0", {"bf16": True}),
+    (("npu:1,bf16=no",), "npu:0", "float16", "npu:0", {"fp16": True}),
+    (("neuron:2",), "neuron", "bfloat16", "neuron", {"bf16": True}),
+    (("tpu:4",), "tpu", "bfloat16", "tpu", {"bf16": True}),
+    (("xpu:2",), "xpu:0", "bfloat16", "xpu:0", {"bf16": True}),
+    (("xpu:1,bf16=no",), "xpu:0", "float16", "xpu:0", {"fp16": True}),
+    (("mps",), "mps", "float16", "mps", {}),
+    (("mlu:2",), "mlu:0", "bfloat16", "mlu:0", {"bf16": True}),
+    (("musa:2,bf16=no",), "musa:0", "float16", "musa:0", {"fp16": True}),
+    (("npu:8", "cuda:8"), "npu:0", "bfloat16", "npu:0", {"bf16": True}),
+    (("neuron:2", "cuda:8"), "neuron", "bfloat16", "neuron", {"bf16": True}),
+    (("hpu:8", "cuda:8"), "hpu", "bfloat16", "hpu", {"bf16": True}),
+]
+
+
+@pytest.mark.parametrize(("specs", "device", "dtype", "device_map", "train"), SINGLE, ids=lambda v: str(v))
+def test_single_process_scenarios(specs, device, dtype, device_map, train):
+    with simulate(*specs):
+        inference = wd.resolve_device()
+        training = wd.resolve_device(task="training")
+    assert inference.device == str(inference) == device
+    assert inference.dtype == getattr(torch, dtype)
+    assert inference.device_map == device_map
+    assert inference.model_kwargs()["device_map"] == device_map
+    # Training and inference agree on the backend, and TrainingArguments gets what fits it.
+    assert training.backend is inference.backend
+    assert training.training_kwargs() == train
+    assert "ddp_backend" not in training.training_kwargs()
+
+
+DISTRIBUTED = [
+    ("cuda:8", "cuda:1", "nccl", None),
+    ("cuda:2,variant=rocm", "cuda:1", "nccl", None),
+    ("hpu:8", "hpu:1", "hccl", "hpu_backend"),
+    ("npu:8", "npu:1", "hccl", None),
+    ("xpu:2", "xpu:1", "xccl", None),
+    ("mlu:2", "mlu:1", "cncl", None),
+    ("musa:2", "musa:1", "mccl", None),
+    ("neuron:2", "neuron:1", "neuron", "neuron"),
+    ("tpu:4", "tpu:1", "xla", None),
+    ("cpu", "cpu", "gloo", None),
+]
+
+
+@pytest.fixture
+def torchrun_rank1(monkeypatch):
+    for name, value in {"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(("spec", "device", "ddp", "compile_backend"), DISTRIBUTED)
+def test_distributed_scenarios(torchrun_rank1, spec, device, ddp, compile_backend):
+    with simulate(spec):
+        res = wd.resolve_device(task="training")
+        kwargs = res.training_kwargs()
+        compiled = res.training_kwargs(torch_compile=True)
+    assert res.device == device
+    assert res.distributed is not None and res.distributed.local_rank == 1
+    assert kwargs["ddp_backend"] == ddp
+    assert compiled["torch_compile"] is True
+    assert compiled.get("torch_compile_backend") == compile_backend
+    assert f"process group backend {ddp!r}" in res.explain()
+
+
+def test_mps_has_no_distributed_backend(torchrun_rank1):
+    with simulate("mps"), pytest.raises(wd.DeviceError, match="no distributed backend"):
+        wd.resolve_device(task="training")
+
+
+def test_local_rank_beyond_visible_devices(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with simulate("cuda:8"), pytest.raises(wd.DeviceError) as err:
+        wd.resolve_device(task="training")
+    text = str(err.value)
+    assert "LOCAL_RANK=2" in text and "2 cuda device(s)" in text and "CUDA_VISIBLE_DEVICES='0,1'" in text
+
+
+def test_gaudi_hook_in_trace_and_restored(monkeypatch):
+    monkeypatch.delenv("PT_ENABLE_INT64_SUPPORT", raising=False)
+    with simulate("hpu:8"):
+        res = wd.resolve_device()
+        assert "PT_ENABLE_INT64_SUPPORT=1" in res.explain()
+        assert [a.name for a in res.env_set] == ["PT_ENABLE_INT64_SUPPORT"]
+        assert res.to_dict()["env_set"][0]["action"] == "set"
+
+
+def test_gaudi_hook_keeps_user_value(monkeypatch):
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "0")
+    with simulate("hpu:8"):
+        res = wd.resolve_device()
+    assert res.env_set[0].action == "kept"
+    assert "kept your PT_ENABLE_INT64_SUPPORT=0" in res.explain()
+
+
+# ------------------------------------------------------------------------------- precedence
+
+
+def test_argument_beats_environment_beats_detection(monkeypatch):
+    monkeypatch.setenv("WHICHDEVICE_DEVICE", "cpu")
+    with simulate("cuda:2"):
+        assert wd.resolve_device().device == "cpu"
+        assert wd.resolve_device().source == "WHICHDEVICE_DEVICE"
+        res = wd.resolve_device("cuda:1")
+        assert res.device == "cuda:1" and res.source == "device"
+        assert "WHICHDEVICE_DEVICE='cpu' ignored" in res.explain()
+        monkeypatch.delenv("WHICHDEVICE_DEVICE")
+        assert wd.resolve_device().device == "cuda:0"
+
+
+def test_invalid_environment_override_names_the_variable(monkeypatch):
+    monkeypatch.setenv("WHICHDEVICE_DEVICE", "gpu")
+    with pytest.raises(wd.DeviceError) as err:
+        wd.resolve_device()
+    assert "WHICHDEVICE_DEVICE" in str(err.value) and "'cuda'" in str(err.value)
+
+
+def test_prefer_and_exclude():
+    with simulate("cuda:2", "xpu:1"):
+        assert wd.resolve_device().device == "cuda:0"
+        assert wd.resolve_device(prefer="xpu").device == "xpu:0"
+        assert wd.resolve_device(exclude=["cuda"]).device == "xpu:0"
+        assert wd.resolve_device(exclude=["cuda", "xpu"]).device == "cpu"
+        with pytest.raises(wd.DeviceError, match="no usable device"):
+            wd.resolve_device(exclude=["cuda", "xpu", "cpu"])
+        with pytest.raises(wd.DeviceError, match="Did you mean 'cuda'"):
+            wd.resolve_device(prefer="gpu")
+
+
+def test_torch_device_objects_are_accepted():
+    with simulate("cuda:2"):
+        assert wd.resolve_device(torch.device("cuda", 1)).device == "cuda:1"
+        assert wd.resolve_device(torch.device("cpu")).device == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        ("gpu", "Did you mean 'cuda'"),
+        ("Cuda", "lower case"),
+        ("cuda:", "index after ':' is missing"),
+        ("cuda:-1", "start at 0"),
+        ("cuda:abc", "not a device index"),
+        ("cuda:0:1", "one index"),
+        ("", "empty"),
+        (" ", "empty"),
+        (0, "'cuda:0'"),
+        (["cuda"], "not list"),
+    ],
+)
+def test_bad_device_strings(asked, expected):
+    with pytest.raises(wd.DeviceError, match=expected):
+        wd.resolve_device(asked)
+
+
+def test_index_beyond_visible_names_variable(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with simulate("cuda:4"), pytest.raises(wd.DeviceError) as err:
+        wd.resolve_device("cuda:3")
+    text = str(err.value)
+    assert "2 are visible" in text and "CUDA_VISIBLE_DEVICES='0,1'" in text and "cuda:0..cuda:1" in text
+
+
+def test_backend_not_installed_names_package():
+    with pytest.raises(wd.DeviceUnavailableError) as err:
+        wd.resolve_device("npu")
+    assert "pip install torch-npu" in str(err.value) and "cpu (1 device)" in str(err.value)
+
+
+def test_installed_but_broken_gives_probe_reason():
+    with simulate("npu,broken"), pytest.raises(wd.DeviceUnavailableError, match="installed but broken"):
+        wd.resolve_device("npu")
+
+
+def test_tpu_index_on_single_chip():
+    with simulate("tpu:1"), pytest.raises(wd.DeviceError, match="1 is visible"):
+        wd.resolve_device("tpu:3")
+
+
+# ------------------------------------------------------------------------------- placement
+
+
+def test_neuron_and_tpu_reject_auto_device_map():
+    with simulate("neuron:2"):
+        res = wd.resolve_device()
+        assert res.device_map == "neuron"
+        with pytest.raises(wd.ConfigConflictError, match="device_map='neuron'"):
+            res.model_kwargs(device_map="auto")
+        with pytest.raises(wd.ConfigConflictError):
+            wd.resolve_device(device_map="auto")
+
+
+def _config(hidden: int, layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=32000,
+    )
+
+
+def test_model_that_fits_one_gpu_is_not_split():
+    with simulate("cuda:4,cc=9.0,mem=80GiB"):
+        res = wd.resolve_device(model=_config(2048, 16))  # about 1.2B parameters, 2.4 GB in bf16
+    assert res.device_map == "cuda:0" and res.max_memory is None
+    assert "fit on cuda:0" in res.explain()
+
+
+def test_model_too_big_for_one_gpu_is_split_with_max_memory():
+    # about 7B parameters: 13 GiB in bf16 does not fit 80% of a 16 GiB GPU but fits four of them.
+    with simulate("cuda:4,cc=8.0,mem=16GiB"):
+        res = wd.resolve_device(model=_config(4096, 32), quantize=None)
+    assert res.device_map == "auto"
+    assert set(res.max_memory) == {0, 1, 2, 3}
+    assert res.model_kwargs()["max_memory"] == res.max_memory
+    assert "split over 4 devices" in res.explain()
+
+
+def test_model_that_fits_nowhere_says_the_numbers():
+    with simulate("cuda:1,cc=8.0,mem=8GiB"), pytest.raises(wd.DoesNotFitError) as err:
+        wd.resolve_device(model=_config(4096, 32), quantize=None)
+    assert "GiB" in str(err.value) and "quantize='auto'" in str(err.value)
+
+
+def test_unknown_model_never_downloads(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(wd.DeviceError, match="never downloads"):
+        wd.resolve_device(model="someone/not-cached-model")
+
+
+# ----------------------------------------------------------------------------- explanation
+
+
+def test_explain_says_why_for_every_row_on_this_machine():
+    res = wd.resolve_device()
+    text = res.explain()
+    for backend in wd.backends():
+        line = next(line for line in text.splitlines() if line.split()[1:2] == [backend.name])
+        assert ("chosen" in line) or ("not probed" in line), line
+    for step in res.trace:
+        if step.topic in {b.name for b in wd.backends()} and step.chosen is False:
+            assert "pip install" in step.message or "MPS needs macOS" in step.message
+
+
+def test_to_dict_is_json_safe_for_every_task():
+    for task in ("inference", "training"):
+        data = json.loads(json.dumps(wd.resolve_device(task=task).to_dict()))
+        assert data["device"] == "cpu" and data["task"] == task and data["trace"]
+    assert json.loads(json.dumps(wd.resolve_device(task="training").to_dict()))["training_kwargs"]["use_cpu"]
+
+
+def test_bad_task_and_dtype():
+    with pytest.raises(wd.DeviceError, match="'inference' or 'training'"):
+        wd.resolve_device(task="train")
+    with pytest.raises(wd.DeviceError, match="bfloat16"):
+        wd.resolve_device(dtype="int8")
+
+
+def test_user_dtype_wins_and_slowness_is_noted():
+    res = wd.resolve_device(dtype=torch.float16)
+    assert res.dtype == torch.float16
+    assert "fp16 slowly" in res.explain()
+    assert wd.resolve_device(dtype=None).model_kwargs().get("dtype") is None
+
+
+def test_flash_attention_requests_off_cuda_raise():
+    with simulate("xpu:1"), pytest.raises(wd.DeviceError, match="CUDA"):
+        wd.resolve_device(attn_implementation="flash_attention_3")
+    with simulate("cuda:1,cc=8.0"), pytest.raises(wd.DeviceError, match="9.0"):
+        wd.resolve_device(attn_implementation="flash_attention_3")

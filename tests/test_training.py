@@ -1,0 +1,85 @@
+"""training_arguments(): a real TrainingArguments that matches the resolution, and refuses conflicts."""
+
+from __future__ import annotations
+
+import pytest
+
+import whichdevice as wd
+from whichdevice.testing import simulate
+
+
+def test_training_arguments_on_this_machine(tmp_path):
+    res = wd.resolve_device(task="training")
+    args = wd.training_arguments(output_dir=str(tmp_path), report_to=[])
+    assert str(args.device) == res.device == "cpu"
+    assert args.use_cpu is True
+    assert args.bf16 is True  # this CPU has avx512_bf16
+    assert args.ddp_backend is None
+
+
+def test_user_kwargs_are_never_overridden(tmp_path):
+    args = wd.training_arguments(output_dir=str(tmp_path), bf16=False, learning_rate=1e-3, report_to=[])
+    assert args.bf16 is False and args.fp16 is False
+    assert args.learning_rate == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("specs", "kwargs", "match"),
+    [
+        (("cuda:1,cc=7.5",), {"bf16": True}, "compute capability 8.0"),
+        (("cuda:1,cc=7.5",), {"bf16": True}, "fp16=True"),
+        (("cpu,flags=",), {"fp16": True}, "fp16=True does not work on cpu"),
+        (("tpu:4",), {"fp16": True}, "bf16=True"),
+        (("hpu:8",), {"ddp_backend": "nccl"}, "'hccl'"),
+        (("cuda:2",), {"ddp_backend": "nccl"}, "single process"),
+        ((), {"use_cpu": False}, "no usable accelerator"),
+        (("cuda:1",), {"use_cpu": True}, "device='cpu'"),
+    ],
+)
+def test_conflicts_raise_before_construction(tmp_path, specs, kwargs, match):
+    with simulate(*specs, others="absent") if specs else simulate(), pytest.raises(wd.DeviceError, match=match):
+        wd.training_arguments(output_dir=str(tmp_path), **kwargs)
+
+
+def test_cpu_without_native_bf16_refuses_bf16(tmp_path):
+    with simulate("cpu,flags="), pytest.raises(wd.ConfigConflictError, match="lacks native bf16"):
+        wd.training_arguments(output_dir=str(tmp_path), bf16=True)
+
+
+def test_accelerate_state_is_kept_when_configured(tmp_path):
+    from accelerate.state import PartialState
+
+    PartialState(cpu=True)
+    try:
+        before = dict(PartialState._shared_state)
+        args = wd.training_arguments(output_dir=str(tmp_path), report_to=[])
+        assert args.accelerator_config.use_configured_state is False  # consumed by TrainingArguments
+        assert str(args.device) == "cpu"
+        assert PartialState._shared_state.keys() == before.keys()
+        assert PartialState._shared_state["device"] == before["device"]
+    finally:
+        PartialState._reset_state()
+
+
+@pytest.mark.slow
+def test_trainer_runs_real_steps(tmp_path):
+    from tiny_models import RandomTokens, save_tiny_llama
+    from transformers import AutoModelForCausalLM, Trainer
+
+    path = save_tiny_llama(tmp_path / "model", tokenizer=False)
+    res = wd.resolve_device(task="training", model=path)
+    model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs(dtype=None))
+    args = wd.training_arguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+    )
+    assert str(args.device) == res.device
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
+    result = trainer.train()
+    assert result.global_step == 3
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
