@@ -1,10 +1,14 @@
 """whichdevice: one answer to "which device and settings should this Transformers program use?".
 
-``import whichdevice`` imports neither torch nor transformers; they load when a probe or a
-resolution needs them.
+``import whichdevice`` imports neither torch nor transformers, and only the small registry and error
+modules of its own: the resolver, probes and training helpers load on first use (see ``_LAZY``),
+because scripts import this at the top and every distributed process pays for it.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import (
     ConfigConflictError,
@@ -13,12 +17,27 @@ from whichdevice.errors import (
     DoesNotFitError,
     UnknownDeviceError,
 )
-from whichdevice.probing import DeviceInfo, ProbeResult, probe, probe_all
 from whichdevice.registry import Backend, EnvDefault, backends, get_backend, register_backend
-from whichdevice.resolver import Resolution, parse_device, resolve_device
-from whichdevice.training import training_arguments
+
+if TYPE_CHECKING:
+    from whichdevice import testing
+    from whichdevice.probing import DeviceInfo, ProbeResult, probe, probe_all
+    from whichdevice.resolver import Resolution, parse_device, resolve_device
+    from whichdevice.training import training_arguments
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it, imported when the name is first used
+_LAZY = {
+    "DeviceInfo": "whichdevice.probing",
+    "ProbeResult": "whichdevice.probing",
+    "probe": "whichdevice.probing",
+    "probe_all": "whichdevice.probing",
+    "Resolution": "whichdevice.resolver",
+    "parse_device": "whichdevice.resolver",
+    "resolve_device": "whichdevice.resolver",
+    "training_arguments": "whichdevice.training",
+}
 
 __all__ = [
     "Backend",
@@ -44,10 +63,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # ``wd.testing`` without an explicit import, as DESIGN.md shows it, but not loaded until used.
+def __getattr__(name: str) -> Any:
     if name == "testing":
-        import importlib
-
         return importlib.import_module("whichdevice.testing")
-    raise AttributeError(f"module 'whichdevice' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'whichdevice' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 __all__ = [
@@ -68,5 +67,7 @@ def closest_match(word: str, choices: Iterable[str]) -> str | None:
     alias = _ALIASES.get(key)
     if alias in choices:
         return alias
+    import difflib  # only on the error path: it costs a few ms at import
+
     matches = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
     return matches[0] if matches else None
