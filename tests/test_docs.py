@@ -1,0 +1,138 @@
+"""The documentation: it builds with ``mkdocs build --strict`` and covers every backend in the registry."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import whichdevice as wd
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+
+
+def _nav_pages(nav: Any) -> list[str]:
+    """Every Markdown path in a mkdocs nav, however deeply nested."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _nav_pages(item)]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    return []
+
+
+def _nav() -> list[str]:
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8"))
+    return _nav_pages(config["nav"])
+
+
+def _page(backend: wd.Backend) -> str:
+    return f"backends/{backend.docs or backend.name}.md"
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs")
+    site = tmp_path / "site"
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(MKDOCS_YML)]
+    proc = subprocess.run(
+        [*command, "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    assert (site / "index.html").is_file()
+    for backend in wd.backends():
+        built = site / "backends" / (backend.docs or backend.name) / "index.html"
+        assert built.is_file(), f"no built page for backend {backend.name!r} at {built}"
+
+
+def test_every_backend_has_a_page_in_the_nav() -> None:
+    nav = _nav()
+    for backend in wd.backends():
+        page = _page(backend)
+        assert (DOCS / page).is_file(), f"backend {backend.name!r} has no page docs/{page}"
+        assert page in nav, f"docs/{page} (backend {backend.name!r}) is not linked from the nav in mkdocs.yml"
+
+
+def test_every_nav_entry_exists() -> None:
+    for page in _nav():
+        assert (DOCS / page).is_file(), f"mkdocs.yml nav names docs/{page}, which does not exist"
+
+
+@pytest.mark.parametrize("backend", wd.backends(), ids=lambda b: b.name)
+def test_backend_page_states_the_registry_facts(backend: wd.Backend) -> None:
+    # The pages are written by hand; this catches a registry change the page did not follow.
+    text = (DOCS / _page(backend)).read_text(encoding="utf-8")
+    expected = [f"`{backend.name}", backend.package, *backend.visible_devices_env]
+    expected += [f"`{d.name}=" for d in backend.env_defaults]
+    if backend.distributed_backend:
+        expected.append(f"`{backend.distributed_backend}`")
+    expected += [f"`{b}`" for b in backend.other_distributed_backends]
+    if backend.compile_backend:
+        expected.append(f"`{backend.compile_backend}`")
+    if backend.kernels_key:
+        expected.append(f"`{backend.kernels_key}`")
+    expected.append(f'simulate("{backend.name}')
+    missing = [fact for fact in expected if fact not in text]
+    assert not missing, f"docs/{_page(backend)} does not mention {missing} (from the registry record)"
+    auto_row = re.search(r'\| `device_map="auto"` \| (\S+)', text)
+    assert auto_row, f'docs/{_page(backend)} has no device_map="auto" row'
+    says_yes = auto_row.group(1).strip("*:") == "yes"
+    assert says_yes == backend.device_map_auto, (
+        f'docs/{_page(backend)}: device_map="auto" row disagrees with the registry'
+    )
+
+
+def test_cli_reference_covers_every_option() -> None:
+    cli = pytest.importorskip("whichdevice.cli")
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    parser = cli.build_parser()
+    options: set[str] = set()
+    subparsers = [parser]
+    for action in parser._actions:
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict):
+            for name, sub in choices.items():
+                assert f"whichdevice {name}" in text or name == "report", f"docs/cli.md does not describe {name!r}"
+                subparsers.append(sub)
+    for sub in subparsers:
+        for action in sub._actions:
+            options.update(o for o in action.option_strings if o.startswith("--") and o != "--help")
+    missing = sorted(o for o in options if f"`{o}" not in text)
+    assert not missing, f"docs/cli.md does not document {missing}"
+
+
+def _schema_properties(node: Any) -> set[str]:
+    names: set[str] = set()
+    if isinstance(node, dict):
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            names.update(properties)
+        for value in node.values():
+            names |= _schema_properties(value)
+    elif isinstance(node, list):
+        for item in node:
+            names |= _schema_properties(item)
+    return names
+
+
+def test_json_schema_page_covers_every_field() -> None:
+    import json
+
+    schema_file = ROOT / "src" / "whichdevice" / "report_schema.json"
+    if not schema_file.is_file():
+        pytest.skip("no report_schema.json")
+    text = (DOCS / "json-schema.md").read_text(encoding="utf-8")
+    fields = _schema_properties(json.loads(schema_file.read_text(encoding="utf-8")))
+    missing = sorted(f for f in fields if f"`{f}`" not in text and f'"{f}"' not in text)
+    assert not missing, f"docs/json-schema.md does not describe {missing} (fields of report_schema.json)"
