@@ -1,0 +1,351 @@
+"""The ``whichdevice`` command: the report (default), ``check`` for job scripts, ``smoke`` end to end.
+
+Every failure reaches the user as one or two lines on stderr and an exit code (0 fine, 1 the
+hardware cannot do it, 2 the request is wrong); ``--debug`` adds the traceback. Options common to
+all subcommands (``--json``, ``--task``, ``--device``, ``--simulate``, ``--debug``) work before or
+after the subcommand name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any, NoReturn, TextIO
+
+from whichdevice.errors import DeviceError
+
+__all__ = ["main"]
+
+PROG = "whichdevice"
+TASK_CHOICES = ("inference", "training", "all")
+SMOKE_REFUSAL = "smoke runs real hardware; --simulate only changes the report"
+
+# The defaults of the common options, filled in after parsing: the options are declared with
+# SUPPRESS so that a subparser does not overwrite a value given before the subcommand name.
+_DEFAULTS: dict[str, Any] = {"json": False, "task": None, "device": None, "simulate": [], "debug": False}
+
+
+class _UsageError(Exception):
+    """A command line argparse rejected (exit 2)."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the whole usage block and exits; a wrong option deserves one line that
+    # names it and where help is, through the same error path as every other failure.
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message, self.prog)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of devices of 1 or more")
+    return value
+
+
+def _common_options() -> _Parser:
+    common = _Parser(add_help=False)
+    group = common.add_argument_group("options of every subcommand")
+    group.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS,
+        help="machine-readable output (schema: whichdevice/report_schema.json; no colour)",
+    )
+    group.add_argument(
+        "--task", choices=TASK_CHOICES, default=argparse.SUPPRESS,
+        help="resolve for inference, training or both (default: both; check: inference)",
+    )
+    group.add_argument(
+        "--device", metavar="DEVICE", default=argparse.SUPPRESS,
+        help="resolve this device (cuda, cuda:1, hpu, cpu, ...) instead of detecting one",
+    )
+    group.add_argument(
+        "--simulate", metavar="SPEC", action="append", default=argparse.SUPPRESS,
+        help="pretend this hardware is here, e.g. hpu:8 or 'cuda:8,cc=9.0' (repeatable); "
+        "the output says SIMULATED",
+    )
+    group.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and documentation)."""
+    common = _common_options()
+    parser = _Parser(
+        prog=PROG,
+        parents=[common],
+        description=(
+            "Which device, dtype and attention this Transformers program should use here, and why. "
+            "Without a subcommand: the report to paste into a bug report."
+        ),
+        epilog="exit codes: 0 fine, 1 the hardware cannot do it, 2 bad input",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke}", parser_class=_Parser)
+    sub.add_parser(
+        "report", parents=[common], help="the full report (the default)",
+        description="Backends, the environment that steers device choice, warnings, the resolution, versions.",
+    )
+    check = sub.add_parser(
+        "check", parents=[common], help="exit 0 if the device is usable, 1 if not (for job scripts)",
+        description="For job scripts: whichdevice check cuda --min-devices 8 || exit 1",
+        epilog="exit codes: 0 usable, 1 not usable (the reason on stderr), 2 bad input",
+    )
+    check.add_argument(
+        "check_device", nargs="?", metavar="DEVICE", help="the device to check (default: the resolved one)"
+    )
+    check.add_argument(
+        "--min-devices", type=_positive_int, default=1, metavar="N",
+        help="also require at least N visible devices of that backend",
+    )
+    sub.add_parser(
+        "smoke", parents=[common], help="load, generate and train a tiny model on the resolved device",
+        description=(
+            "Proves the resolution works end to end with nothing to download: a tiny Llama built from a "
+            "config, saved, loaded with the resolved settings, generating and training a few steps."
+        ),
+    )
+    return parser
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    args = build_parser().parse_args(list(argv))
+    for name, default in _DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, list(default) if isinstance(default, list) else default)
+    if args.command is None:
+        args.command = "report"
+    return args
+
+
+# --------------------------------------------------------------------------------------- output
+
+
+def _emit(text: str, stream: TextIO | None = None) -> None:
+    """Write to stdout (or ``stream``); a reader that went away (``| head``) is not an error."""
+    out = sys.stdout if stream is None else stream
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        # Point the descriptor at devnull so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, out.fileno())
+        finally:
+            os.close(devnull)
+
+
+def _say(message: str, command: str | None = None) -> None:
+    prefix = f"{PROG} {command}" if command and command != "report" else PROG
+    _emit(f"{prefix}: {message}\n", sys.stderr)
+
+
+def _json(data: Any) -> None:
+    _emit(json.dumps(data, indent=2) + "\n")
+
+
+def _error_json(exc_type: str, message: str, code: int, command: str | None) -> dict[str, Any]:
+    from whichdevice.report import SCHEMA_VERSION
+
+    return {
+        "kind": "error",
+        "schema_version": SCHEMA_VERSION,
+        "command": command,
+        "error": {"type": exc_type, "message": message, "exit_code": code},
+        "exit_code": code,
+    }
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+def _tasks(task: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if task is None:
+        return default
+    if task == "all":
+        return ("inference", "training")
+    return (task,)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from whichdevice.report import gather, render_text, terminal_width, use_color
+
+    report = gather(tasks=_tasks(args.task, ("inference", "training")), device=args.device, simulate=args.simulate)
+    if args.json:
+        _json(report)
+    else:
+        color = use_color(sys.stdout)
+        _emit(render_text(report, color=color, width=terminal_width(sys.stdout)))
+    for r in report["resolutions"]:
+        if not r["ok"]:
+            # The report shows it in place; stderr says it once more for scripts and logs.
+            _say(f"{r['task']}: {r['error']['message']}")
+            break
+    code: int = report["exit_code"]
+    return code
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from whichdevice.report import SCHEMA_VERSION, SIMULATED_NOTICE, _device_summary, exit_code_for, simulation
+    from whichdevice.resolver import parse_device, resolve_device
+
+    device = args.check_device or args.device
+    if args.check_device and args.device and args.check_device != args.device:
+        raise DeviceError(
+            f"two devices given (DEVICE {args.check_device!r} and --device {args.device!r}); give one"
+        )
+    if device is not None:
+        parse_device(device, "DEVICE")
+    tasks = _tasks(args.task, ("inference",))
+    simulated = bool(args.simulate)
+    result: dict[str, Any] = {
+        "kind": "check",
+        "schema_version": SCHEMA_VERSION,
+        "ok": False,
+        "exit_code": 1,
+        "requested": device,
+        "tasks": list(tasks),
+        "min_devices": args.min_devices,
+        "device": None,
+        "backend": None,
+        "device_count": None,
+        "message": "",
+        "simulated": simulated,
+        "simulation": {"specs": list(args.simulate), "notice": SIMULATED_NOTICE} if simulated else None,
+    }
+    message = ""
+    code = 0
+    with simulation(args.simulate):
+        for task in tasks:
+            try:
+                res = resolve_device(device, task=task)
+            except DeviceError as exc:
+                code, message = exit_code_for(exc), str(exc)
+                break
+            probe = res.probe
+            count = probe.device_count
+            result.update(device=res.device, backend=res.backend.name, device_count=count)
+            if count < args.min_devices:
+                code = 1
+                vis = probe.visible
+                if vis is not None and vis.variable and vis.ids is not None:
+                    why = f"{vis.variable}={vis.raw!r} makes only {count} visible; widen or unset it"
+                else:
+                    why = f"run where {args.min_devices} are visible, or lower --min-devices"
+                plural = "device is" if count == 1 else "devices are"
+                message = (
+                    f"{res.backend.name}: {count} {plural} usable, fewer than --min-devices {args.min_devices}; {why}"
+                )
+                break
+            message = f"ok: {res.device} is usable ({_device_summary(res.backend, probe)})"
+            if device is None:
+                message += f"; resolved by {res.source} for {task}"
+    if simulated:
+        message = f"SIMULATED ({' '.join(args.simulate)}): {message}"
+    result.update(ok=code == 0, exit_code=code, message=message)
+    if args.json:
+        _json(result)
+    elif code == 0:
+        _emit(message + "\n")
+    if code != 0:
+        _say(message, "check")
+    return code
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    if args.simulate:
+        raise DeviceError(SMOKE_REFUSAL)
+    from whichdevice.smoke import render_summary, run_smoke
+
+    result = run_smoke(
+        tasks=_tasks(args.task, ("inference", "training")),
+        device=args.device,
+        progress_stream=sys.stderr,
+        debug=args.debug,
+    )
+    if args.json:
+        _json(result)
+    elif result["ok"]:
+        _emit(render_summary(result))
+    if not result["ok"]:
+        err = result["error"]
+        _say(err["message"], "smoke")
+    code: int = result["exit_code"]
+    return code
+
+
+_COMMANDS = {"report": _cmd_report, "check": _cmd_check, "smoke": _cmd_smoke}
+
+
+# ---------------------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_json = "--json" in argv
+    debug = "--debug" in argv
+    command: str | None = None
+    try:
+        args = _parse(argv)
+    except _UsageError as exc:
+        return _fail(exc, 2, _subcommand(exc.prog), wants_json, debug=False, usage=exc.prog)
+    except SystemExit as exc:  # --help, --version: argparse has printed what was asked
+        return exc.code if isinstance(exc.code, int) else 0
+    command = args.command
+    try:
+        return _COMMANDS[command](args)
+    except DeviceError as exc:
+        from whichdevice.report import exit_code_for
+
+        return _fail(exc, exit_code_for(exc), command, args.json, debug=debug)
+    except KeyboardInterrupt:
+        _say("interrupted", command)
+        return 130
+    except Exception as exc:
+        # A bug or a broken installation: still one line and an exit code, the traceback on --debug.
+        return _fail(exc, 1, command, args.json, debug=debug, internal=True)
+
+
+def _subcommand(prog: str) -> str | None:
+    parts = prog.split()
+    return parts[1] if len(parts) > 1 else None
+
+
+def _fail(
+    exc: BaseException,
+    code: int,
+    command: str | None,
+    wants_json: bool,
+    *,
+    debug: bool,
+    internal: bool = False,
+    usage: str | None = None,
+) -> int:
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    message = str(exc)
+    if internal:
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    if wants_json:
+        _json(_error_json(type(exc).__name__ if not usage else "UsageError", message, code, command))
+    if usage is not None:
+        _emit(f"{usage}: error: {message}\n", sys.stderr)
+        _emit(f"run '{usage} --help' for the options\n", sys.stderr)
+    else:
+        _say(message, command)
+        if internal and not debug:
+            _emit(f"run it again with --debug for the traceback, and report it if it is a bug in {PROG}\n", sys.stderr)
+    return code

@@ -1,0 +1,365 @@
+"""The ``whichdevice`` command, run for real: ``python -m whichdevice`` and the installed script."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from whichdevice import cli, report
+from whichdevice.registry import backends
+
+STEERING = {
+    *(var for b in backends() for var in b.visible_devices_env),
+    "CUDA_DEVICE_ORDER",
+    "WHICHDEVICE_DEVICE",
+    "ACCELERATE_USE_CPU",
+    "ACCELERATE_TORCH_DEVICE",
+    "PT_ENABLE_INT64_SUPPORT",
+    "PYTORCH_ENABLE_MPS_FALLBACK",
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "NO_COLOR",
+    "TERM",
+}
+ANSI = re.compile(r"\033\[[0-9;]*m")
+SCRIPT = Path(sys.executable).parent / "whichdevice"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in STEERING}
+    env.update(extra)
+    return env
+
+
+def run(*args: str, script: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+    command = [str(SCRIPT)] if script else [sys.executable, "-m", "whichdevice"]
+    return subprocess.run(
+        [*command, *args], env=clean_env(**env), capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def validate(data: dict[str, Any]) -> None:
+    jsonschema.Draft202012Validator(report.load_schema()).validate(data)
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in STEERING:
+        monkeypatch.delenv(name, raising=False)
+
+
+# ------------------------------------------------------------------------- real subprocesses
+
+
+def test_report_text_is_plain_when_piped() -> None:
+    proc = run()
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert not ANSI.search(out)
+    assert out.startswith("whichdevice ")
+    for section in ("BACKENDS", "ENVIRONMENT", "WARNINGS", "RESOLUTION FOR INFERENCE", "RESOLUTION FOR TRAINING"):
+        assert section in out
+    assert "whichdevice chose cpu for inference" in out
+    assert "TrainingArguments" in out
+    assert "SIMULATED" not in out
+    assert proc.stderr == ""
+
+
+def test_installed_script_json_matches_the_schema() -> None:
+    assert SCRIPT.exists(), f"{SCRIPT} is missing: pip install -e . in this venv"
+    start = time.perf_counter()
+    proc = run("--json", script=True)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    validate(data)
+    assert data["kind"] == "report" and data["simulated"] is False
+    assert not ANSI.search(proc.stdout)
+    # Generous for a loaded machine; the report itself takes a fraction of a second after torch.
+    assert elapsed < 60
+
+
+def test_simulated_gaudi_json() -> None:
+    proc = run("--simulate", "hpu:8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    validate(data)
+    assert data["simulated"] is True and data["simulation"]["specs"] == ["hpu:8"]
+    assert "SIMULATED" in data["simulation"]["notice"]
+    for entry in data["resolutions"]:
+        res = entry["resolution"]
+        assert res["device"] == "hpu"
+        assert res["dtype"] == "bfloat16"
+        assert "PT_ENABLE_INT64_SUPPORT" in [a["name"] for a in res["env_set"]]
+
+
+def test_simulated_text_cannot_be_missed() -> None:
+    proc = run("--simulate", "hpu:8", script=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("*** SIMULATED: --simulate hpu:8")
+    assert "SIMULATED" in lines[-1]
+    assert "hpu" in lines[3]
+
+
+def test_empty_cuda_visible_devices_warns() -> None:
+    proc = run(CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0, proc.stderr
+    warnings = proc.stdout.split("WARNINGS")[1].split("RESOLUTION")[0]
+    assert "CUDA_VISIBLE_DEVICES='' is exported and hides every GPU" in warnings
+    proc = run("--json", CUDA_VISIBLE_DEVICES="")
+    data = json.loads(proc.stdout)
+    assert any(
+        w["source"] == "environment" and w["message"].startswith("CUDA_VISIBLE_DEVICES=''") for w in data["warnings"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("check",), 0),
+        (("check", "cpu"), 0),
+        (("check", "cuda"), 1),
+        (("check", "cdua"), 2),
+        (("check", "--min-devices", "x"), 2),
+        (("check", "cuda", "--min-devices", "8", "--simulate", "cuda:8"), 0),
+        (("check", "cuda", "--min-devices", "8", "--simulate", "cuda:4"), 1),
+    ],
+)
+def test_check_exit_codes(args: tuple[str, ...], code: int) -> None:
+    proc = run(*args)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    if code == 0:
+        assert proc.stdout.count("\n") == 1 and "ok:" in proc.stdout and proc.stderr == ""
+    else:
+        # One line on stderr saying why and what to do; nothing on stdout.
+        assert proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert 1 <= len(lines) <= 2 and lines[0].startswith("whichdevice check")
+
+
+def test_check_messages_say_what_to_do() -> None:
+    proc = run("check", "cuda")
+    assert "pip install torch" in proc.stderr
+    proc = run("check", "cdua")
+    assert "Did you mean 'cuda'?" in proc.stderr
+    proc = run("check", "cuda", "--min-devices", "8", "--simulate", "cuda:8", CUDA_VISIBLE_DEVICES="0,1")
+    assert proc.returncode == 1
+    assert "CUDA_VISIBLE_DEVICES='0,1'" in proc.stderr and "SIMULATED" in proc.stderr
+
+
+def test_check_json_via_the_script() -> None:
+    proc = run("check", "cuda", "--min-devices", "4", "--json", "--simulate", "cuda:4", script=True)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    validate(data)
+    assert data["kind"] == "check" and data["ok"] is True and data["device_count"] == 4
+    assert data["simulated"] is True and "SIMULATED" in data["message"]
+
+
+def test_bad_input_is_exit_2_without_traceback_and_debug_shows_it() -> None:
+    proc = run("--device", "gpu")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "whichdevice: --device='gpu': unknown device 'gpu'. Did you mean 'cuda'? Valid device names: "
+        + ", ".join(b.name for b in backends())
+        + "."
+    ]
+    proc = run("--device", "gpu", "--debug")
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and "UnknownDeviceError" in proc.stderr
+
+
+def test_unavailable_device_report_exit_1() -> None:
+    proc = run("--device", "cuda", "--json")
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    validate(data)
+    assert data["exit_code"] == 1 and not data["resolutions"][0]["ok"]
+    assert proc.stderr.count("\n") == 1
+
+
+def test_smoke_refuses_simulation() -> None:
+    proc = run("smoke", "--simulate", "hpu:8")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "whichdevice smoke: smoke runs real hardware; --simulate only changes the report"
+    proc = run("smoke", "--simulate", "hpu:8", "--json")
+    data = json.loads(proc.stdout)
+    validate(data)
+    assert data["kind"] == "error" and data["exit_code"] == 2
+
+
+def test_help_and_usage_errors() -> None:
+    proc = run("--help")
+    assert proc.returncode == 0 and "check" in proc.stdout and "smoke" in proc.stdout
+    proc = run("--task", "serving")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 2 and "--task" in proc.stderr
+
+
+def run_on_tty(*args: str, **env: str) -> tuple[int, str]:
+    """Run the command with stdout on a pseudo-terminal; its exit code and what it wrote there."""
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "whichdevice", *args],
+            env=clean_env(TERM="xterm", **env),
+            stdout=follower,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        follower = -1
+        out = bytearray()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if not select.select([leader], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        else:
+            proc.kill()
+        return proc.wait(timeout=60), out.decode(errors="replace")
+    finally:
+        if follower != -1:
+            os.close(follower)
+        os.close(leader)
+
+
+def test_colour_on_a_terminal_and_no_color() -> None:
+    code, out = run_on_tty()
+    assert code == 0 and ANSI.search(out)
+    code, out = run_on_tty(NO_COLOR="1")
+    assert code == 0 and "RESOLUTION FOR INFERENCE" in out and not ANSI.search(out)
+    code, out = run_on_tty("--json")
+    assert code == 0 and not ANSI.search(out)
+    json.loads(out)
+
+
+def test_report_does_not_import_transformers() -> None:
+    code = (
+        "import sys, io, contextlib\n"
+        "from whichdevice.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['--json']) == 0\n"
+        "    assert main(['check']) == 0\n"
+        "heavy = [m for m in ('transformers', 'accelerate', 'peft', 'bitsandbytes') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------------- in-process
+
+
+def test_options_before_or_after_the_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--json", "check", "cpu"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert cli.main(["check", "cpu", "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert before == after and before["kind"] == "check"
+    assert cli.main(["--simulate", "cuda:2", "check", "--min-devices", "2"]) == 0
+    assert "SIMULATED" in capsys.readouterr().out
+
+
+def test_report_subcommand_and_task_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", "--task", "training", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    validate(data)
+    assert [r["task"] for r in data["resolutions"]] == ["training"]
+    assert data["resolutions"][0]["resolution"]["training_kwargs"]["use_cpu"] is True
+
+
+def test_device_option_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--device", "cpu", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["request"]["device"] == "cpu"
+    assert data["resolutions"][0]["resolution"]["source"] == "device"
+    assert cli.main(["check", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert cli.main(["check", "cpu", "--device", "cuda"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert cli.main(["smoke", "--device", "cdua"]) == 2
+    assert "unknown device 'cdua'" in capsys.readouterr().err
+
+
+def test_simulate_options_repeat(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--simulate", "hpu:8", "--simulate", "cuda:2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["simulation"]["specs"] == ["hpu:8", "cuda:2"]
+    rows = {r["name"]: r for r in data["backends"]}
+    assert rows["hpu"]["device_count"] == 8 and rows["cuda"]["device_count"] == 2
+    assert cli.main(["--simulate", "hpu:x"]) == 2
+    assert "simulate" in capsys.readouterr().err
+
+
+def test_check_for_training(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--task", "all", "--json", "--simulate", "hpu:8", "--min-devices", "8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tasks"] == ["inference", "training"] and data["device"] == "hpu"
+
+
+def test_usage_error_in_json_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "--min-devices", "0", "--json"]) == 2
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    validate(data)
+    assert data["kind"] == "error" and data["command"] == "check"
+    assert "--min-devices" in captured.err
+
+
+def test_internal_errors_are_one_line_unless_debug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(**kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("the probe table is on fire")
+
+    monkeypatch.setattr(report, "gather", broken)
+    assert cli.main([]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("whichdevice: internal error: RuntimeError: the probe table is on fire\n")
+    assert "Traceback" not in err and "--debug" in err
+    assert cli.main(["--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_keyboard_interrupt(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(**kwargs: Any) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "gather", interrupted)
+    assert cli.main([]) == 130
+    assert capsys.readouterr().err == "whichdevice: interrupted\n"
+
+
+def test_a_closed_pipe_is_not_an_error() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as stream:
+        cli._emit("x" * 100_000, stream)  # EPIPE: redirected to devnull, no exception
+        stream.write("more")  # later writes go nowhere quietly
+
+
+def test_module_entry_point_exists() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("whichdevice.__main__") is not None

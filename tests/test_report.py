@@ -1,0 +1,279 @@
+"""The report's data (whichdevice.report): rows, environment, warnings, resolutions, schema, text."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+
+from whichdevice import report
+from whichdevice.errors import (
+    ConfigConflictError,
+    DeviceError,
+    DeviceUnavailableError,
+    DoesNotFitError,
+    UnknownDeviceError,
+)
+from whichdevice.probing import DeviceInfo, ProbeResult
+from whichdevice.registry import backends
+
+# Variables that steer device choice: cleared so each test starts from a known environment.
+STEERING = {
+    *(var for b in backends() for var in b.visible_devices_env),
+    "CUDA_DEVICE_ORDER",
+    "WHICHDEVICE_DEVICE",
+    "ACCELERATE_USE_CPU",
+    "ACCELERATE_TORCH_DEVICE",
+    "PT_ENABLE_INT64_SUPPORT",
+    "PYTORCH_ENABLE_MPS_FALLBACK",
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "NO_COLOR",
+}
+ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in STEERING:
+        monkeypatch.delenv(name, raising=False)
+
+
+def validate(data: dict[str, Any]) -> None:
+    jsonschema.Draft202012Validator(report.load_schema()).validate(data)
+
+
+def env_entry(data: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(e for e in data["environment"] if e["name"] == name)
+
+
+def messages(data: dict[str, Any], source: str | None = None) -> list[str]:
+    return [w["message"] for w in data["warnings"] if source is None or w["source"] == source]
+
+
+def test_schema_is_a_valid_draft_2020_12_schema() -> None:
+    schema = report.load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert report.SCHEMA_VERSION.split(".")[0] == "1"
+    assert re.fullmatch(schema["$defs"]["schema_version"]["pattern"], report.SCHEMA_VERSION)
+
+
+def test_report_on_this_machine_matches_the_schema() -> None:
+    data = report.gather()
+    validate(data)
+    assert data["kind"] == "report"
+    assert data["schema_version"] == report.SCHEMA_VERSION
+    assert data["simulated"] is False and data["simulation"] is None
+    assert [row["name"] for row in data["backends"]] == [b.name for b in backends()]
+    assert [r["task"] for r in data["resolutions"]] == ["inference", "training"]
+    cpu = data["backends"][-1]
+    assert cpu["name"] == "cpu" and cpu["status"] == "available" and cpu["device_count"] == 1
+    text = report.render_text(data)
+    for row in data["backends"]:
+        if not row["available"]:
+            # Every unusable row says why, and how to install it.
+            assert row["reason"] and row["install_command"].startswith("pip install")
+            line = next(line for line in text.splitlines() if re.match(rf"\s+[-!] {row['name']} ", line))
+            assert row["reason"] in line and row["install_command"] in line
+    assert data["exit_code"] == 0
+
+
+def test_every_steering_variable_is_reported() -> None:
+    data = report.gather()
+    names = [e["name"] for e in data["environment"]]
+    for backend in backends():
+        for var in backend.visible_devices_env:
+            assert var in names
+    for var in (
+        "CUDA_DEVICE_ORDER",
+        "WHICHDEVICE_DEVICE",
+        "ACCELERATE_USE_CPU",
+        "ACCELERATE_TORCH_DEVICE",
+        "PT_ENABLE_INT64_SUPPORT",
+        "PYTORCH_ENABLE_MPS_FALLBACK",
+        "HF_HUB_OFFLINE",
+        "LOCAL_RANK",
+        "RANK",
+        "WORLD_SIZE",
+    ):
+        assert var in names
+    assert len(names) == len(set(names))
+    assert all(e["effect"] for e in data["environment"])
+
+
+def test_versions_come_from_metadata_without_importing_the_libraries() -> None:
+    versions = report.package_versions()
+    assert list(versions)[:7] == ["python", "torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels"]
+    assert versions["torch"] and versions["transformers"]
+
+
+def test_simulated_gaudi_resolution_and_environment_restored() -> None:
+    data = report.gather(simulate=["hpu:8"])
+    validate(data)
+    assert data["simulated"] is True
+    assert "SIMULATED" in data["simulation"]["notice"]
+    for entry in data["resolutions"]:
+        res = entry["resolution"]
+        assert res["device"] == "hpu" and res["dtype"] == "bfloat16" and res["simulated"] is True
+        assert "PT_ENABLE_INT64_SUPPORT" in [a["name"] for a in res["env_set"]]
+    training = data["resolutions"][1]["resolution"]
+    assert training["training_kwargs"] == {"bf16": True}
+    # The environment section shows what the user exported, and says whichdevice set it.
+    int64 = env_entry(data, "PT_ENABLE_INT64_SUPPORT")
+    assert int64["value"] is None and "whichdevice set it" in int64["effect"]
+    assert "PT_ENABLE_INT64_SUPPORT" not in os.environ
+
+
+def test_empty_cuda_visible_devices_is_flagged_even_when_the_probe_stops_earlier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    data = report.gather()
+    entry = env_entry(data, "CUDA_VISIBLE_DEVICES")
+    assert entry["set"] is True and entry["value"] == ""
+    assert "hides every GPU" in entry["effect"]
+    found = [m for m in messages(data, "environment") if m.startswith("CUDA_VISIBLE_DEVICES=''")]
+    assert len(found) == 1 and "unset CUDA_VISIBLE_DEVICES" in found[0]
+
+
+def test_empty_variable_is_warned_once_under_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    data = report.gather(simulate=["cuda:8"])
+    hiding = [m for m in messages(data) if "hides every" in m]
+    assert len(hiding) == 1
+    cuda = next(r for r in data["backends"] if r["name"] == "cuda")
+    assert cuda["status"] == "unavailable"
+
+
+def test_visible_devices_effect_names_the_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "x")
+    data = report.gather()
+    assert "2, 3 as cuda:0..cuda:1" in env_entry(data, "CUDA_VISIBLE_DEVICES")["effect"]
+    assert env_entry(data, "ASCEND_RT_VISIBLE_DEVICES")["effect"].startswith("invalid")
+    assert any("ASCEND_RT_VISIBLE_DEVICES" in m for m in messages(data, "environment"))
+    # ROCm-only variables say that only the ROCm build reads them.
+    assert "ROCm" in env_entry(data, "HIP_VISIBLE_DEVICES")["effect"]
+
+
+def test_probe_warnings_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2")
+    data = report.gather(simulate=["hpu:8"])
+    assert any("groups of 2 or 4" in m for m in messages(data, "probe:hpu"))
+
+
+def test_mixed_gpu_models_warn_about_numbering() -> None:
+    cuda = ProbeResult(
+        "cuda", True, True, 2, devices=(DeviceInfo(0, "NVIDIA A100"), DeviceInfo(1, "Tesla V100")), variant="cuda"
+    )
+    found = report._other_warnings({}, [cuda], [], {"accelerate": "1.16.0"})
+    assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in w["message"] for w in found)
+    quiet = report._other_warnings({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, [cuda], [], {"accelerate": "1.16.0"})
+    assert not any("PCI_BUS_ID" in w["message"] for w in quiet)
+
+
+def test_kernels_outside_the_supported_range_warn(monkeypatch: pytest.MonkeyPatch) -> None:
+    import whichdevice.kernels_support as ks
+
+    monkeypatch.setattr(ks, "kernels_compatibility", lambda: (False, "kernels 0.1 is too old"))
+    found = report._other_warnings({}, [], [], {"kernels": "0.1", "accelerate": "1.16.0"})
+    assert {"source": "kernels", "message": "kernels 0.1 is too old"} in found
+    monkeypatch.setattr(ks, "kernels_compatibility", lambda: (True, "fine"))
+    assert not report._other_warnings({}, [], [], {"kernels": "0.18.2", "accelerate": "1.16.0"})
+
+
+def test_old_accelerate_warns_about_gaudi() -> None:
+    found = report._other_warnings({}, [], [], {"kernels": None, "accelerate": "1.4.0"})
+    assert any(w["source"] == "accelerate" and "1.5.0" in w["message"] for w in found)
+    assert not report._other_warnings({}, [], [], {"kernels": None, "accelerate": "1.5.0"})
+
+
+def test_accelerate_use_cpu_against_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    data = report.gather(simulate=["cuda:2"])
+    assert any("ACCELERATE_USE_CPU" in m for m in messages(data, "environment"))
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "maybe")
+    data = report.gather()
+    assert env_entry(data, "ACCELERATE_USE_CPU")["effect"].startswith("invalid")
+
+
+def test_bad_whichdevice_device_is_in_the_report_with_exit_code_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WHICHDEVICE_DEVICE", "gpu")
+    data = report.gather()
+    validate(data)
+    assert data["exit_code"] == 2
+    assert all(not r["ok"] and r["error"]["type"] == "UnknownDeviceError" for r in data["resolutions"])
+    assert env_entry(data, "WHICHDEVICE_DEVICE")["effect"].startswith("invalid")
+
+
+def test_unavailable_device_gives_exit_code_1_and_invalid_one_raises() -> None:
+    data = report.gather(device="cuda")
+    validate(data)
+    assert data["exit_code"] == 1
+    assert data["resolutions"][0]["error"]["type"] == "DeviceUnavailableError"
+    with pytest.raises(UnknownDeviceError):
+        report.gather(device="cdua")
+    with pytest.raises(DeviceError):
+        report.gather(tasks=["serving"])
+
+
+def test_distributed_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    data = report.gather(simulate=["cuda:2"], tasks=["inference"])
+    assert data["resolutions"][0]["resolution"]["device"] == "cuda:1"
+    assert "local rank 1" in env_entry(data, "LOCAL_RANK")["effect"]
+    assert "taken as" in env_entry(data, "RANK")["effect"]
+    text = report.render_text(data)
+    assert re.search(r"^  RANK\s+\(unset\)", text, re.MULTILINE)
+
+
+def test_exit_code_for() -> None:
+    assert report.exit_code_for(DeviceUnavailableError("x")) == 1
+    assert report.exit_code_for(DoesNotFitError("x")) == 1
+    assert report.exit_code_for(UnknownDeviceError("x")) == 2
+    assert report.exit_code_for(ConfigConflictError("x")) == 2
+    assert report.exit_code_for(DeviceError("x")) == 2
+    assert report.exit_code_for(RuntimeError("x")) == 1
+
+
+def test_text_is_plain_unless_colour_is_asked() -> None:
+    data = report.gather()
+    plain = report.render_text(data)
+    assert not ANSI.search(plain)
+    for section in ("BACKENDS", "ENVIRONMENT", "WARNINGS", "RESOLUTION FOR INFERENCE", "RESOLUTION FOR TRAINING"):
+        assert section in plain
+    assert "whichdevice chose cpu for inference" in plain
+    assert "torch " in plain.split("VERSIONS")[1]
+    colored = report.render_text(data, color=True)
+    assert ANSI.search(colored)
+    assert ANSI.sub("", colored).count("whichdevice chose") == plain.count("whichdevice chose")
+
+
+def test_text_wraps_to_the_terminal_width() -> None:
+    text = report.render_text(report.gather(), width=80)
+    too_long = [line for line in text.splitlines() if len(line) > 80 and " " in line.strip()[:80]]
+    assert not too_long
+
+
+def test_simulated_text_says_so_at_both_ends() -> None:
+    text = report.render_text(report.gather(simulate=["hpu:8"]))
+    lines = text.strip().splitlines()
+    assert "SIMULATED" in lines[0] and "SIMULATED" in lines[-1]
+    assert "(SIMULATED hardware)" in text
+
+
+def test_use_color() -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    assert report.use_color(Tty(), {})
+    assert not report.use_color(Tty(), {"NO_COLOR": "1"})
+    assert not report.use_color(Tty(), {"TERM": "dumb"})
+    assert report.use_color(Tty(), {"NO_COLOR": ""})  # no-color.org: only a non-empty value counts
+    assert not report.use_color(object(), {})
