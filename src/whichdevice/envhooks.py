@@ -32,6 +32,18 @@ _lock = threading.Lock()
 # Variables whichdevice itself set in this process, so a resolution can list them and an
 # idempotent second call can tell "ours" from "the user's".
 _applied: dict[str, str] = {}
+# Variables inside an open scoped_env: name -> (value before the first scope, open scopes).
+_scoped: dict[str, tuple[str | None, int]] = {}
+
+
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread held the lock would leave the child waiting forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def applied_env() -> dict[str, str]:
@@ -93,13 +105,24 @@ def scoped_env(**values: str) -> Iterator[None]:
     Used around calls like ``torch.cuda.device_count()`` that read a switch from the environment
     (``PYTORCH_NVML_BASED_CUDA_CHECK``); clobbering the user's own value was accelerate PR #2524.
     """
-    previous = {name: os.environ.get(name) for name in values}
+    # Scopes can overlap across threads (a timed-out probe still runs while a refresh starts a new
+    # one), so the value from before the first open scope is kept and restored when the last closes.
+    with _lock:
+        for name, value in values.items():
+            before, depth = _scoped.get(name, (os.environ.get(name), 0))
+            _scoped[name] = (before, depth + 1)
+            os.environ[name] = value
     try:
-        os.environ.update(values)
         yield
     finally:
-        for name, old in previous.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
+        with _lock:
+            for name in values:
+                before, depth = _scoped[name]
+                if depth > 1:
+                    _scoped[name] = (before, depth - 1)
+                    continue
+                del _scoped[name]
+                if before is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = before

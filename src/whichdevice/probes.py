@@ -91,6 +91,8 @@ def finish(
 ) -> ProbeResult:
     """Build the result for an installed backend from its visible devices (shared with simulate)."""
     vis = visibility if visibility is not None else Visibility()
+    if unavailable_reason is not None:
+        devices = ()  # an unusable backend lists no devices, matching device_count == 0
     devices = tuple(
         d if d.physical_id is not None or vis.ids is None or d.index >= len(vis.ids)
         else _with_physical(d, vis.physical_id(d.index))
@@ -110,7 +112,7 @@ def finish(
         backend.name,
         installed=True,
         available=bool(devices) and unavailable_reason is None,
-        device_count=len(devices) if unavailable_reason is None else 0,
+        device_count=len(devices),
         devices=devices,
         versions=versions if versions is not None else _versions(backend),
         variant=variant,

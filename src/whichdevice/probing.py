@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.errors import DeviceError
 from whichdevice.registry import Backend, backends, get_backend
 
 if TYPE_CHECKING:
@@ -282,6 +283,16 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
         )
     if "error" in box:
         exc = box["error"]
+        if isinstance(exc, DeviceError):
+            # A setting the user can fix (a malformed visible-devices variable, ...), not a broken
+            # package: its message already says what to do.
+            return ProbeResult(
+                backend.name,
+                installed=True,
+                available=False,
+                reason=f"{backend.name}: {exc}",
+                seconds=elapsed,
+            )
         if isinstance(exc, SystemExit):
             what = f"called sys.exit({exc.code!r})"
         else:
@@ -296,5 +307,16 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
             ),
             seconds=elapsed,
         )
-    result: ProbeResult = box["result"]
+    result = box["result"]
+    if not isinstance(result, ProbeResult):
+        return ProbeResult(
+            backend.name,
+            installed=True,
+            available=False,
+            reason=(
+                f"the {backend.name} probe returned {type(result).__name__}, not a ProbeResult; "
+                f"this is a bug in the probe of {backend.package!r}"
+            ),
+            seconds=elapsed,
+        )
     return replace(result, seconds=elapsed)

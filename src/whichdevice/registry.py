@@ -19,6 +19,7 @@ records; ``tests/test_registry.py`` compares them with accelerate's own constant
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -290,6 +291,16 @@ def _reset() -> None:
 _reset()
 
 
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread held the lock would leave the child waiting forever.
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _load_entry_points() -> None:
     # Third-party backends register through the entry-point group; an entry point may name a
     # Backend record or a callable returning one. A broken plugin must not break detection, so
@@ -390,6 +401,13 @@ def register_backend(record: Backend, *, replace: bool = False, before: str | No
             raise ValueError(
                 f"a backend named {record.name!r} is already registered; "
                 "pass replace=True to replace it"
+            )
+        # Check ``before`` first so a bad one leaves the registry exactly as it was.
+        if before is not None and (before not in _order or before == record.name):
+            others = [n for n in _order if n != record.name]
+            raise UnknownDeviceError(
+                f"register_backend(before={before!r}): no other backend named {before!r}; "
+                f"valid names: {', '.join(others)}"
             )
         if before is not None and record.name in _order:
             _order.remove(record.name)

@@ -97,7 +97,7 @@ def parse_spec(spec: str) -> SimulatedDevice:
         raise DeviceError("simulate: " + unknown_name_message(name))
     count = 1
     if count_text:
-        if not count_text.isdigit():
+        if not (count_text.isascii() and count_text.isdigit()):
             raise DeviceError(f"simulate: {head!r}: the count after ':' must be a number, e.g. {name}:4")
         count = int(count_text)
     fields: dict[str, Any] = {"backend": name, "count": count}
@@ -181,7 +181,10 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
         release.wait()  # until the simulation ends; the probe's time limit fires first
         raise TimeoutError("simulated hang released")
     if spec.mode == "broken":
-        raise ImportError(f"simulated: importing {backend.module} failed (libascend_hal.so: cannot open shared object file)")
+        raise ImportError(
+            f"simulated: importing {backend.module} failed "
+            "(libascend_hal.so: cannot open shared object file)"
+        )
     env_set = apply_env_defaults(backend, "import")
     variant = spec.variant or ("cuda" if backend.name == "cuda" else None)
     defaults = _DEFAULTS.get("rocm" if variant == "rocm" else backend.name, {})
@@ -196,8 +199,9 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
         chosen = physical
         warnings: list[str] = []
     else:
-        chosen = [i for i in vis.ids if i in physical]
-        missing = [i for i in vis.ids if i not in physical]
+        # "0.1" (ZE_AFFINITY_MASK: tile 1 of device 0) is on physical device 0.
+        chosen = [i for i in vis.ids if i.split(".")[0] in physical]
+        missing = [i for i in vis.ids if i.split(".")[0] not in physical]
         warnings = (
             [f"{vis.variable}={vis.raw!r} names device(s) {', '.join(missing)} that this machine lacks"]
             if missing

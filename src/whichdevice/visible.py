@@ -44,10 +44,24 @@ class Visibility:
         return self.ids[index]
 
 
+# More devices than any runtime numbers; also keeps int() away from its 4300-digit limit.
+_MAX_INDEX = 1 << 20
+
+
 def _strtoul(text: str) -> int:
     # The CUDA runtime reads each entry like C's strtoul: "1gpu" is 1, "" or "x" ends the list.
-    match = re.match(r"[+-]?\d+", text)
-    return int(match.group()) if match else -1
+    # Only ASCII digits count (C's isdigit), and an absurdly large number ends the list too.
+    match = re.match(r"[+-]?[0-9]+", text)
+    if not match or len(match.group().lstrip("+-0")) > 7:
+        return -1
+    number = int(match.group())
+    return number if number <= _MAX_INDEX else -1
+
+
+def _index(entry: str, variable: str, value: str) -> int:
+    if len(entry.lstrip("0")) > 7 or int(entry) > _MAX_INDEX:
+        raise DeviceError(f"{variable}={value!r}: {entry[:20]!r} is too large to be a device index")
+    return int(entry)
 
 
 def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) -> Visibility:
@@ -57,32 +71,39 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
     variable = "CUDA_VISIBLE_DEVICES"
     value = env.get(variable)
     rocr_prefix: tuple[str, ...] | None = None
+    rocr: str | None = None
     if rocm:
-        # ROCR is applied first by the ROCm runtime; HIP then selects among what ROCR left.
+        # ROCR is applied first by the ROCm runtime; HIP then selects among what ROCR left, through
+        # HIP_VISIBLE_DEVICES or, when that is unset, CUDA_VISIBLE_DEVICES (which HIP honours too).
         rocr = env.get("ROCR_VISIBLE_DEVICES")
         hip = env.get("HIP_VISIBLE_DEVICES")
         if rocr is not None:
             rocr_prefix = _parse_cuda_value(rocr, "ROCR_VISIBLE_DEVICES", warnings)
-            variable, value = "ROCR_VISIBLE_DEVICES", rocr
         if hip is not None:
-            variable, value = "HIP_VISIBLE_DEVICES", hip
-            if rocr_prefix is not None and len(hip.split(",")) > len(rocr_prefix):
-                raise DeviceError(
-                    f"HIP_VISIBLE_DEVICES={hip!r} names more GPUs than ROCR_VISIBLE_DEVICES="
-                    f"{env.get('ROCR_VISIBLE_DEVICES')!r} leaves visible; HIP selects among the GPUs "
-                    "ROCR shows, so unset one of them or shorten HIP_VISIBLE_DEVICES"
+            if value is not None:
+                warnings.append(
+                    "both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins"
                 )
-        elif rocr is not None:
-            return Visibility(variable, value, rocr_prefix, tuple(warnings))
-        if env.get("CUDA_VISIBLE_DEVICES") is not None and hip is not None:
-            warnings.append(
-                "both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins"
+            variable, value = "HIP_VISIBLE_DEVICES", hip
+        if value is None and rocr is not None:
+            return Visibility("ROCR_VISIBLE_DEVICES", rocr, rocr_prefix, tuple(warnings))
+        if rocr_prefix is not None and value is not None and len(value.split(",")) > len(rocr_prefix):
+            raise DeviceError(
+                f"{variable}={value!r} names more GPUs than ROCR_VISIBLE_DEVICES={rocr!r} leaves "
+                f"visible; HIP selects among the GPUs ROCR shows, so unset one of them or shorten "
+                f"{variable}"
             )
     if value is None:
         return Visibility(None, None, None, tuple(warnings))
     ids = _parse_cuda_value(value, variable, warnings)
     if rocr_prefix is not None and ids and all(i.isdigit() for i in ids):
         # HIP indices count within the ROCR selection.
+        beyond = [i for i in ids if int(i) >= len(rocr_prefix)]
+        if beyond:
+            warnings.append(
+                f"{variable}={value!r} names index {', '.join(beyond)} but ROCR_VISIBLE_DEVICES="
+                f"{rocr!r} leaves only {len(rocr_prefix)} GPU(s) visible; the runtime ignores it"
+            )
         ids = tuple(rocr_prefix[int(i)] for i in ids if int(i) < len(rocr_prefix))
     return Visibility(variable, value, ids, tuple(warnings))
 
@@ -101,12 +122,14 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
                 entry = entry.strip()
                 if entry in uuids:
                     warnings.append(
-                        f"{variable}={value!r} repeats {entry}; the runtime then shows no GPU at all"
+                        f"{variable}={value!r} repeats {entry}; the runtime then shows no GPU at all: "
+                        "list each GPU once"
                     )
                     return ()
                 if not entry.startswith(prefix):
                     warnings.append(
-                        f"{variable}={value!r}: the runtime stops reading at {entry!r}"
+                        f"{variable}={value!r}: the runtime stops reading at {entry!r}; list {prefix} UUIDs "
+                        "only, or indices only"
                     )
                     break
                 uuids.append(entry)
@@ -116,7 +139,8 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
         number = _strtoul(entry.strip())
         if str(number) in indices:
             warnings.append(
-                f"{variable}={value!r} repeats GPU {number}; the runtime then shows no GPU at all"
+                f"{variable}={value!r} repeats GPU {number}; the runtime then shows no GPU at all: "
+                f"list each GPU once ({_fixed(variable, text)})"
             )
             return ()
         if number < 0:
@@ -126,13 +150,25 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
                 kept = ",".join(indices) or "none"
                 warnings.append(
                     f"{variable}={value!r}: the runtime stops reading at {entry!r}, "
-                    f"so the visible GPUs are: {kept}"
+                    f"so the visible GPUs are: {kept}; {_fixed(variable, text)}"
                 )
             break
         if entry.strip() != str(number):
-            warnings.append(f"{variable}={value!r}: the runtime reads {entry!r} as {number}")
+            warnings.append(f"{variable}={value!r}: the runtime reads {entry!r} as {number}; write {number}")
         indices.append(str(number))
     return tuple(indices)
+
+
+def _fixed(variable: str, text: str) -> str:
+    """The fix for a misread list: its well-formed indices, each once (what was most likely meant)."""
+    meant: list[str] = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if entry.isascii() and entry.isdigit() and len(entry.lstrip("0")) <= 7 and str(int(entry)) not in meant:
+            meant.append(str(int(entry)))
+    if meant:
+        return f"write {variable}={','.join(meant)}"
+    return f"unset {variable} or list GPU indices such as {variable}=0,1"
 
 
 def parse_index_list(value: str, variable: str) -> tuple[str, ...]:
@@ -148,30 +184,41 @@ def parse_index_list(value: str, variable: str) -> tuple[str, ...]:
                 f"{variable}={value!r}: {entry!r} is not a device index; "
                 f"use comma-separated indices such as {variable}=0,1"
             )
-        if str(int(entry)) in out:
+        index = str(_index(entry, variable, value))
+        if index in out:
             raise DeviceError(f"{variable}={value!r} names device {entry} twice; list each device once")
-        out.append(str(int(entry)))
+        out.append(index)
     return tuple(out)
+
+
+# Far more NeuronCores than one machine has (a trn2.48xlarge shows 128 logical cores).
+_MAX_CORES = 4096
 
 
 def parse_ranges(value: str, variable: str) -> tuple[str, ...]:
     """Indices and inclusive ranges, as NEURON_RT_VISIBLE_CORES takes them ("0-3", "0,2,4-5")."""
     out: list[str] = []
+    seen: set[int] = set()
     for entry in value.strip().split(","):
         entry = entry.strip()
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", entry)
-        if not match or not entry.isascii():
+        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", entry)
+        if not match:
             raise DeviceError(
                 f"{variable}={value!r}: {entry!r} is not a core index or range; "
                 f"use e.g. {variable}=0-1 or {variable}=0,1"
             )
-        lo = int(match.group(1))
-        hi = int(match.group(2)) if match.group(2) else lo
+        lo = _index(match.group(1), variable, value)
+        hi = _index(match.group(2), variable, value) if match.group(2) else lo
         if hi < lo:
             raise DeviceError(f"{variable}={value!r}: range {entry!r} runs backwards; write {hi}-{lo}")
+        if len(seen) + hi - lo + 1 > _MAX_CORES:
+            raise DeviceError(
+                f"{variable}={value!r} names more than {_MAX_CORES} cores; no Neuron machine has that many"
+            )
         for i in range(lo, hi + 1):
-            if str(i) in out:
+            if i in seen:
                 raise DeviceError(f"{variable}={value!r} names core {i} twice")
+            seen.add(i)
             out.append(str(i))
     return tuple(out)
 
