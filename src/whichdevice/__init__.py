@@ -21,6 +21,7 @@ from whichdevice.registry import Backend, EnvDefault, backends, get_backend, reg
 
 if TYPE_CHECKING:
     from whichdevice import testing
+    from whichdevice.lora import LoraTraining, lora_training
     from whichdevice.probing import DeviceInfo, ProbeResult, probe, probe_all
     from whichdevice.resolver import Resolution, parse_device, resolve_device
     from whichdevice.training import training_arguments
@@ -37,6 +38,8 @@ _LAZY = {
     "parse_device": "whichdevice.resolver",
     "resolve_device": "whichdevice.resolver",
     "training_arguments": "whichdevice.training",
+    "LoraTraining": "whichdevice.lora",
+    "lora_training": "whichdevice.lora",
 }
 
 __all__ = [
@@ -47,12 +50,14 @@ __all__ = [
     "DeviceUnavailableError",
     "DoesNotFitError",
     "EnvDefault",
+    "LoraTraining",
     "ProbeResult",
     "Resolution",
     "UnknownDeviceError",
     "__version__",
     "backends",
     "get_backend",
+    "lora_training",
     "parse_device",
     "probe",
     "probe_all",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from whichdevice.errors import ConfigConflictError, DeviceError
@@ -11,7 +12,11 @@ if TYPE_CHECKING:
     from whichdevice.probing import ProbeResult
     from whichdevice.registry import Backend
 
-__all__ = ["KNOWN_IMPLEMENTATIONS", "choose_attention", "flash_attention_package"]
+__all__ = ["AUTO_HUB", "KNOWN_IMPLEMENTATIONS", "choose_attention", "flash_attention_package", "is_hub_kernel"]
+
+# Opt-in: like "auto", but when no FlashAttention package is usable, the Hub kernel transformers
+# swaps in for it (kernels-community/flash-attn2, ...) where one exists and can be had.
+AUTO_HUB = "auto-hub"
 
 KNOWN_IMPLEMENTATIONS = (
     "sdpa",
@@ -30,6 +35,12 @@ _FLASH = {
 }
 
 
+def is_hub_kernel(value: str) -> bool:
+    """Whether ``value`` names a Hub kernel ("org/repo", "org/repo@rev", "org/repo:name"), as
+    transformers' ``is_kernel`` accepts for attn_implementation."""
+    return re.fullmatch(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?", value) is not None
+
+
 def flash_attention_package(impl: str) -> str | None:
     """The installed version of the package behind ``impl``, from metadata (flash-attn is never imported)."""
     version_major, package, _ = _FLASH[impl]
@@ -42,11 +53,12 @@ def flash_attention_package(impl: str) -> str | None:
 def _flash_fits(
     impl: str, backend: Backend, result: ProbeResult, dtype: str | None
 ) -> tuple[bool, str]:
-    version_major, package, min_cc = _FLASH[impl]
+    version_major, _, min_cc = _FLASH[impl]
     if version_major not in backend.flash_attention:
         able = [b for b in ("cuda", "npu", "xpu", "mlu", "musa") if b != backend.name]
         where = "CUDA GPUs only" if version_major > 2 else f"{', '.join(able)}"
-        return False, f"{impl} does not run on {backend.name} ({where}); use 'sdpa'"
+        instead = "'flash_attention_2' or 'sdpa'" if 2 in backend.flash_attention else "'sdpa'"
+        return False, f"{impl} does not run on {backend.name} ({where}); use {instead}"
     if backend.name == "cuda" and result.variant != "rocm":
         cc = result.min_capability
         if cc is not None and cc < min_cc:
@@ -55,7 +67,10 @@ def _flash_fits(
                 f"{cc[0]}.{cc[1]}; use " + ("'flash_attention_2' or 'sdpa'" if cc >= (8, 0) else "'sdpa'")
             )
         if version_major == 3 and cc is not None and cc[0] != 9:
-            return False, f"{impl} is built for Hopper (compute capability 9.x); use 'flash_attention_2' or 'sdpa'"
+            newer = "'flash_attention_4', " if cc[0] >= 10 else ""
+            return False, (
+                f"{impl} is built for Hopper (compute capability 9.x); use {newer}'flash_attention_2' or 'sdpa'"
+            )
     elif version_major > 2:
         return False, f"{impl} runs on NVIDIA CUDA GPUs only; use 'flash_attention_2' or 'sdpa'"
     if dtype == "float32":
@@ -67,21 +82,39 @@ def choose_attention(
     backend: Backend, result: ProbeResult, dtype: str | None, requested: str = "auto"
 ) -> tuple[str, str]:
     """The attention implementation and the reason: FlashAttention when installed and usable, else sdpa."""
-    if requested != "auto":
+    if requested not in ("auto", AUTO_HUB):
+        if isinstance(requested, str) and is_hub_kernel(requested):
+            from whichdevice.kernels_support import hub_access, kernels_compatibility
+
+            problems = [why for ok, why in (kernels_compatibility(), hub_access(requested.split("@")[0].split(":")[0]))
+                        if not ok]
+            return requested, f"{requested}: a Hub kernel, as you asked" + (
+                f"; transformers will not load it: {'; '.join(problems)}" if problems else ""
+            )
         if not isinstance(requested, str) or requested not in KNOWN_IMPLEMENTATIONS:
             raise DeviceError(
-                f"attn_implementation={requested!r} is not known; use 'auto' or one of "
-                f"{', '.join(KNOWN_IMPLEMENTATIONS)}"
+                f"attn_implementation={requested!r} is not known; use 'auto', '{AUTO_HUB}' (also a Hub "
+                f"FlashAttention kernel), a Hub kernel ('org/repo') or one of {', '.join(KNOWN_IMPLEMENTATIONS)}"
             )
         if requested in _FLASH:
             ok, why = _flash_fits(requested, backend, result, dtype)
             if not ok:
                 raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
+            if requested == "flash_attention_2" and backend.name == "npu":
+                return requested, f"{requested} as you asked: served by torch_npu's own FlashAttention"
             if flash_attention_package(requested) is None:
+                from whichdevice.kernels_support import hub_flash_attention
+
                 package = _FLASH[requested][1]
+                repo, why = hub_flash_attention(backend, result, dtype, requested)
+                if repo is not None:
+                    return requested, (
+                        f"{requested} as you asked; {package} is not installed, so transformers loads "
+                        f"the Hub kernel {why}"
+                    )
                 return requested, (
-                    f"{requested} as you asked; its package is not installed, so transformers will "
-                    f"look for a Hub kernel or fail: pip install {package}"
+                    f"{requested} as you asked, but {package} is not installed and transformers cannot "
+                    f"use a Hub kernel instead ({why}), so loading the model will fail: pip install {package}"
                 )
         return requested, "as you asked"
     for impl in ("flash_attention_3", "flash_attention_2"):
@@ -92,6 +125,17 @@ def choose_attention(
         if ok:
             return impl, f"{_FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
     installed = [impl for impl in _FLASH if flash_attention_package(impl)]
+    if requested == AUTO_HUB:
+        from whichdevice.kernels_support import hub_flash_attention
+
+        repo, why = hub_flash_attention(backend, result, dtype)
+        have = f"{', '.join(installed)} installed but unusable here" if installed else "no FlashAttention package"
+        if repo is not None:
+            return repo, (
+                f"{repo}: {have}, so the Hub kernel transformers uses in its place "
+                f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
+            )
+        return "sdpa", f"sdpa: {have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}"
     if installed:
         return "sdpa", f"sdpa: {', '.join(installed)} installed but unusable here"
     return "sdpa", "sdpa (torch's fused attention): no FlashAttention package is installed"

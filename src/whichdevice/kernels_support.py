@@ -17,29 +17,52 @@ if TYPE_CHECKING:
     from whichdevice.registry import Backend
     from whichdevice.resolver import TraceStep
 
-__all__ = ["decide_kernels", "kernels_compatibility", "kernels_key", "transformers_kernels_range"]
+__all__ = [
+    "HUB_FLASH_ATTENTION",
+    "HUB_FLASH_KERNEL_DEVICES",
+    "decide_kernels",
+    "hub_access",
+    "hub_flash_attention",
+    "kernels_compatibility",
+    "kernels_key",
+    "transformers_kernels_range",
+]
 
 
 @lru_cache(maxsize=1)
 def transformers_kernels_range() -> tuple[str | None, str | None]:
     """(minimum, exclusive maximum) kernels version the installed transformers accepts.
 
-    Read from transformers' dependency table as text, so transformers is not imported.
+    Read as text, so transformers is not imported: ``KERNELS_MIN_VERSION``/``KERNELS_MAX_VERSION``
+    in utils/import_utils.py (what ``is_kernels_available()`` checks), else the dependency table.
     """
     spec = find_spec("transformers")
     if spec is None or not spec.submodule_search_locations:
         return None, None
-    table = Path(next(iter(spec.submodule_search_locations))) / "dependency_versions_table.py"
+    root = Path(next(iter(spec.submodule_search_locations)))
     try:
-        text = table.read_text(encoding="utf-8")
+        text = (root / "utils" / "import_utils.py").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    low_match = re.search(r'^KERNELS_MIN_VERSION\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    high_match = re.search(r'^KERNELS_MAX_VERSION\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if low_match or high_match:
+        return (low_match.group(1) if low_match else None, high_match.group(1) if high_match else None)
+    try:
+        table = (root / "dependency_versions_table.py").read_text(encoding="utf-8")
     except OSError:
         return None, None
-    match = re.search(r'"kernels":\s*"kernels([^"]*)"', text)
+    match = re.search(r'"kernels":\s*"kernels([^"]*)"', table)
     if not match:
         return None, None
     low = re.search(r">=\s*([\w.]+)", match.group(1))
     high = re.search(r"<\s*([\w.]+)", match.group(1))
     return (low.group(1) if low else None, high.group(1) if high else None)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = _version_tuple(text)
+    return parts + (0,) * (3 - len(parts))
 
 
 def kernels_compatibility() -> tuple[bool, str]:
@@ -49,9 +72,12 @@ def kernels_compatibility() -> tuple[bool, str]:
     wanted = ",".join(p for p in (f">={low}" if low else "", f"<{high}" if high else "") if p)
     tf = package_version("transformers") or "?"
     if installed is None:
-        return False, f"the kernels package is not installed (transformers {tf} wants kernels{wanted}): pip install 'kernels{wanted}'"
-    version = _version_tuple(installed)
-    if (low and version < _version_tuple(low)) or (high and version >= _version_tuple(high)):
+        return False, (
+            f"the kernels package is not installed (transformers {tf} wants kernels{wanted}): "
+            f"pip install 'kernels{wanted}'"
+        )
+    version = _version(installed)
+    if (low and version < _version(low)) or (high and version >= _version(high)):
         return False, (
             f"kernels {installed} is installed but transformers {tf} wants kernels{wanted}, so it "
             f"ignores Hub kernels: pip install 'kernels{wanted}'"
@@ -66,21 +92,112 @@ def kernels_key(backend: Backend, result: ProbeResult) -> str | None:
     return backend.kernels_key
 
 
-def hub_access() -> tuple[bool, str]:
-    """Whether a Hub kernel can be had without whichdevice touching the network."""
-    if os.environ.get("LOCAL_KERNELS"):
-        return True, "LOCAL_KERNELS points at local kernel builds"
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
-            os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
-        )
-        cached = any(Path(cache).glob("models--kernels-community--*")) if os.path.isdir(cache) else False
+_TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's ENV_VARS_TRUE_VALUES
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or the older TRANSFORMERS_OFFLINE) read the way huggingface_hub reads it."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in _TRUE
+
+
+def kernels_cache_dir() -> Path:
+    """Where kernels keeps downloaded kernels: KERNELS_CACHE, else the Hugging Face Hub cache."""
+    explicit = (
+        os.environ.get("KERNELS_CACHE") or os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    )
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def local_kernels() -> dict[str, str]:
+    """LOCAL_KERNELS ("org/repo=path:org/repo2=path2", kernels' own format) as repo -> path."""
+    out: dict[str, str] = {}
+    for entry in os.environ.get("LOCAL_KERNELS", "").split(":"):
+        repo, eq, path = entry.partition("=")
+        if eq and repo.strip():
+            out[repo.strip()] = path
+    return out
+
+
+def hub_access(repo: str | None = None) -> tuple[bool, str]:
+    """Whether a Hub kernel (``repo``, or any kernels-community kernel) can be had, and why.
+
+    Read from the environment and the cache only. whichdevice never opens a connection to find out
+    whether the Hub is reachable: a resolution must be fast, work the same on air-gapped machines
+    and in tests, and never block on a network timeout. So "HF_HUB_OFFLINE unset" counts as "can
+    download on first use"; if the Hub then turns out to be unreachable, transformers reports it
+    when it fetches the kernel (and falls back for FlashAttention). Set HF_HUB_OFFLINE=1 to make
+    whichdevice check the cache instead.
+    """
+    local = local_kernels()
+    if local and (repo is None or repo in local):
+        where = f" ({repo} -> {local[repo]})" if repo else ""
+        return True, f"LOCAL_KERNELS points at local kernel builds{where}"
+    if hub_offline():
+        cache = kernels_cache_dir()
+        if repo is not None:
+            cached = (cache / ("models--" + repo.replace("/", "--"))).is_dir()
+            what = repo
+        else:
+            cached = cache.is_dir() and any(cache.glob("models--kernels-community--*"))
+            what = "a kernels-community kernel"
         if cached:
-            return True, f"HF_HUB_OFFLINE=1 and kernels are in the cache ({cache})"
-        return False, f"HF_HUB_OFFLINE=1 and no kernels-community kernel is in the cache ({cache})"
-    # Online: whichdevice does not open a connection on every resolution; transformers fetches
-    # the kernel on first use and falls back with its own message when the Hub is unreachable.
-    return True, "the Hub is not switched off (HF_HUB_OFFLINE unset); kernels download on first use"
+            return True, f"HF_HUB_OFFLINE=1 and {what} is in the cache ({cache})"
+        return False, f"HF_HUB_OFFLINE=1 and {what} is not in the cache ({cache}); download it while online first"
+    return True, "the Hub is not switched off (HF_HUB_OFFLINE unset), so kernels download on first use"
+
+
+# transformers' FLASH_ATTN_KERNEL_FALLBACK and FLASH_ATTN_KERNEL_DEVICES (modeling_flash_attention_utils.py,
+# 5.24): the Hub kernel that stands in for a missing FlashAttention package (per kernels device key;
+# ROCm gets aiter), and the device keys each kernel ships builds for. Copied, not imported, so that
+# a simulated ROCm machine gets the ROCm answer; tests check the copy against transformers.
+HUB_FLASH_ATTENTION: dict[str, dict[str, str]] = {
+    "flash_attention_2": {"rocm": "kernels-community/aiter-flash-attn", "*": "kernels-community/flash-attn2"},
+    "flash_attention_3": {"rocm": "kernels-community/aiter-flash-attn", "*": "kernels-community/vllm-flash-attn3"},
+    "flash_attention_4": {"*": "kernels-community/flash-attn4"},
+}
+HUB_FLASH_KERNEL_DEVICES: dict[str, tuple[str, ...]] = {
+    "kernels-community/flash-attn2": ("cuda", "xpu"),
+    "kernels-community/flash-attn3": ("cuda",),
+    "kernels-community/vllm-flash-attn3": ("cuda",),
+    "kernels-community/aiter-flash-attn": ("rocm",),
+    "kernels-community/flash-attn4": ("cuda",),
+    "kernels-community/metal-flash-sdpa": ("mps",),
+}
+
+
+def hub_flash_attention(
+    backend: Backend, result: ProbeResult, dtype: str | None, impl: str = "flash_attention_2"
+) -> tuple[str | None, str]:
+    """(the Hub kernel repo transformers loads for ``impl`` here when its package is missing, or
+    None; why). Checks the kernel's builds, the hardware and dtype, the kernels version and access."""
+    from whichdevice.attention import _flash_fits
+
+    key = kernels_key(backend, result)
+    choices = HUB_FLASH_ATTENTION[impl]
+    repo = choices.get(key or "", choices["*"])
+    problems = []
+    if key is None or key not in HUB_FLASH_KERNEL_DEVICES.get(repo, (key,)):
+        builds = ", ".join(f"{r} ({'/'.join(HUB_FLASH_KERNEL_DEVICES[r])})" for r in dict.fromkeys(choices.values()))
+        problems.append(f"no {impl} Hub kernel is built for {key or backend.name} (only {builds})")
+        if backend.name == "npu" and impl == "flash_attention_2":
+            problems.append("on npu, attn_implementation='flash_attention_2' runs torch_npu's own FlashAttention")
+    else:
+        fits, fit_why = _flash_fits(impl, backend, result, dtype)
+        if not fits:
+            problems.append(fit_why.split("; use ")[0])
+    compatible, compat_why = kernels_compatibility()
+    if not compatible:
+        problems.append(compat_why)
+    access_ok, access_why = hub_access(repo)
+    if not access_ok:
+        problems.append(access_why)
+    if problems:
+        return None, "; ".join(problems)
+    return repo, f"{repo} is built for {key}; {compat_why}; {access_why}"
 
 
 def decide_kernels(
@@ -97,7 +214,8 @@ def decide_kernels(
         raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False")
     checks = [kernels_compatibility()]
     if key is None:
-        checks.append((False, f"Hub kernels have no device key for {backend.name} (keys: cuda, rocm, xpu, npu, neuron, tpu, mps)"))
+        keys = "cuda, rocm, xpu, npu, neuron, tpu, mps"
+        checks.append((False, f"Hub kernels have no device key for {backend.name} (keys: {keys})"))
     else:
         checks.append((True, f"kernel device key {key!r}"))
     checks.append(hub_access())

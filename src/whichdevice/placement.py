@@ -6,7 +6,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import DeviceError
-from whichdevice.sizing import estimate_model_size, format_bytes, parse_size, plan_placement
+from whichdevice.sizing import (
+    FIT_FRACTION,
+    SPLIT_FRACTION,
+    estimate_model_size,
+    format_bytes,
+    parse_size,
+    plan_placement,
+)
 
 if TYPE_CHECKING:
     from whichdevice.distributed import DistributedContext
@@ -66,9 +73,16 @@ def place_model(
     quantize: str | None,
     trace: list[TraceStep],
 ) -> tuple[str | dict[str, Any], dict[int | str, str] | None, QuantizationPlan | None]:
-    """(device_map, max_memory, quantization plan) for ``model`` on ``device``; never splits a model that fits."""
+    """(device_map, max_memory, quantization plan) for ``model`` on ``device``; never splits a model that fits.
+
+    A model that does not fit in ``dtype`` is quantized with bitsandbytes when ``quantize`` allows
+    it (one device when the quantized weights fit there, else split like an unquantized model);
+    ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits.
+    """
+    from whichdevice.quantization import BNB_MAX_MEMORY_FACTOR, check_quantize, plan_quantization
     from whichdevice.resolver import TraceStep
 
+    check_quantize(quantize)
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
         assert caps is not None
@@ -83,23 +97,81 @@ def place_model(
             f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
         )
     )
+    explicit = quantize in ("4bit", "8bit")
     if caps is None:
+        plan = None
+        if explicit:
+            plan = plan_quantization(size, backend, result, dtype, quantize, None, None)
+            trace.append(TraceStep("quantization", plan.explanation))
         trace.append(
-            TraceStep("placement", f"device_map={device!r}: {backend.name} does not report its memory, so fit is unchecked")
+            TraceStep(
+                "placement", f"device_map={device!r}: {backend.name} does not report its memory, so fit is unchecked"
+            )
         )
-        return device, None, None
+        return device, None, plan
     can_split = backend.device_map_auto and dist is None and backend.name not in ("cpu", "mps")
-    placement = plan_placement(
-        weights, device, caps, budget_given=max_memory is not None, can_split=can_split, backend=backend.name
+    budget_given = max_memory is not None
+    does_not_fit: str | None = None
+    if not explicit:
+        placement = plan_placement(
+            weights, device, caps, budget_given=budget_given, can_split=can_split, backend=backend.name
+        )
+        if placement.fits:
+            trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+            return placement.device_map, placement.max_memory, None
+        does_not_fit = f"in {dtype}, {placement.note}"
+    # Quantized: on one device when the quantized weights fit there, else split like any model,
+    # minus the share of max_memory that bitsandbytes keeps for its buffers.
+    bits = 8 if quantize == "8bit" else 4
+    quantized = size.bytes_quantized(bits, dtype)
+    qplace = plan_placement(
+        quantized, device, caps, budget_given=budget_given, can_split=can_split, backend=backend.name
     )
-    if placement.fits:
-        trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
-        return placement.device_map, placement.max_memory, None
-    from whichdevice.quantization import plan_quantization
-
-    plan = plan_quantization(size, backend, result, dtype, caps, quantize, placement.note, max_memory is not None)
+    split = qplace.fits and qplace.device_map == "auto"
+    if split:
+        qplace = plan_placement(
+            int(quantized / BNB_MAX_MEMORY_FACTOR),
+            device,
+            caps,
+            budget_given=budget_given,
+            can_split=can_split,
+            backend=backend.name,
+        )
+    first = next(iter(caps.values()))
+    if split:
+        usable = int(sum(caps.values()) * (1.0 if budget_given else SPLIT_FRACTION) * BNB_MAX_MEMORY_FACTOR)
+    else:
+        usable = int(first * (1.0 if budget_given else FIT_FRACTION))
+    plan = plan_quantization(
+        size,
+        backend,
+        result,
+        dtype,
+        quantize,
+        does_not_fit,
+        usable,
+        still_too_big=None if qplace.fits else f"in {bits}-bit, {qplace.note}",
+    )
     trace.append(TraceStep("quantization", plan.explanation))
-    trace.append(TraceStep("placement", f"device_map={device!r}: the {plan.bits}-bit weights fit there"))
-    return device, None, plan
-
-
+    if split:
+        trace.append(
+            TraceStep(
+                "placement",
+                f"device_map='auto': even the {bits}-bit weights ({format_bytes(quantized)}) need more than one "
+                f"{backend.name} device; split over {len(caps)} devices (bitsandbytes keeps "
+                f"{100 - int(BNB_MAX_MEMORY_FACTOR * 100)}% of max_memory for its buffers)",
+            )
+        )
+    else:
+        trace.append(
+            TraceStep(
+                "placement",
+                f"device_map={device!r}: the {bits}-bit weights ({format_bytes(quantized)}) fit there "
+                + (
+                    f"({format_bytes(usable)} budget)"
+                    if budget_given
+                    else f"({format_bytes(usable)} usable: {int(FIT_FRACTION * 100)}% of {format_bytes(first)})"
+                ),
+            )
+        )
+    return qplace.device_map, qplace.max_memory, plan

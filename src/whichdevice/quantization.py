@@ -1,4 +1,9 @@
-"""bitsandbytes quantization when a model does not fit, on the backends bitsandbytes supports."""
+"""bitsandbytes quantization: when a model does not fit, or when asked, on the backends bitsandbytes supports.
+
+``quantize="auto"`` (the default) loads in 4-bit NF4 only when the weights do not fit the chosen
+devices in the resolved dtype; ``"4bit"`` and ``"8bit"`` always quantize (and refuse hardware
+bitsandbytes does not run on); ``None`` never quantizes and raises the fit error instead.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +12,69 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError, DeviceError, DoesNotFitError
 from whichdevice.probes import package_version
-from whichdevice.sizing import FIT_FRACTION, ModelSize, format_bytes
+from whichdevice.sizing import ModelSize, format_bytes
 
 if TYPE_CHECKING:
     from whichdevice.probing import ProbeResult
     from whichdevice.registry import Backend
+    from whichdevice.resolver import TraceStep
 
-__all__ = ["QUANTIZE_CHOICES", "QuantizationPlan", "bitsandbytes_supports", "plan_quantization"]
+__all__ = [
+    "BNB_DEVICES",
+    "QUANTIZE_CHOICES",
+    "QuantizationPlan",
+    "bitsandbytes_supports",
+    "check_quantize",
+    "finish_quantization",
+    "plan_quantization",
+    "requested_quantization",
+]
 
 QUANTIZE_CHOICES = ("auto", "4bit", "8bit", None)
+
+# bitsandbytes' own ``supported_torch_devices`` (bitsandbytes/__init__.py, 0.50); "cuda" covers
+# ROCm. The registry's ``Backend.bitsandbytes`` flags must match it (tests check both).
+BNB_DEVICES = frozenset({"cpu", "cuda", "xpu", "hpu", "npu", "mps"})
+
+# transformers' bitsandbytes quantizers scale a device_map="auto" max_memory by 0.9
+# (``adjust_max_memory``: room for buffers created while quantizing), so a split plan must leave it.
+BNB_MAX_MEMORY_FACTOR = 0.9
 
 
 @dataclass(frozen=True)
 class QuantizationPlan:
-    """Load with bitsandbytes in ``bits`` bits, computing in ``compute_dtype``."""
+    """Load with bitsandbytes in ``bits`` bits, computing in ``compute_dtype``.
+
+    The byte counts are None when the model's size (or the memory) was not known.
+    """
 
     bits: int
     compute_dtype: str
-    full_bytes: int
-    quantized_bytes: int
-    budget_bytes: int
+    full_bytes: int | None
+    quantized_bytes: int | None
+    budget_bytes: int | None
     explanation: str
+    requested: bool = False
+
+    @property
+    def method(self) -> str:
+        return "bitsandbytes-nf4" if self.bits == 4 else "bitsandbytes-int8"
+
+    @property
+    def saved_bytes(self) -> int | None:
+        if self.full_bytes is None or self.quantized_bytes is None:
+            return None
+        return self.full_bytes - self.quantized_bytes
 
     def config(self) -> Any:
         """The ``transformers.BitsAndBytesConfig`` for from_pretrained's ``quantization_config``."""
         import torch
         from transformers import BitsAndBytesConfig
 
+        make: Any = BitsAndBytesConfig  # untyped in transformers
         if self.bits == 8:
-            return BitsAndBytesConfig(load_in_8bit=True)
-        return BitsAndBytesConfig(
+            return make(load_in_8bit=True)
+        return make(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_compute_dtype=getattr(torch, self.compute_dtype),
@@ -46,12 +84,22 @@ class QuantizationPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "bits": self.bits,
-            "method": "bitsandbytes-nf4" if self.bits == 4 else "bitsandbytes-int8",
+            "method": self.method,
             "compute_dtype": self.compute_dtype,
+            "reason": "requested" if self.requested else "does-not-fit",
             "full_bytes": self.full_bytes,
             "quantized_bytes": self.quantized_bytes,
+            "saved_bytes": self.saved_bytes,
             "budget_bytes": self.budget_bytes,
+            "explanation": self.explanation,
         }
+
+
+def check_quantize(quantize: Any) -> None:
+    """Raise DeviceError for a ``quantize`` value that is not one of QUANTIZE_CHOICES."""
+    if isinstance(quantize, bool) or quantize not in QUANTIZE_CHOICES:
+        hint = " (quantize=True is ambiguous: write '4bit' or '8bit')" if quantize is True else ""
+        raise DeviceError(f"quantize={quantize!r}: use 'auto', '4bit', '8bit' or None{hint}")
 
 
 def bitsandbytes_supports(backend: Backend, result: ProbeResult) -> tuple[bool, str]:
@@ -63,7 +111,27 @@ def bitsandbytes_supports(backend: Backend, result: ProbeResult) -> tuple[bool, 
         )
     if backend.name == "hpu" and any(d.generation == "gaudi1" for d in result.devices):
         return False, "bitsandbytes 4-bit and 8-bit need Gaudi 2 or newer; this is Gaudi 1"
-    return True, f"bitsandbytes supports {backend.name}"
+    where = "AMD GPUs through its ROCm build" if backend.name == "cuda" and result.variant == "rocm" else backend.name
+    return True, f"bitsandbytes supports {where}"
+
+
+def _bits(quantize: str | None) -> int:
+    return 8 if quantize == "8bit" else 4
+
+
+def _name(bits: int) -> str:
+    return "NF4" if bits == 4 else "int8"
+
+
+def _require_bitsandbytes(backend: Backend, result: ProbeResult, what: str, error: type[DeviceError]) -> None:
+    ok, why = bitsandbytes_supports(backend, result)
+    if not ok:
+        raise error(f"{what}: {why}")
+    if package_version("bitsandbytes") is None:
+        raise error(
+            f"{what}, but bitsandbytes is not installed: pip install bitsandbytes "
+            "(or pip install 'whichdevice[quantization]')"
+        )
 
 
 def plan_quantization(
@@ -71,41 +139,109 @@ def plan_quantization(
     backend: Backend,
     result: ProbeResult,
     dtype: str,
-    capacities: dict[int | str, int],
     quantize: str | None,
-    does_not_fit: str,
-    budget_given: bool,
+    does_not_fit: str | None,
+    usable: int | None,
+    *,
+    still_too_big: str | None = None,
 ) -> QuantizationPlan:
-    """The quantization that makes ``size`` fit the first device, or a DeviceError with the numbers."""
-    if quantize not in QUANTIZE_CHOICES:
-        raise DeviceError(f"quantize={quantize!r}: use 'auto', '4bit', '8bit' or None")
+    """The bitsandbytes plan for a model of ``size``, or a DeviceError that says why there is none.
+
+    ``does_not_fit`` is the placement's note when the weights do not fit in ``dtype`` (None: they
+    fit, so only an explicit "4bit"/"8bit" gets here). ``usable`` is the memory the quantized
+    weights go into (None: unknown); ``still_too_big`` the placement's note when even the
+    quantized weights do not fit it.
+    """
+    check_quantize(quantize)
     full = size.bytes_in(dtype)
-    budget = next(iter(capacities.values()))
-    usable = budget if budget_given else int(budget * FIT_FRACTION)
-    if quantize is None:
-        raise DoesNotFitError(
-            f"{does_not_fit}. Pass quantize='auto' to load it in 4-bit with bitsandbytes "
-            f"(about {format_bytes(size.bytes_quantized(4, dtype))}), give more memory (max_memory), "
-            "or use a machine with more devices"
-        )
-    ok, why = bitsandbytes_supports(backend, result)
-    if not ok:
-        raise ConfigConflictError(f"{does_not_fit}, and quantizing it is not possible: {why}")
-    if package_version("bitsandbytes") is None:
-        raise DoesNotFitError(
-            f"{does_not_fit}; 4-bit loading would fit it but bitsandbytes is not installed: "
-            "pip install bitsandbytes (or pip install 'whichdevice[quantization]')"
-        )
-    bits = 8 if quantize == "8bit" else 4
+    bits = _bits(quantize)
     quantized = size.bytes_quantized(bits, dtype)
-    if quantized > usable:
-        raise DoesNotFitError(
-            f"{does_not_fit}; even in {bits}-bit it needs {format_bytes(quantized)} against "
-            f"{format_bytes(usable)} usable. Give more memory (max_memory) or use more devices"
+    if does_not_fit is not None and quantize is None:
+        ok, why = bitsandbytes_supports(backend, result)
+        remedy = (
+            f"Pass quantize='auto' to load it in 4-bit with bitsandbytes (about "
+            f"{format_bytes(size.bytes_quantized(4, dtype))}), give more memory (max_memory)"
+            if ok
+            else f"Quantizing is no way out here ({why}): give more memory (max_memory)"
         )
-    explanation = (
-        f"{bits}-bit {'NF4' if bits == 4 else 'int8'} with bitsandbytes, computing in {dtype}: "
-        f"{format_bytes(full)} in {dtype} needs more than the {format_bytes(usable)} usable; "
-        f"{bits}-bit needs about {format_bytes(quantized)} (saves {format_bytes(full - quantized)})"
+        raise DoesNotFitError(
+            f"The model does not fit: {does_not_fit}, and quantize=None. {remedy}, or use more devices"
+        )
+    if does_not_fit is not None:
+        what = f"The model does not fit: {does_not_fit}, and quantizing it is not possible"
+        _require_bitsandbytes(backend, result, what, DoesNotFitError)
+    else:
+        _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+    if still_too_big is not None:
+        raise DoesNotFitError(
+            "The model does not fit: "
+            + (f"{does_not_fit}; " if does_not_fit else "")
+            + f"{still_too_big}. Give more memory (max_memory) or use more devices"
+        )
+    saves = f"saves {format_bytes(full - quantized)}"
+    if does_not_fit is None:
+        explanation = (
+            f"{bits}-bit {_name(bits)} with bitsandbytes as you asked (quantize={quantize!r}), computing in "
+            f"{dtype}: about {format_bytes(quantized)} instead of {format_bytes(full)} in {dtype} ({saves})"
+        )
+    else:
+        explanation = (
+            f"{bits}-bit {_name(bits)} with bitsandbytes, computing in {dtype}: {does_not_fit}; in {bits}-bit "
+            f"they need about {format_bytes(quantized)} ({saves})"
+        )
+    return QuantizationPlan(bits, dtype, full, quantized, usable, explanation, requested=does_not_fit is None)
+
+
+def requested_quantization(
+    backend: Backend, result: ProbeResult, dtype: str, quantize: Any, trace: list[TraceStep]
+) -> QuantizationPlan | None:
+    """The plan for an explicit ``quantize="4bit"/"8bit"`` when the model's size is not known.
+
+    None for "auto" and None (nothing to decide without a size). Raises for hardware bitsandbytes
+    does not support.
+    """
+    from whichdevice.resolver import TraceStep
+
+    check_quantize(quantize)
+    if quantize not in ("4bit", "8bit"):
+        return None
+    _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+    bits = _bits(quantize)
+    plan = QuantizationPlan(
+        bits,
+        dtype,
+        None,
+        None,
+        None,
+        f"{bits}-bit {_name(bits)} with bitsandbytes as you asked (quantize={quantize!r}), computing in "
+        f"{dtype} (pass model= to see the memory it saves)",
+        requested=True,
     )
-    return QuantizationPlan(bits, dtype, full, quantized, usable, explanation)
+    trace.append(TraceStep("quantization", plan.explanation))
+    return plan
+
+
+def finish_quantization(
+    plan: QuantizationPlan | None,
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str,
+    quantize: Any,
+    task: str,
+    trace: list[TraceStep],
+) -> QuantizationPlan | None:
+    """The resolver's last word on quantization: an explicit request placement did not see, and
+    for training the way a quantized model trains (adapters)."""
+    from whichdevice.resolver import TraceStep
+
+    if plan is None:
+        plan = requested_quantization(backend, result, dtype, quantize, trace)
+    if plan is not None and task == "training":
+        trace.append(
+            TraceStep(
+                "quantization",
+                f"{plan.bits}-bit weights do not train themselves: train LoRA adapters on them with "
+                "whichdevice.lora_training(model, resolution)",
+            )
+        )
+    return plan
