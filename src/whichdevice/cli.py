@@ -201,8 +201,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from whichdevice.report import SCHEMA_VERSION, SIMULATED_NOTICE, _device_summary, exit_code_for, simulation
     from whichdevice.resolver import parse_device, resolve_device
 
-    device = args.check_device or args.device
-    if args.check_device and args.device and args.check_device != args.device:
+    # "is not None": an empty DEVICE (check "$UNSET_VAR") is bad input, not "detect one".
+    device = args.check_device if args.check_device is not None else args.device
+    if args.check_device is not None and args.device is not None and args.check_device != args.device:
         raise DeviceError(
             f"two devices given (DEVICE {args.check_device!r} and --device {args.device!r}); give one"
         )

@@ -83,11 +83,15 @@ def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedC
             continue
         rank = _int(env, rank_var, 0)
         local_world = _int(env, local_world_var, 1)
+        # What an unset variable defaults to, said as such in the errors below.
+        rank_is = f"{rank_var}={rank}" if rank is not None else f"{rank_var} (unset: {local_var}={local_rank})"
+        world_is = f"{world_var}={world}" if world is not None else f"{world_var} (unset: 1)"
+        partial = rank is None or world is None
         world = world if world is not None else 1
         rank = rank if rank is not None else local_rank
         if local_world is not None and world < local_world:
             raise DeviceError(
-                f"{world_var}={world} is smaller than {local_world_var}={local_world}: a run cannot have "
+                f"{world_is} is smaller than {local_world_var}={local_world}: a run cannot have "
                 "fewer processes in total than on one node; check the launch command"
             )
         if local_world is not None and local_rank >= local_world:
@@ -96,7 +100,12 @@ def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedC
                 f"run from 0 to {local_world - 1}"
             )
         if rank >= world:
-            raise DeviceError(f"{rank_var}={rank} is not below {world_var}={world}; ranks run from 0 to {world - 1}")
+            fix = (
+                f"; a launcher sets all of them, so set {world_var} too or unset {local_var} if you exported it by hand"
+                if partial
+                else ""
+            )
+            raise DeviceError(f"{rank_is} is not below {world_is}; ranks run from 0 to {world - 1}{fix}")
         return DistributedContext(
             launcher,
             local_rank,

@@ -9,6 +9,7 @@ __all__ = [
     "DeviceError",
     "DeviceUnavailableError",
     "DoesNotFitError",
+    "PackageVersionError",
     "UnknownDeviceError",
     "closest_match",
 ]
@@ -24,6 +25,13 @@ class UnknownDeviceError(DeviceError):
 
 class DeviceUnavailableError(DeviceError):
     """A known backend that is not installed, not usable, or lacks the requested index."""
+
+
+class PackageVersionError(DeviceUnavailableError, ImportError):
+    """A package whichdevice hands over to (transformers, ...) that is missing or too old to work with.
+
+    Also an ``ImportError``, so code that already guards the import of an optional package catches it.
+    """
 
 
 class ConfigConflictError(DeviceError):

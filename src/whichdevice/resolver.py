@@ -244,15 +244,20 @@ def parse_device(value: Any, source: str = "device") -> tuple[str, int | None]:
             f"to detect one. Valid device names: {valid}."
         )
     if text != text.strip():
+        # What is inside must be right too, so that the suggested fix parses.
+        parse_device(text.strip(), source)
         raise UnknownDeviceError(f"{source}={value!r} has surrounding spaces; write {text.strip()!r}")
     match = _DEVICE_RE.fullmatch(text)
     name = match.group(1) if match else text.split(":", 1)[0]
     if name not in names:
         lowered = text.lower()
         if lowered != text and lowered.split(":", 1)[0] in names:
-            raise UnknownDeviceError(
-                f"{source}={value!r}: device strings are lower case; write {lowered!r}"
-            )
+            try:
+                parse_device(lowered, source)
+                fixed = lowered
+            except DeviceError:
+                fixed = lowered.split(":", 1)[0]
+            raise UnknownDeviceError(f"{source}={value!r}: device strings are lower case; write {fixed!r}")
         guess = closest_match(name, names)
         suggestion = f" Did you mean {guess!r}?" if guess else ""
         raise UnknownDeviceError(
@@ -267,19 +272,28 @@ def parse_device(value: Any, source: str = "device") -> tuple[str, int | None]:
         raise UnknownDeviceError(
             f"{source}={value!r}: the index after ':' is missing; write '{name}:0' or just {name!r}"
         )
-    if not index_text.isdigit() or not index_text.isascii():
+    if not _is_index(index_text):
         if ":" in index_text:
+            first = index_text.split(":")[0]
             raise UnknownDeviceError(
-                f"{source}={value!r}: a device has one index; write '{name}:{index_text.split(':')[0]}'"
+                f"{source}={value!r}: a device has one index; write '{name}:{first if _is_index(first) else 0}'"
             )
-        if index_text.lstrip("-").isdigit():
+        if index_text.startswith("-") and _is_index(index_text[1:]):
             raise UnknownDeviceError(
                 f"{source}={value!r}: device indices start at 0; write '{name}:0' or just {name!r}"
             )
+        raise UnknownDeviceError(f"{source}={value!r}: {index_text!r} is not a device index; write e.g. '{name}:0'")
+    if len(index_text.lstrip("0")) > 7:
+        # No machine numbers this many devices; also keeps int() away from its 4300-digit limit.
         raise UnknownDeviceError(
-            f"{source}={value!r}: {index_text!r} is not a device index; write e.g. '{name}:0'"
+            f"{source}={value!r}: index {index_text[:20]}... is too large to be a device; write e.g. '{name}:0'"
         )
     return name, int(index_text)
+
+
+def _is_index(text: str) -> bool:
+    # ASCII digits only: str.isdigit() also accepts "١" or "²", which int() or torch reject.
+    return text.isascii() and text.isdigit()
 
 
 # ---------------------------------------------------------------------------------- resolving
@@ -288,7 +302,8 @@ def parse_device(value: Any, source: str = "device") -> tuple[str, int | None]:
 def _names(values: Any, what: str) -> list[str]:
     if values is None:
         return []
-    if isinstance(values, str):
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        # One device ("cuda", a torch.device), or a wrong type that parse_device then names.
         values = [values]
     out = []
     for v in values:
@@ -319,12 +334,34 @@ def _machine_has() -> str:
     return ", ".join(found) or "nothing usable"
 
 
-def _unavailable(asked: str, backend: Backend, result: ProbeResult, source: str) -> DeviceUnavailableError:
+def _unavailable(asked: str, backend: Backend, result: ProbeResult, source: str) -> DeviceError:
     where = f"{source}={asked!r}" if source != "device" else f"device {asked!r}"
     fix = "" if source == "device" else f" Fix or unset {source}."
-    return DeviceUnavailableError(
-        f"{where} is not usable here: {result.reason}. This machine has: {_machine_has()}.{fix}"
-    )
+    setting = _visibility_error(backend, result)
+    if setting is not None:
+        # A visible-devices variable no runtime accepts is a wrong request (exit 2), not missing hardware.
+        return DeviceError(f"{where} cannot be used: {setting}")
+    reason = result.reason or f"{backend.name} is not available"
+    vis = result.visible
+    if vis is not None and vis.variable and vis.ids is not None and vis.variable not in reason:
+        # The variable chose which devices this process sees: say so, or the user looks elsewhere.
+        said = [w for w in result.warnings if vis.variable in w]
+        reason += "; " + ("; ".join(said) if said else f"{vis.variable}={vis.raw!r} selects the visible devices")
+        reason += f": fix or unset {vis.variable}"
+    return DeviceUnavailableError(f"{where} is not usable here: {reason}. This machine has: {_machine_has()}.{fix}")
+
+
+def _visibility_error(backend: Backend, result: ProbeResult) -> DeviceError | None:
+    """The error of a malformed visible-devices variable when that is what stopped the probe."""
+    if not result.installed or result.available or result.visible is not None:
+        return None
+    from whichdevice.visible import visible_devices
+
+    try:
+        visible_devices(backend.name, variant=result.variant)
+    except DeviceError as exc:
+        return exc
+    return None
 
 
 def _index_error(asked: str, backend: Backend, result: ProbeResult, index: int, source: str, why: str) -> DeviceError:
@@ -367,6 +404,9 @@ def resolve_device(
     """
     if task not in TASKS:
         raise DeviceError(f"task={task!r}: use 'inference' or 'training'")
+    from whichdevice.quantization import check_quantize, finish_quantization
+
+    check_quantize(quantize)
     if refresh:
         probing.clear_cache()
     trace: list[TraceStep] = []
@@ -417,6 +457,12 @@ def resolve_device(
         trace.append(TraceStep("env", action.message))
     for warning in result.warnings:
         trace.append(TraceStep("warning", warning))
+    from whichdevice.training import transformers_problem
+
+    problem = transformers_problem()
+    if problem is not None:
+        # Everything resolved here is handed to transformers: say so before it fails there.
+        trace.append(TraceStep("warning", problem))
 
     # dtype
     if dtype is None:
@@ -468,6 +514,8 @@ def resolve_device(
                 "(pass model= to check that it fits)",
             )
         )
+
+    quant_plan = finish_quantization(quant_plan, backend, result, dtype_choice or "float32", quantize, task, trace)
 
     from whichdevice.kernels_support import decide_kernels
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.errors import ConfigConflictError, DeviceUnavailableError
+from whichdevice.errors import ConfigConflictError, DeviceUnavailableError, PackageVersionError
 from whichdevice.precision import supports
 
 if TYPE_CHECKING:
@@ -12,7 +13,28 @@ if TYPE_CHECKING:
 
     from whichdevice.resolver import Resolution
 
-__all__ = ["training_arguments", "training_kwargs_for"]
+__all__ = ["MIN_TRANSFORMERS", "training_arguments", "training_kwargs_for", "transformers_problem"]
+
+# The oldest transformers whichdevice supports (pyproject's requirement; a nox session tests it).
+MIN_TRANSFORMERS = "4.57"
+
+
+@lru_cache(maxsize=1)
+def transformers_problem() -> str | None:
+    """What is wrong with the installed transformers for whichdevice (missing, too old), or None.
+
+    Read from package metadata once per process (an import already made cannot change), so
+    transformers is not imported to find out; ``transformers_problem.cache_clear()`` reads again.
+    """
+    from whichdevice.probes import _version_tuple, package_version
+
+    fix = f"pip install 'transformers>={MIN_TRANSFORMERS}'"
+    version = package_version("transformers")
+    if version is None:
+        return f"transformers is not installed: {fix}"
+    if _version_tuple(version) < _version_tuple(MIN_TRANSFORMERS):
+        return f"transformers {version} is older than whichdevice supports ({MIN_TRANSFORMERS} or newer): {fix}"
+    return None
 
 
 def _training_precision(res: Resolution) -> tuple[str | None, str]:
@@ -112,6 +134,9 @@ def training_arguments(
     as found: if you configured an ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
+    problem = transformers_problem()
+    if problem is not None:
+        raise PackageVersionError(problem)
     from whichdevice.resolver import resolve_device
 
     res = resolution if resolution is not None else resolve_device(
