@@ -24,10 +24,14 @@ SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
         ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}, ("torchrun", 0, 0, 1)),
         ({"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, ("torchrun", 1, 3, 4)),
         ({"SLURM_LOCALID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, None),  # a plain batch job
-        ({"SLURM_LOCALID": "1", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"},
-         ("slurm", 1, 5, 8)),
-        ({"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"},
-         ("mpi", 0, 2, 4)),
+        (
+            {"SLURM_LOCALID": "1", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"},
+            ("slurm", 1, 5, 8),
+        ),
+        (
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"},
+            ("mpi", 0, 2, 4),
+        ),
     ],
 )
 def test_detect_distributed(env, expected):
@@ -82,8 +86,14 @@ def _reports(out: Path, n: int) -> list[dict]:
 @pytest.mark.slow
 def test_torchrun_two_processes(tmp_path):
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-        f"--master_port={_free_port()}", str(SCRIPT), str(tmp_path),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        f"--master_port={_free_port()}",
+        str(SCRIPT),
+        str(tmp_path),
     ]
     proc = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -98,13 +108,21 @@ def test_two_nodes_on_one_machine(tmp_path):
     procs = []
     for node_rank in (0, 1):
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--nnodes=2",
-            f"--node_rank={node_rank}", "--rdzv_backend=static", "--master_addr=127.0.0.1",
-            f"--master_port={port}", str(SCRIPT), str(tmp_path),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=1",
+            "--nnodes=2",
+            f"--node_rank={node_rank}",
+            "--rdzv_backend=static",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            str(SCRIPT),
+            str(tmp_path),
         ]
         procs.append(subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outputs):
+    for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
     reports = _reports(tmp_path, 2)
     # One process per node: each is local rank 0 on its node, ranks 0 and 1 overall.

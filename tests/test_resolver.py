@@ -295,5 +295,20 @@ def test_user_dtype_wins_and_slowness_is_noted():
 def test_flash_attention_requests_off_cuda_raise():
     with simulate("xpu:1"), pytest.raises(wd.DeviceError, match="CUDA"):
         wd.resolve_device(attn_implementation="flash_attention_3")
-    with simulate("cuda:1,cc=8.0"), pytest.raises(wd.DeviceError, match="9.0"):
+    with simulate("cuda:1,cc=8.0"), pytest.raises(wd.DeviceError, match=r"9\.0"):
         wd.resolve_device(attn_implementation="flash_attention_3")
+
+
+def test_repeated_calls_reuse_the_answer_until_something_it_reads_changes(monkeypatch):
+    first = wd.resolve_device()
+    assert wd.resolve_device() is first
+    assert wd.resolve_device(task="training") is not first
+    monkeypatch.setenv("WHICHDEVICE_DEVICE", "cpu")
+    changed = wd.resolve_device()
+    assert changed is not first and changed.source == "WHICHDEVICE_DEVICE"
+    monkeypatch.delenv("WHICHDEVICE_DEVICE")
+    assert wd.resolve_device() is first
+    assert wd.resolve_device(refresh=True) is not first
+    with simulate("cuda:2"):
+        assert wd.resolve_device().device == "cuda:0"  # a simulation has its own answers
+    assert wd.resolve_device().device == "cpu"

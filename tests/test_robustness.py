@@ -9,7 +9,6 @@ import textwrap
 import threading
 
 import pytest
-import torch
 
 import whichdevice as wd
 from whichdevice import probing
@@ -31,7 +30,7 @@ def test_real_package_that_fails_to_import(tmp_path, monkeypatch):
     res = wd.resolve_device()
     assert res.device == "cpu"
     assert "libhccl.so" in res.explain()
-    with pytest.raises(wd.DeviceUnavailableError, match="libhccl.so"):
+    with pytest.raises(wd.DeviceUnavailableError, match=r"libhccl\.so"):
         wd.resolve_device("npu")
 
 

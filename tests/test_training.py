@@ -78,8 +78,9 @@ def test_accelerate_state_is_kept_when_configured(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_runs_real_steps(tmp_path):
-    from tiny_models import RandomTokens, save_tiny_llama
     from transformers import AutoModelForCausalLM, Trainer
+
+    from tiny_models import RandomTokens, save_tiny_llama
 
     path = save_tiny_llama(tmp_path / "model", tokenizer=False)
     res = wd.resolve_device(task="training", model=path)

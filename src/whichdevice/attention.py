@@ -50,9 +50,7 @@ def flash_attention_package(impl: str) -> str | None:
     return found
 
 
-def _flash_fits(
-    impl: str, backend: Backend, result: ProbeResult, dtype: str | None
-) -> tuple[bool, str]:
+def _flash_fits(impl: str, backend: Backend, result: ProbeResult, dtype: str | None) -> tuple[bool, str]:
     version_major, _, min_cc = _FLASH[impl]
     if version_major not in backend.flash_attention:
         able = [b for b in ("cuda", "npu", "xpu", "mlu", "musa") if b != backend.name]
@@ -86,8 +84,11 @@ def choose_attention(
         if isinstance(requested, str) and is_hub_kernel(requested):
             from whichdevice.kernels_support import hub_access, kernels_compatibility
 
-            problems = [why for ok, why in (kernels_compatibility(), hub_access(requested.split("@")[0].split(":")[0]))
-                        if not ok]
+            problems = [
+                why
+                for ok, why in (kernels_compatibility(), hub_access(requested.split("@")[0].split(":")[0]))
+                if not ok
+            ]
             return requested, f"{requested}: a Hub kernel, as you asked" + (
                 f"; transformers will not load it: {'; '.join(problems)}" if problems else ""
             )

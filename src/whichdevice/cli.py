@@ -58,25 +58,31 @@ def _common_options() -> _Parser:
     common = _Parser(add_help=False)
     group = common.add_argument_group("options of every subcommand")
     group.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS,
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
         help="machine-readable output (schema: whichdevice/report_schema.json; no colour)",
     )
     group.add_argument(
-        "--task", choices=TASK_CHOICES, default=argparse.SUPPRESS,
+        "--task",
+        choices=TASK_CHOICES,
+        default=argparse.SUPPRESS,
         help="resolve for inference, training or both (default: both; check: inference)",
     )
     group.add_argument(
-        "--device", metavar="DEVICE", default=argparse.SUPPRESS,
+        "--device",
+        metavar="DEVICE",
+        default=argparse.SUPPRESS,
         help="resolve this device (cuda, cuda:1, hpu, cpu, ...) instead of detecting one",
     )
     group.add_argument(
-        "--simulate", metavar="SPEC", action="append", default=argparse.SUPPRESS,
-        help="pretend this hardware is here, e.g. hpu:8 or 'cuda:8,cc=9.0' (repeatable); "
-        "the output says SIMULATED",
+        "--simulate",
+        metavar="SPEC",
+        action="append",
+        default=argparse.SUPPRESS,
+        help="pretend this hardware is here, e.g. hpu:8 or 'cuda:8,cc=9.0' (repeatable); the output says SIMULATED",
     )
-    group.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
-    )
+    group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     return common
 
 
@@ -94,11 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke}", parser_class=_Parser)
     sub.add_parser(
-        "report", parents=[common], help="the full report (the default)",
+        "report",
+        parents=[common],
+        help="the full report (the default)",
         description="Backends, the environment that steers device choice, warnings, the resolution, versions.",
     )
     check = sub.add_parser(
-        "check", parents=[common], help="exit 0 if the device is usable, 1 if not (for job scripts)",
+        "check",
+        parents=[common],
+        help="exit 0 if the device is usable, 1 if not (for job scripts)",
         description="For job scripts: whichdevice check cuda --min-devices 8 || exit 1",
         epilog="exit codes: 0 usable, 1 not usable (the reason on stderr), 2 bad input",
     )
@@ -106,11 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         "check_device", nargs="?", metavar="DEVICE", help="the device to check (default: the resolved one)"
     )
     check.add_argument(
-        "--min-devices", type=_positive_int, default=1, metavar="N",
+        "--min-devices",
+        type=_positive_int,
+        default=1,
+        metavar="N",
         help="also require at least N visible devices of that backend",
     )
     sub.add_parser(
-        "smoke", parents=[common], help="load, generate and train a tiny model on the resolved device",
+        "smoke",
+        parents=[common],
+        help="load, generate and train a tiny model on the resolved device",
         description=(
             "Proves the resolution works end to end with nothing to download: a tiny Llama built from a "
             "config, saved, loaded with the resolved settings, generating and training a few steps."
@@ -204,9 +219,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     # "is not None": an empty DEVICE (check "$UNSET_VAR") is bad input, not "detect one".
     device = args.check_device if args.check_device is not None else args.device
     if args.check_device is not None and args.device is not None and args.check_device != args.device:
-        raise DeviceError(
-            f"two devices given (DEVICE {args.check_device!r} and --device {args.device!r}); give one"
-        )
+        raise DeviceError(f"two devices given (DEVICE {args.check_device!r} and --device {args.device!r}); give one")
     if device is not None:
         parse_device(device, "DEVICE")
     tasks = _tasks(args.task, ("inference",))

@@ -15,8 +15,7 @@ __all__ = ["DistributedContext", "detect_distributed"]
 # first: torchrun and accelerate launch export the first set, srun the SLURM_* set, mpirun OMPI_*.
 _LAUNCHERS = (
     ("torchrun", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
-    ("mpi", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpi", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("slurm", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
 )
 

@@ -163,9 +163,7 @@ def lora_target_modules(model: Any) -> tuple[tuple[str, ...], str]:
     if keep:
         if keep & skipped:
             # A head shares its leaf name with a body layer: name the body layers in full instead.
-            full = sorted(
-                n for n, m in model.named_modules() if n and _is_linear(m) and id(m) not in heads
-            )
+            full = sorted(n for n, m in model.named_modules() if n and _is_linear(m) and id(m) not in heads)
             return tuple(full), f"every linear layer except the output head ({', '.join(sorted(skipped))})"
         why = "every linear layer of the model"
         if skipped:
@@ -284,9 +282,7 @@ def lora_training(
         prepare: Any = prepare_model_for_kbit_training  # untyped in peft
         # Checkpointing is switched on below, non-reentrant, through the non-deprecated method.
         prepare(model, use_gradient_checkpointing=False)
-        notes.append(
-            f"{bits}-bit base frozen by prepare_model_for_kbit_training; norms and head upcast to fp32"
-        )
+        notes.append(f"{bits}-bit base frozen by prepare_model_for_kbit_training; norms and head upcast to fp32")
     else:
         for param in model.parameters():
             param.requires_grad_(False)

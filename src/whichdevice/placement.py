@@ -42,8 +42,7 @@ def capacities(
         if not wanted:
             keys = "'cpu'" if backend.name == "cpu" else f"device indices (0, 1, ...) for {backend.name}"
             raise DeviceError(
-                f"max_memory={dict(max_memory)!r} has no entry for the resolved device {device}; "
-                f"give {keys}"
+                f"max_memory={dict(max_memory)!r} has no entry for the resolved device {device}; give {keys}"
             )
         if idx and int(idx) in wanted:
             # The chosen device first, so the one-device check is against it.

@@ -79,7 +79,10 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
         if dtype == "bfloat16":
             if flags:
                 return True, f"this CPU has native bf16 ({', '.join(flags)})"
-            return False, "this CPU lacks native bf16 (no avx512_bf16/amx_bf16 or Arm bf16), so bf16 is emulated and slow"
+            return (
+                False,
+                "this CPU lacks native bf16 (no avx512_bf16/amx_bf16 or Arm bf16), so bf16 is emulated and slow",
+            )
         return False, "CPUs compute fp16 slowly (about 4x slower than fp32 measured here)"
     # xpu, npu, mlu, musa and third-party backends: the runtime's own answer, when it gave one.
     bf16 = next((d.bf16 for d in result.devices if d.bf16 is not None), None)

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import metadata
 from importlib.util import find_spec
 from typing import Any
@@ -45,8 +45,13 @@ __all__ = [
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
+@cache
 def package_version(name: str) -> str | None:
-    """Installed version of distribution ``name`` from its metadata (no import), or None."""
+    """Installed version of distribution ``name`` from its metadata (no import), or None.
+
+    Cached per process: reading a METADATA file parses an e-mail header, about 0.5 ms, and every
+    resolution asks for several. ``probing.clear_cache()`` (and ``refresh=True``) forgets it.
+    """
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -94,7 +99,8 @@ def finish(
     if unavailable_reason is not None:
         devices = ()  # an unusable backend lists no devices, matching device_count == 0
     devices = tuple(
-        d if d.physical_id is not None or vis.ids is None or d.index >= len(vis.ids)
+        d
+        if d.physical_id is not None or vis.ids is None or d.index >= len(vis.ids)
         else _with_physical(d, vis.physical_id(d.index))
         for d in devices
     )
@@ -189,12 +195,11 @@ def probe_cuda(backend: Backend) -> ProbeResult:
     if not hasattr(torch._C, "_cuda_getDeviceCount"):
         return not_installed(
             backend,
-            f"this torch ({torch.__version__}) is a CPU-only build without CUDA or ROCm: "
-            f"{backend.install_command}",
+            f"this torch ({torch.__version__}) is a CPU-only build without CUDA or ROCm: {backend.install_command}",
         )
     vis = visible_devices("cuda", variant=variant)
     warnings: list[str] = []
-    initialized = torch.cuda.is_initialized()
+    initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
     if initialized:
         count = torch.cuda.device_count()
     else:
@@ -235,9 +240,7 @@ def cuda_order_warnings(vis: Visibility, devices: Sequence[DeviceInfo]) -> list[
     return []
 
 
-def _cuda_details(
-    torch: Any, count: int, vis: Visibility, initialized: bool, warnings: list[str]
-) -> list[DeviceInfo]:
+def _cuda_details(torch: Any, count: int, vis: Visibility, initialized: bool, warnings: list[str]) -> list[DeviceInfo]:
     if count <= 0:
         return []
     if initialized:
@@ -245,8 +248,13 @@ def _cuda_details(
         for i in range(count):
             p = torch.cuda.get_device_properties(i)
             out.append(
-                DeviceInfo(i, p.name, int(p.total_memory), (p.major, p.minor), physical_id=vis.physical_id(i)
-                           if vis.ids is not None and i < len(vis.ids) else str(i))
+                DeviceInfo(
+                    i,
+                    p.name,
+                    int(p.total_memory),
+                    (p.major, p.minor),
+                    physical_id=vis.physical_id(i) if vis.ids is not None and i < len(vis.ids) else str(i),
+                )
             )
         return out
     physical = _nvml_devices() or _smi_devices()
@@ -416,11 +424,12 @@ def probe_hpu(backend: Backend) -> ProbeResult:
     import habana_frameworks.torch  # noqa: F401 - registers torch.hpu (and patches torch)
     import torch
 
+    hpu: Any = getattr(torch, "hpu")  # noqa: B009 - registered at run time by the import above
     vis = visible_devices("hpu")
-    available = bool(torch.hpu.is_available())
-    count = int(torch.hpu.device_count()) if available else 0
+    available = bool(hpu.is_available())
+    count = int(hpu.device_count()) if available else 0
     devices = []
-    for info in _torch_module_devices(torch.hpu, count, vis):
+    for info in _torch_module_devices(hpu, count, vis):
         name = info.name or ""
         gen = re.search(r"gaudi\s*(\d)", name, re.IGNORECASE)
         generation = f"gaudi{gen.group(1)}" if gen else ("gaudi1" if "gaudi" in name.lower() else None)
@@ -485,8 +494,7 @@ def probe_xpu(backend: Backend) -> ProbeResult:
     if not (hasattr(torch, "xpu") and hasattr(torch._C, "_xpu_getDeviceCount")):
         return not_installed(
             backend,
-            f"this torch ({torch.__version__}) was built without Intel GPU (XPU) support: "
-            f"{backend.install_command}",
+            f"this torch ({torch.__version__}) was built without Intel GPU (XPU) support: {backend.install_command}",
         )
     vis = visible_devices("xpu")
     available = bool(torch.xpu.is_available())

@@ -128,6 +128,9 @@ class _Store:
         self.results: dict[str, ProbeResult] = {}
         self.inflight: dict[str, threading.Event] = {}
         self.counts: dict[str, int] = {}
+        # Finished resolutions keyed by their arguments and the variables they read (see
+        # resolver._memo_key); they derive from the results above, so they are cleared with them.
+        self.resolutions: dict[Any, Any] = {}
 
     def function(self, backend: Backend) -> ProbeFunction:
         return backend.probe
@@ -137,6 +140,11 @@ _real_store = _Store()
 # The simulation stack (whichdevice.testing pushes and pops); the innermost one answers.
 _simulations: list[_Store] = []
 _timeout_override: float | None = None
+
+
+def current_store() -> _Store:
+    """The store that answers now: the innermost simulation's, or the real one."""
+    return _store()
 
 
 def _store() -> _Store:
@@ -224,8 +232,13 @@ def probe_counts() -> dict[str, int]:
 
 def clear_cache(name: str | None = None) -> None:
     """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
+    from whichdevice.probes import package_version
+
+    # A package installed since (pip in a notebook, say) shows up on the next probe.
+    package_version.cache_clear()
     store = _store()
     with store.lock:
+        store.resolutions.clear()
         if name is None:
             store.results.clear()
             store.counts.clear()
@@ -282,21 +295,21 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
             seconds=elapsed,
         )
     if "error" in box:
-        exc = box["error"]
-        if isinstance(exc, DeviceError):
+        error: BaseException = box["error"]
+        if isinstance(error, DeviceError):
             # A setting the user can fix (a malformed visible-devices variable, ...), not a broken
             # package: its message already says what to do.
             return ProbeResult(
                 backend.name,
                 installed=True,
                 available=False,
-                reason=f"{backend.name}: {exc}",
+                reason=f"{backend.name}: {error}",
                 seconds=elapsed,
             )
-        if isinstance(exc, SystemExit):
-            what = f"called sys.exit({exc.code!r})"
+        if isinstance(error, SystemExit):
+            what = f"called sys.exit({error.code!r})"
         else:
-            what = f"raised {type(exc).__name__}: {exc}"
+            what = f"raised {type(error).__name__}: {error}"
         return ProbeResult(
             backend.name,
             installed=True,

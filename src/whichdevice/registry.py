@@ -339,8 +339,7 @@ def _insert(record: Backend, before: str | None) -> None:
         before = "cpu"
     if before not in _order:
         raise UnknownDeviceError(
-            f"register_backend(before={before!r}): no backend named {before!r}; "
-            f"valid names: {', '.join(_order)}"
+            f"register_backend(before={before!r}): no backend named {before!r}; valid names: {', '.join(_order)}"
         )
     _order.insert(_order.index(before), record.name)
 
@@ -398,10 +397,7 @@ def register_backend(record: Backend, *, replace: bool = False, before: str | No
     _load_entry_points()
     with _lock:
         if record.name in _registry and not replace:
-            raise ValueError(
-                f"a backend named {record.name!r} is already registered; "
-                "pass replace=True to replace it"
-            )
+            raise ValueError(f"a backend named {record.name!r} is already registered; pass replace=True to replace it")
         # Check ``before`` first so a bad one leaves the registry exactly as it was.
         if before is not None and (before not in _order or before == record.name):
             others = [n for n in _order if n != record.name]
@@ -424,3 +420,6 @@ def unregister_backend(name: str) -> None:
         get_backend(name)
         del _registry[name]
         _order.remove(name)
+    from whichdevice import probing as _probe
+
+    _probe.clear_cache(name)

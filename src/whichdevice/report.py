@@ -212,7 +212,7 @@ def _backend_row(backend: Backend, result: ProbeResult) -> dict[str, Any]:
 
 
 def _device_summary(backend: Backend, result: ProbeResult) -> str:
-    """"8 x GAUDI2 (96 GiB)"-style text for the devices a probe found ("" when none)."""
+    """ "8 x GAUDI2 (96 GiB)"-style text for the devices a probe found ("" when none)."""
     if not result.available:
         return ""
     groups: dict[tuple[Any, ...], int] = {}
@@ -691,8 +691,10 @@ def render_text(report: Mapping[str, Any], *, color: bool = False, width: int | 
     for r in resolutions:
         if r["ok"]:
             res = r["resolution"]
-            summary.append(f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, "
-                           f"{res['attn_implementation']})")
+            summary.append(
+                f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, "
+                f"{res['attn_implementation']})"
+            )
         else:
             summary.append(f"{r['task']}: {s('no usable device', 'red', 'bold')}")
     version = report["versions"].get("whichdevice") or ""
@@ -765,8 +767,12 @@ def render_text(report: Mapping[str, Any], *, color: bool = False, width: int | 
             w.pair(s("error", "red", "bold"), f"{err['message']} ({err['type']})", 5)
             continue
         res = r["resolution"]
-        settings = [f"device={res['device']!r}", f"device_map={res['device_map']!r}", f"dtype={res['dtype']}",
-                    f"attn_implementation={res['attn_implementation']!r}"]
+        settings = [
+            f"device={res['device']!r}",
+            f"device_map={res['device_map']!r}",
+            f"dtype={res['dtype']}",
+            f"attn_implementation={res['attn_implementation']!r}",
+        ]
         w.pair("from_pretrained", ", ".join(settings), 17)
         if res["training_kwargs"] is not None:
             kwargs = ", ".join(f"{k}={v!r}" for k, v in res["training_kwargs"].items()) or "(nothing to add)"
@@ -791,6 +797,9 @@ def render_text(report: Mapping[str, Any], *, color: bool = False, width: int | 
     w.line(f"  {plat['system']} {plat['release']} ({plat['machine']})")
     if simulated:
         w.line()
-        w.line(s(" SIMULATED: the devices above are not this machine's ", "banner") if color
-               else "*** SIMULATED: the devices above are not this machine's ***")
+        w.line(
+            s(" SIMULATED: the devices above are not this machine's ", "banner")
+            if color
+            else "*** SIMULATED: the devices above are not this machine's ***"
+        )
     return "\n".join(w.lines) + "\n"

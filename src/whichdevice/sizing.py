@@ -38,8 +38,22 @@ SPLIT_FRACTION = 0.9
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _FLOAT_CODES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"}
 _ST_ITEMSIZE = {
-    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-    "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
 }
 
 
@@ -53,16 +67,25 @@ def parse_size(value: Any, what: str = "size") -> int:
         return value
     if isinstance(value, float) and value >= 0:
         return int(value)
-    match = re.fullmatch(
-        r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|KiB|TB|GB|MB|KB|T|G|M|K|B)?\s*", str(value), re.IGNORECASE
-    )
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|KiB|TB|GB|MB|KB|T|G|M|K|B)?\s*", str(value), re.IGNORECASE)
     if not match:
         raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB', '16GB' or a number of bytes")
     number = float(match.group(1))
     unit = (match.group(2) or "B").lower()
     scale = {
-        "tib": 1024**4, "t": 1024**4, "tb": 1000**4, "gib": GiB, "g": GiB, "gb": 1000**3,
-        "mib": 1024**2, "m": 1024**2, "mb": 1000**2, "kib": 1024, "k": 1024, "kb": 1000, "b": 1,
+        "tib": 1024**4,
+        "t": 1024**4,
+        "tb": 1000**4,
+        "gib": GiB,
+        "g": GiB,
+        "gb": 1000**3,
+        "mib": 1024**2,
+        "m": 1024**2,
+        "mb": 1000**2,
+        "kib": 1024,
+        "k": 1024,
+        "kb": 1000,
+        "b": 1,
     }[unit]
     return int(number * scale)
 
@@ -144,7 +167,7 @@ def _from_config(config: Any) -> ModelSize:
     for auto in (AutoModelForCausalLM, AutoModel):
         try:
             with torch.device("meta"):
-                model = auto.from_config(config)
+                model = auto.from_config(config)  # type: ignore[no-untyped-call]
             break
         except Exception as exc:
             errors.append(f"{auto.__name__}: {exc}")
@@ -190,8 +213,7 @@ def estimate_model_size(model: Any) -> ModelSize:
         return _from_config(model)
     if not isinstance(model, (str, os.PathLike)):
         raise DeviceError(
-            f"model= takes a local path, a cached model id or a transformers config, not "
-            f"{type(model).__name__}"
+            f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
         )
     path = _resolve_path(model)
     if path.is_file() and path.suffix == ".safetensors":

@@ -109,9 +109,7 @@ def parse_spec(spec: str) -> SimulatedDevice:
         key = key.strip().lower()
         if not eq:
             if key not in _MODES:
-                raise DeviceError(
-                    f"simulate: unknown flag {key!r} in {spec!r}; flags are {', '.join(sorted(_MODES))}"
-                )
+                raise DeviceError(f"simulate: unknown flag {key!r} in {spec!r}; flags are {', '.join(sorted(_MODES))}")
             fields["mode"] = key
         elif key == "cc":
             match = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
@@ -182,8 +180,7 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
         raise TimeoutError("simulated hang released")
     if spec.mode == "broken":
         raise ImportError(
-            f"simulated: importing {backend.module} failed "
-            "(libascend_hal.so: cannot open shared object file)"
+            f"simulated: importing {backend.module} failed (libascend_hal.so: cannot open shared object file)"
         )
     env_set = apply_env_defaults(backend, "import")
     variant = spec.variant or ("cuda" if backend.name == "cuda" else None)
@@ -275,9 +272,7 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
         release = threading.Event()
         store = _SimulatedStore(self.specs, self.others, release)
         env_before = {
-            d.name: os.environ.get(d.name)
-            for name in backend_names()
-            for d in get_backend(name).env_defaults
+            d.name: os.environ.get(d.name) for name in backend_names() for d in get_backend(name).env_defaults
         }
         self._frames.append((store, env_before))
         _probe._simulations.append(store)
@@ -298,9 +293,7 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
 
     @property
     def description(self) -> str:
-        return ", ".join(
-            f"{s.backend}:{s.count}" + (f" ({s.mode})" if s.mode else "") for s in self.specs.values()
-        )
+        return ", ".join(f"{s.backend}:{s.count}" + (f" ({s.mode})" if s.mode else "") for s in self.specs.values())
 
 
 def _split_specs(spec: str) -> list[str]:

@@ -81,14 +81,15 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     if user.get("bf16") or user.get("bf16_full_eval"):
         ok, why = supports(backend, res.probe, "bfloat16")
         if not ok:
-            instead = "fp16=True" if supports(backend, res.probe, "float16")[0] and name != "cpu" else "neither bf16 nor fp16"
+            instead = (
+                "fp16=True" if supports(backend, res.probe, "float16")[0] and name != "cpu" else "neither bf16 nor fp16"
+            )
             raise ConfigConflictError(f"bf16=True does not work on {res.device}: {why}; pass {instead}")
     if user.get("fp16") or user.get("fp16_full_eval"):
         if name in ("cpu", "tpu", "neuron"):
             instead = "bf16=True" if supports(backend, res.probe, "bfloat16")[0] else "neither (fp32)"
             raise ConfigConflictError(
-                f"fp16=True does not work on {name} ({backend.hardware} has no fast fp16 training); "
-                f"pass {instead}"
+                f"fp16=True does not work on {name} ({backend.hardware} has no fast fp16 training); pass {instead}"
             )
         ok, why = supports(backend, res.probe, "float16")
         if not ok:
@@ -139,8 +140,10 @@ def training_arguments(
         raise PackageVersionError(problem)
     from whichdevice.resolver import resolve_device
 
-    res = resolution if resolution is not None else resolve_device(
-        device, task="training", torch_compile=bool(kwargs.get("torch_compile"))
+    res = (
+        resolution
+        if resolution is not None
+        else resolve_device(device, task="training", torch_compile=bool(kwargs.get("torch_compile")))
     )
     _conflicts(res, kwargs)
     filled = dict(res.training_kwargs(torch_compile=bool(kwargs.get("torch_compile"))))
@@ -169,5 +172,3 @@ def _accelerate_state_configured() -> bool:
     if state is None:
         return False
     return bool(getattr(state.PartialState, "_shared_state", {}))
-
-

@@ -81,9 +81,7 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
             rocr_prefix = _parse_cuda_value(rocr, "ROCR_VISIBLE_DEVICES", warnings)
         if hip is not None:
             if value is not None:
-                warnings.append(
-                    "both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins"
-                )
+                warnings.append("both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins")
             variable, value = "HIP_VISIBLE_DEVICES", hip
         if value is None and rocr is not None:
             return Visibility("ROCR_VISIBLE_DEVICES", rocr, rocr_prefix, tuple(warnings))

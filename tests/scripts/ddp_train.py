@@ -9,12 +9,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from tiny_models import RandomTokens, tiny_config  # noqa: E402
-from transformers import LlamaForCausalLM, Trainer  # noqa: E402
+import torch
+import torch.distributed as dist
+from transformers import LlamaForCausalLM, Trainer
 
-import whichdevice as wd  # noqa: E402
+import whichdevice as wd
+from tiny_models import RandomTokens, tiny_config
 
 
 def main() -> None:
