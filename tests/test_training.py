@@ -38,24 +38,6 @@ def test_user_kwargs_are_never_overridden(tmp_path):
     assert args.learning_rate == 1e-3
 
 
-@pytest.mark.parametrize(
-    ("specs", "kwargs", "match"),
-    [
-        (("cuda:1,cc=7.5",), {"bf16": True}, "compute capability 8.0"),
-        (("cuda:1,cc=7.5",), {"bf16": True}, "fp16=True"),
-        (("cpu,flags=",), {"fp16": True}, "fp16=True does not work on cpu"),
-        (("tpu:4",), {"fp16": True}, "bf16=True"),
-        (("hpu:8",), {"ddp_backend": "nccl"}, "'hccl'"),
-        (("cuda:2",), {"ddp_backend": "nccl"}, "single process"),
-        ((), {"use_cpu": False}, "no usable accelerator"),
-        (("cuda:1",), {"use_cpu": True}, "device='cpu'"),
-    ],
-)
-def test_conflicts_raise_before_construction(tmp_path, specs, kwargs, match):
-    with simulate(*specs, others="absent") if specs else simulate(), pytest.raises(wd.DeviceError, match=match):
-        wd.training_arguments(output_dir=str(tmp_path), **kwargs)
-
-
 def test_cpu_without_native_bf16_refuses_bf16(tmp_path):
     with simulate("cpu,flags="), pytest.raises(wd.ConfigConflictError, match="lacks native bf16"):
         wd.training_arguments(output_dir=str(tmp_path), bf16=True)

@@ -15,6 +15,7 @@ from whichdevice.errors import (
     DeviceError,
     DeviceUnavailableError,
     DoesNotFitError,
+    PackageVersionError,
     UnknownDeviceError,
 )
 from whichdevice.registry import Backend, EnvDefault, backends, get_backend, register_backend
@@ -51,6 +52,7 @@ __all__ = [
     "DoesNotFitError",
     "EnvDefault",
     "LoraTraining",
+    "PackageVersionError",
     "ProbeResult",
     "Resolution",
     "UnknownDeviceError",

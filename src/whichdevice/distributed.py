@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import DeviceError
 
-__all__ = ["DistributedContext", "detect_distributed"]
+if TYPE_CHECKING:
+    from whichdevice.registry import Backend
+
+__all__ = ["DistributedContext", "detect_distributed", "process_group_backend"]
 
 # (launcher, local rank, global rank, world size, local world size) variable names, most specific
 # first: torchrun and accelerate launch export the first set, srun the SLURM_* set, mpirun OMPI_*.
@@ -114,3 +117,26 @@ def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedC
             (local_var, rank_var, world_var, local_world_var),
         )
     return None
+
+
+def process_group_backend(backend: Backend, context: DistributedContext | None) -> str | None:
+    """The torch.distributed backend for ``backend`` in this launch (None: not distributed).
+
+    The registry's value, except where the installed torch says otherwise: a CPU run started by
+    mpirun uses "mpi" when this torch was built with MPI, and Intel GPUs need oneCCL's "ccl"
+    before torch 2.7 brought "xccl".
+    """
+    if context is None or backend.distributed_backend is None:
+        return None
+    if backend.name == "cpu" and context.launcher == "mpi":
+        import torch.distributed
+
+        if torch.distributed.is_mpi_available():
+            return "mpi"
+    if backend.name == "xpu" and backend.distributed_backend == "xccl":
+        from whichdevice.probes import _version_tuple, package_version
+
+        version = package_version("torch")
+        if version is not None and version != "simulated" and _version_tuple(version) < (2, 7):
+            return "ccl"
+    return backend.distributed_backend

@@ -87,7 +87,8 @@ def place_model(
         assert caps is not None
         budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
         trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
-        return device, budget if len(budget) > 1 else None, None
+        # Without a model there is nothing to size, but the budget is the user's: pass it on.
+        return device, budget, None
     size = estimate_model_size(model)
     weights = size.bytes_in(dtype)
     trace.append(

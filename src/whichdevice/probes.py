@@ -421,7 +421,12 @@ def probe_hpu(backend: Backend) -> ProbeResult:
             ),
         )
     env_set = apply_env_defaults(backend, "import")
-    import habana_frameworks.torch  # noqa: F401 - registers torch.hpu (and patches torch)
+    try:
+        import habana_frameworks.torch  # noqa: F401 - registers torch.hpu (and patches torch)
+    except Exception as exc:
+        # The hook's variable stays set (the user may retry after fixing the install); say so.
+        done = "; ".join(a.message for a in env_set if a.action == "set")
+        raise ImportError(f"{exc}" + (f" (whichdevice had {done})" if done else "")) from exc
     import torch
 
     hpu: Any = getattr(torch, "hpu")  # noqa: B009 - registered at run time by the import above

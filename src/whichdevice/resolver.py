@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from whichdevice import probing
 from whichdevice.attention import choose_attention
-from whichdevice.distributed import DistributedContext, detect_distributed
+from whichdevice.distributed import DistributedContext, detect_distributed, process_group_backend
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.errors import (
     ConfigConflictError,
@@ -170,7 +170,7 @@ class Resolution:
             "attn_implementation": self.attn_implementation,
             "max_memory": {str(k): v for k, v in self.max_memory.items()} if self.max_memory else None,
             "distributed": self.distributed.to_dict() if self.distributed else None,
-            "distributed_backend": self.backend.distributed_backend if self.distributed else None,
+            "distributed_backend": process_group_backend(self.backend, self.distributed),
             "env_set": [a.to_dict() for a in self.env_set],
             "quantization": self.quantization.to_dict() if self.quantization else None,
             "use_kernels": self.use_kernels,
@@ -636,7 +636,7 @@ def _resolve(
             TraceStep(
                 "distributed",
                 f"{dist.launcher}: rank {dist.rank} of {dist.world_size}, local rank {dist.local_rank}; "
-                f"process group backend {backend.distributed_backend!r}",
+                f"process group backend {process_group_backend(backend, dist)!r}",
             )
         )
     return Resolution(

@@ -8,6 +8,7 @@ Hugging Face cache only: whichdevice never downloads.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -65,7 +66,7 @@ def parse_size(value: Any, what: str = "size") -> int:
         if value < 0:
             raise DeviceError(f"{what}={value!r} is negative")
         return value
-    if isinstance(value, float) and value >= 0:
+    if isinstance(value, float) and math.isfinite(value) and value >= 0:
         return int(value)
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|KiB|TB|GB|MB|KB|T|G|M|K|B)?\s*", str(value), re.IGNORECASE)
     if not match:
@@ -87,6 +88,9 @@ def parse_size(value: Any, what: str = "size") -> int:
         "kb": 1000,
         "b": 1,
     }[unit]
+    # A 400-digit number parses as float("inf"); no machine has that much memory.
+    if not math.isfinite(number * scale) or number * scale > 2**64:
+        raise DeviceError(f"{what}={value!r} is larger than any machine's memory; write e.g. '20GiB'")
     return int(number * scale)
 
 

@@ -165,6 +165,7 @@ def _absent(backend: Backend) -> ProbeResult:
 def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threading.Event) -> ProbeResult:
     from whichdevice.probes import (
         BF16_CPU_FLAGS,
+        _version_tuple,
         cpu_facts,
         cuda_order_warnings,
         finish,
@@ -208,13 +209,20 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
     if capability is None and backend.name == "cuda":
         capability = defaults.get("cc")
     generation = spec.generation or defaults.get("gen")
+    name = spec.name or defaults.get("name")
+    if backend.name == "hpu" and spec.generation and not spec.name:
+        name = spec.generation.upper()  # the runtime reports "GAUDI3" for a Gaudi 3
     bf16 = spec.bf16 if spec.bf16 is not None else defaults.get("bf16")
     if backend.name == "hpu":
         bf16 = True
+    macos = (spec.macos or defaults.get("macos")) if backend.name == "mps" else None
+    if macos is not None and spec.bf16 is None:
+        # The same rule as the real MPS probe: bf16 from macOS 14.
+        bf16 = _version_tuple(macos) >= (14,)
     devices = [
         DeviceInfo(
             index,
-            spec.name or defaults.get("name"),
+            name,
             spec.memory or defaults.get("mem"),
             capability,
             generation,
@@ -239,7 +247,7 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
         variant=variant,
         warnings=warnings,
         env_set=env_set,
-        os_version=(spec.macos or defaults.get("macos")) if backend.name == "mps" else None,
+        os_version=macos,
         versions=versions,
         unavailable_reason=reason,
         simulated=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.distributed import process_group_backend
 from whichdevice.errors import ConfigConflictError, DeviceUnavailableError, PackageVersionError
 from whichdevice.precision import supports
 
@@ -64,10 +65,11 @@ def training_kwargs_for(res: Resolution, *, torch_compile: bool = False) -> dict
     precision, _ = _training_precision(res)
     if precision:
         kwargs[precision] = True
-    if res.distributed is not None and res.backend.distributed_backend:
+    ddp_backend = process_group_backend(res.backend, res.distributed)
+    if ddp_backend:
         # Only when really distributed: any ddp_backend in a single process makes
         # TrainingArguments fail with "Default process group has not been initialized".
-        kwargs["ddp_backend"] = res.backend.distributed_backend
+        kwargs["ddp_backend"] = ddp_backend
     if torch_compile:
         kwargs["torch_compile"] = True
         if res.backend.compile_backend and res.backend.compile_backend != "inductor":
