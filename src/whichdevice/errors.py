@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+TYPE_CHECKING = False  # typing itself costs milliseconds at import; see whichdevice/__init__.py
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = [
     "ConfigConflictError",
