@@ -16,7 +16,7 @@ __all__ = ["DistributedContext", "detect_distributed", "process_group_backend"]
 
 # (launcher, local rank, global rank, world size, local world size) variable names, most specific
 # first: torchrun and accelerate launch export the first set, srun the SLURM_* set, mpirun OMPI_*.
-_LAUNCHERS = (
+LAUNCHER_VARIABLES = (
     ("torchrun", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
     ("mpi", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("slurm", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
@@ -76,7 +76,7 @@ def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedC
     count only with more than one task, since their variables are present in every batch job.
     """
     env = os.environ if environ is None else environ
-    for launcher, local_var, rank_var, world_var, local_world_var in _LAUNCHERS:
+    for launcher, local_var, rank_var, world_var, local_world_var in LAUNCHER_VARIABLES:
         local_rank = _int(env, local_var, 0)
         if local_rank is None:
             continue

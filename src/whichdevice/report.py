@@ -465,7 +465,7 @@ def _hook_entries(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]])
     elif fallback.strip() == "1":
         effect = "operators MPS lacks run on the CPU instead of raising"
     else:
-        effect = "operators MPS lacks raise NotImplementedError"
+        effect = "operators MPS lacks raise an error"
     if fallback is None and "PYTORCH_ENABLE_MPS_FALLBACK" in set_here:
         effect = "unset: whichdevice set it to 1 for this run because it picked mps"
     out.append(_entry("PYTORCH_ENABLE_MPS_FALLBACK", env, effect))

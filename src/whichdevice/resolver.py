@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from whichdevice import probing
 from whichdevice.attention import choose_attention
-from whichdevice.distributed import DistributedContext, detect_distributed, process_group_backend
+from whichdevice.distributed import LAUNCHER_VARIABLES, DistributedContext, detect_distributed, process_group_backend
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.errors import (
     ConfigConflictError,
@@ -26,7 +26,7 @@ from whichdevice.errors import (
     closest_match,
 )
 from whichdevice.precision import choose_dtype, parse_dtype, supports
-from whichdevice.registry import Backend, backend_names, backends, get_backend, unknown_name_message
+from whichdevice.registry import _BUILTIN, Backend, backend_names, backends, get_backend, unknown_name_message
 
 if TYPE_CHECKING:
     import torch
@@ -405,7 +405,7 @@ def resolve_device(
     """
     if refresh:
         probing.clear_cache()
-    key = _memo_key(
+    args = (
         device,
         task,
         model,
@@ -419,25 +419,13 @@ def resolve_device(
         use_kernels,
         torch_compile,
     )
+    key = _memo_key(*args)
     store = probing.current_store()
     if key is not None:
         cached = store.resolutions.get(key)
         if cached is not None:
             return cast(Resolution, cached)
-    res = _resolve(
-        device,
-        task,
-        model,
-        prefer,
-        exclude,
-        dtype,
-        attn_implementation,
-        device_map,
-        max_memory,
-        quantize,
-        use_kernels,
-        torch_compile,
-    )
+    res = _resolve(*args)
     if key is not None:
         store.resolutions[key] = res
     return res
@@ -447,18 +435,7 @@ def resolve_device(
 # a change to any of them must give a fresh answer.
 _MEMO_VARIABLES = (
     ENV_DEVICE,
-    "LOCAL_RANK",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "SLURM_LOCALID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_NTASKS_PER_NODE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    *(name for launcher in LAUNCHER_VARIABLES for name in launcher[1:]),
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "LOCAL_KERNELS",
@@ -466,8 +443,7 @@ _MEMO_VARIABLES = (
     "HF_HUB_CACHE",
     "HF_HOME",
     "XDG_CACHE_HOME",
-    "PT_ENABLE_INT64_SUPPORT",
-    "PYTORCH_ENABLE_MPS_FALLBACK",
+    *(default.name for backend in _BUILTIN for default in backend.env_defaults),
 )
 # os.environ.get costs about 0.7 us a name (str -> bytes, Mapping.get); the backing dict of bytes
 # answers in a tenth of that, which keeps a repeated resolve_device() well under 20 us.
