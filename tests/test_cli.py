@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import re
 import select
 import subprocess
 import sys
@@ -16,24 +15,12 @@ from typing import Any
 import jsonschema
 import pytest
 
+from steering import ANSI
+from steering import STEERING as _BASE
 from whichdevice import cli, report
 from whichdevice.registry import backends
 
-STEERING = {
-    *(var for b in backends() for var in b.visible_devices_env),
-    "CUDA_DEVICE_ORDER",
-    "WHICHDEVICE_DEVICE",
-    "ACCELERATE_USE_CPU",
-    "ACCELERATE_TORCH_DEVICE",
-    "PT_ENABLE_INT64_SUPPORT",
-    "PYTORCH_ENABLE_MPS_FALLBACK",
-    "LOCAL_RANK",
-    "RANK",
-    "WORLD_SIZE",
-    "NO_COLOR",
-    "TERM",
-}
-ANSI = re.compile(r"\033\[[0-9;]*m")
+STEERING = _BASE | {"TERM"}
 SCRIPT = Path(sys.executable).parent / "whichdevice"
 
 

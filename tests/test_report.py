@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from steering import ANSI, STEERING
 from whichdevice import report
 from whichdevice.errors import (
     ConfigConflictError,
@@ -19,22 +20,6 @@ from whichdevice.errors import (
 )
 from whichdevice.probing import DeviceInfo, ProbeResult
 from whichdevice.registry import backends
-
-# Variables that steer device choice: cleared so each test starts from a known environment.
-STEERING = {
-    *(var for b in backends() for var in b.visible_devices_env),
-    "CUDA_DEVICE_ORDER",
-    "WHICHDEVICE_DEVICE",
-    "ACCELERATE_USE_CPU",
-    "ACCELERATE_TORCH_DEVICE",
-    "PT_ENABLE_INT64_SUPPORT",
-    "PYTORCH_ENABLE_MPS_FALLBACK",
-    "LOCAL_RANK",
-    "RANK",
-    "WORLD_SIZE",
-    "NO_COLOR",
-}
-ANSI = re.compile(r"\033\[[0-9;]*m")
 
 
 @pytest.fixture(autouse=True)
@@ -277,3 +262,10 @@ def test_use_color() -> None:
     assert not report.use_color(Tty(), {"TERM": "dumb"})
     assert report.use_color(Tty(), {"NO_COLOR": ""})  # no-color.org: only a non-empty value counts
     assert not report.use_color(object(), {})
+
+
+def test_every_hook_variable_has_its_effects_described():
+    from whichdevice.report import _HOOK_EFFECTS
+
+    hooked = {d.name for b in backends() for d in b.env_defaults}
+    assert hooked == set(_HOOK_EFFECTS)

@@ -438,6 +438,24 @@ def _accelerate_entries(
     return out
 
 
+# What each env-setup hook variable (the registry's EnvDefault records) does here: unset, "1",
+# any other value, and unset but set by whichdevice during this run.
+_HOOK_EFFECTS = {
+    "PT_ENABLE_INT64_SUPPORT": (
+        "unset: Gaudi (hpu) lacks int64 support; whichdevice sets it to 1 when it probes hpu",
+        "Gaudi (hpu) supports int64 tensors (token ids)",
+        "Gaudi (hpu) runs without int64 support: token ids may fail or be truncated",
+        "unset: whichdevice set it to 1 for this run because it found hpu",
+    ),
+    "PYTORCH_ENABLE_MPS_FALLBACK": (
+        "unset: an operator MPS lacks raises; whichdevice sets it to 1 when it picks mps",
+        "operators MPS lacks run on the CPU instead of raising",
+        "operators MPS lacks raise an error",
+        "unset: whichdevice set it to 1 for this run because it picked mps",
+    ),
+}
+
+
 def _hook_entries(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Variables that env-setup hooks set; say when whichdevice set one in this run."""
     set_here = {
@@ -448,27 +466,12 @@ def _hook_entries(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]])
         if action["action"] == "set"
     }
     out = []
-    int64 = env.get("PT_ENABLE_INT64_SUPPORT")
-    if int64 is None:
-        effect = "unset: Gaudi (hpu) lacks int64 support; whichdevice sets it to 1 when it probes hpu"
-    elif int64.strip() == "1":
-        effect = "Gaudi (hpu) supports int64 tensors (token ids)"
-    else:
-        effect = "Gaudi (hpu) runs without int64 support: token ids may fail or be truncated"
-    if int64 is None and "PT_ENABLE_INT64_SUPPORT" in set_here:
-        effect = "unset: whichdevice set it to 1 for this run because it found hpu"
-    out.append(_entry("PT_ENABLE_INT64_SUPPORT", env, effect))
-
-    fallback = env.get("PYTORCH_ENABLE_MPS_FALLBACK")
-    if fallback is None:
-        effect = "unset: an operator MPS lacks raises; whichdevice sets it to 1 when it picks mps"
-    elif fallback.strip() == "1":
-        effect = "operators MPS lacks run on the CPU instead of raising"
-    else:
-        effect = "operators MPS lacks raise an error"
-    if fallback is None and "PYTORCH_ENABLE_MPS_FALLBACK" in set_here:
-        effect = "unset: whichdevice set it to 1 for this run because it picked mps"
-    out.append(_entry("PYTORCH_ENABLE_MPS_FALLBACK", env, effect))
+    for name, (unset, on, off, set_by_us) in _HOOK_EFFECTS.items():
+        value = env.get(name)
+        if value is not None:
+            out.append(_entry(name, env, on if value.strip() == "1" else off))
+        else:
+            out.append(_entry(name, env, set_by_us if name in set_here else unset))
     return out
 
 
