@@ -20,6 +20,7 @@ AUTO_HUB = "auto-hub"
 
 KNOWN_IMPLEMENTATIONS = (
     "sdpa",
+    "whichdevice_sdpa",
     "eager",
     "flex_attention",
     "flash_attention_2",
@@ -77,9 +78,16 @@ def _flash_fits(impl: str, backend: Backend, result: ProbeResult, dtype: str | N
 
 
 def choose_attention(
-    backend: Backend, result: ProbeResult, dtype: str | None, requested: str = "auto"
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    requested: str = "auto",
+    *,
+    task: str = "inference",
+    model_type: str | None = None,
 ) -> tuple[str, str]:
-    """The attention implementation and the reason: FlashAttention when installed and usable, else sdpa."""
+    """The attention implementation and the reason: FlashAttention when installed and usable, else
+    sdpa, or on the CPU whichdevice's decode attention where it is faster and verified."""
     if requested not in ("auto", AUTO_HUB):
         if isinstance(requested, str) and is_hub_kernel(requested):
             from whichdevice.kernels_support import hub_access, kernels_compatibility
@@ -136,7 +144,29 @@ def choose_attention(
                 f"{repo}: {have}, so the Hub kernel transformers uses in its place "
                 f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
             )
-        return "sdpa", f"sdpa: {have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}"
+        return _without_flash(
+            backend, dtype, task, model_type, f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}"
+        )
     if installed:
-        return "sdpa", f"sdpa: {', '.join(installed)} installed but unusable here"
-    return "sdpa", "sdpa (torch's fused attention): no FlashAttention package is installed"
+        return _without_flash(backend, dtype, task, model_type, f"{', '.join(installed)} installed but unusable here")
+    return _without_flash(backend, dtype, task, model_type, "no FlashAttention package is installed")
+
+
+def _without_flash(
+    backend: Backend, dtype: str | None, task: str, model_type: str | None, no_flash: str
+) -> tuple[str, str]:
+    """sdpa, or on the CPU in bf16/fp16 for inference the decode attention (see decode_attention)."""
+    from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES
+
+    sdpa = f"sdpa (torch's fused attention): {no_flash}"
+    if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
+        return "sdpa", sdpa
+    faster = f"torch's fused CPU kernel takes 3-8x as long as a matmul for a one-token {dtype} query"
+    if model_type is None:
+        return "sdpa", f"{sdpa}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
+    if model_type not in VERIFIED_MODEL_TYPES:
+        return "sdpa", f"{sdpa}; {ATTENTION_NAME} is not verified for model_type {model_type!r}"
+    return ATTENTION_NAME, (
+        f"{ATTENTION_NAME}: sdpa for prompts and a plain matmul for one-token decode steps, since "
+        f"{faster}; verified for model_type {model_type!r}; {no_flash}"
+    )

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from whichdevice import probing
 from whichdevice.attention import choose_attention
+from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered, model_type_of
 from whichdevice.distributed import LAUNCHER_VARIABLES, DistributedContext, detect_distributed, process_group_backend
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.errors import (
@@ -108,6 +110,8 @@ class Resolution:
         if self.dtype_name is not None:
             kwargs[_dtype_keyword()] = self.dtype
         kwargs["attn_implementation"] = self.attn_implementation
+        if self.attn_implementation == ATTENTION_NAME:
+            ensure_registered()
         if self.max_memory:
             kwargs["max_memory"] = dict(self.max_memory)
         if self.quantization is not None:
@@ -424,10 +428,20 @@ def resolve_device(
     if key is not None:
         cached = store.resolutions.get(key)
         if cached is not None:
-            return cast(Resolution, cached)
+            return _attention_registered(cast(Resolution, cached))
     res = _resolve(*args)
     if key is not None:
         store.resolutions[key] = res
+    return _attention_registered(res)
+
+
+def _attention_registered(res: Resolution) -> Resolution:
+    # whichdevice's decode attention must be registered with transformers before a model is built
+    # with it. model_kwargs() does that; this covers a caller who passes res.attn_implementation
+    # themselves, as long as transformers is already imported (importing it here would cost every
+    # resolve_device() call the time of importing transformers).
+    if res.attn_implementation == ATTENTION_NAME and "transformers" in sys.modules:
+        ensure_registered()
     return res
 
 
@@ -564,7 +578,9 @@ def _resolve(
         note = "" if ok else f" (slow or unsupported here: {why})"
         trace.append(TraceStep("dtype", f"{dtype_choice} as you asked{note}"))
 
-    attn, why = choose_attention(backend, result, dtype_choice, attn_implementation)
+    attn, why = choose_attention(
+        backend, result, dtype_choice, attn_implementation, task=task, model_type=model_type_of(model)
+    )
     trace.append(TraceStep("attention", f"{attn}: {why}" if not why.startswith(attn) else why))
 
     # placement

@@ -27,6 +27,7 @@ __all__ = [
     "format_bytes",
     "parse_size",
     "plan_placement",
+    "resolve_model_path",
 ]
 
 GiB = 1024**3
@@ -193,7 +194,8 @@ def _from_config(config: Any) -> ModelSize:
     return ModelSize(f"a meta-device build of {type(config).__name__}", float_params, linear)
 
 
-def _resolve_path(model: str | os.PathLike[str]) -> Path:
+def resolve_model_path(model: str | os.PathLike[str]) -> Path:
+    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads)."""
     path = Path(model).expanduser()
     if path.exists():
         return path
@@ -219,7 +221,7 @@ def estimate_model_size(model: Any) -> ModelSize:
         raise DeviceError(
             f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
         )
-    path = _resolve_path(model)
+    path = resolve_model_path(model)
     if path.is_file() and path.suffix == ".safetensors":
         return _from_safetensors([path])
     files = sorted(path.glob("*.safetensors"))

@@ -1,0 +1,304 @@
+"""whichdevice's decode attention: eager's numbers, sdpa's behaviour elsewhere, every verified architecture."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import whichdevice as wd
+from whichdevice.decode_attention import (
+    ATTENTION_NAME,
+    VERIFIED_MODEL_TYPES,
+    decode_attention_forward,
+    ensure_registered,
+    model_type_of,
+)
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _qkv(dtype, batch=3, heads=8, kv_heads=2, q_len=1, kv_len=37, head_dim=16, value_dim=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, head_dim, generator=g).to(dtype)
+    k = torch.randn(batch, kv_heads, kv_len, head_dim, generator=g).to(dtype)
+    v = torch.randn(batch, kv_heads, kv_len, value_dim or head_dim, generator=g).to(dtype)
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False, is_causal=True)
+    return module, q, k, v
+
+
+def _padding(batch, kv_len, heads=1):
+    mask = torch.ones(batch, heads, 1, kv_len, dtype=torch.bool)
+    mask[1, :, :, :5] = False  # left padding in one row
+    mask[2, :, :, :11] = False
+    return mask
+
+
+def _eager(module, q, k, v, mask, scaling=None):
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    if mask is not None:
+        mask = mask[..., : k.shape[2]]  # transformers 4.x eager slices a longer mask; 5.x never passes one
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, torch.finfo(q.dtype).min)
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    out, _ = eager_attention_forward(module, q, k, v, mask, scaling=scale)
+    return out
+
+
+MASKS = {
+    "no mask": lambda b, h, n: None,
+    "bool padding": lambda b, h, n: _padding(b, n),
+    "bool per head": lambda b, h, n: _padding(b, n, heads=h),
+    "additive float": lambda b, h, n: torch.where(_padding(b, n), 0.0, -1e4),
+    "longer than the keys": lambda b, h, n: _padding(b, n + 6),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kv_heads", [8, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+def test_one_token_matches_eager_attention(dtype, kv_heads, mask_kind):
+    module, q, k, v = _qkv(dtype, kv_heads=kv_heads)
+    mask = MASKS[mask_kind](q.shape[0], q.shape[1], k.shape[2])
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(dtype)
+    got, weights = decode_attention_forward(module, q, k, v, mask)
+    want = _eager(module, q, k, v, mask)
+    assert weights is None
+    assert got.shape == want.shape == (3, 1, 8, 16) and got.is_contiguous()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    # the masked keys really are ignored: changing them changes nothing
+    if mask is not None:
+        k2, v2 = k.clone(), v.clone()
+        k2[2, :, :11], v2[2, :, :11] = 100.0, 100.0
+        again, _ = decode_attention_forward(module, q, k2, v2, mask)
+        torch.testing.assert_close(again[2], got[2], atol=0, rtol=0)
+
+
+def test_scaling_and_value_dim_are_honoured():
+    module, q, k, v = _qkv(torch.bfloat16, value_dim=24)
+    got, _ = decode_attention_forward(module, q, k, v, None, scaling=0.3)
+    assert got.shape == (3, 1, 8, 24)
+    torch.testing.assert_close(got, _eager(module, q, k, v, None, scaling=0.3), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "q_len", "kwargs"),
+    [
+        (torch.bfloat16, 9, {}),  # a prompt: the fused kernel
+        (torch.float32, 1, {}),  # fp32: the fused kernel is as fast as the matmul
+        (torch.bfloat16, 1, {"output_attentions": True}),
+    ],
+    ids=["prompt", "fp32", "output_attentions"],
+)
+def test_everything_else_is_transformers_sdpa(dtype, q_len, kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module, q, k, v = _qkv(dtype, q_len=q_len, kv_len=q_len if q_len > 1 else 37)
+    got, _ = decode_attention_forward(module, q, k, v, None, **kwargs)
+    want, _ = sdpa_attention_forward(module, q, k, v, None, **kwargs)
+    assert torch.equal(got, want)
+
+
+def test_softcap_is_refused_as_sdpa_refuses_it():
+    module, q, k, v = _qkv(torch.bfloat16)
+    with pytest.raises(ValueError, match="softcap"):
+        decode_attention_forward(module, q, k, v, None, softcap=30.0)
+
+
+def _family_checkpoint(model_type, path, dtype=torch.bfloat16):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **SMALL)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    model.save_pretrained(path)
+    return path
+
+
+def _decode(model, ids, mask, steps, forced=None):
+    """Prefill, then ``steps`` one-token steps through the KV cache; the last-position logits of
+    each call. The tokens fed are ``forced`` when given, else this model's own greedy choices."""
+    logits, tokens = [], []
+    # transformers 5.24 renamed forward's past_key_values to cache; 4.57 knows only the old name
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        for step in range(steps + 1):
+            last = out.logits[:, -1].float()
+            logits.append(last)
+            token = last.argmax(-1, keepdim=True) if forced is None else forced[step]
+            tokens.append(token)
+            if step == steps:
+                break
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+            cache = getattr(out, "cache", None) or out.past_key_values
+            out = model(input_ids=token, attention_mask=mask, use_cache=True, **{cache_arg: cache})
+    return torch.stack(logits), tokens
+
+
+@pytest.mark.parametrize("model_type", sorted(VERIFIED_MODEL_TYPES))
+def test_every_verified_architecture_decodes_as_eager_attention_does(model_type, tmp_path, monkeypatch):
+    """The resolver picks the decode attention for the architecture, transformers routes every
+    one-token step through it, and each step's logits are eager attention's."""
+    from transformers import AttentionInterface, AutoModelForCausalLM
+
+    path = _family_checkpoint(model_type, tmp_path / model_type)
+    res = wd.resolve_device(model=path, dtype="bfloat16")
+    assert res.attn_implementation == ATTENTION_NAME, res.explain()
+    model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval()
+    eager = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    assert model.config._attn_implementation == ATTENTION_NAME
+
+    query_lengths: list[int] = []
+
+    def counting(module, query, *args, **kwargs):
+        query_lengths.append(query.shape[2])
+        return decode_attention_forward(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, ATTENTION_NAME, counting)
+    ids = torch.randint(3, 250, (3, 14), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    mask[2, :9] = 0
+    ours, tokens = _decode(model, ids, mask, steps=5)
+    # eager is fed the same tokens, so a near-tie that greedy decoding breaks the other way in bf16
+    # cannot send the two down different paths
+    theirs, _ = _decode(eager, ids, mask, steps=5, forced=tokens)
+    layers = model.config.num_hidden_layers
+    assert query_lengths.count(1) == 5 * layers  # every one-token step of every layer went through it
+    assert sum(1 for n in query_lengths if n > 1) == layers
+    # bf16 rounding of a differently ordered sum: under 0.01 here; ignoring the padding is 0.05 and more
+    assert (ours - theirs).abs().max().item() < 0.02
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "want", "why"),
+    [
+        ({}, ATTENTION_NAME, "verified for model_type 'llama'"),
+        ({"dtype": "float16"}, ATTENTION_NAME, "one-token float16 query"),
+        ({"dtype": "float32"}, "sdpa", "no FlashAttention package"),
+        ({"task": "training"}, "sdpa", "no FlashAttention package"),
+        ({"attn_implementation": "sdpa"}, "sdpa", "as you asked"),
+        ({"attn_implementation": "eager"}, "eager", "as you asked"),
+        ({"attn_implementation": ATTENTION_NAME, "dtype": "float32"}, ATTENTION_NAME, "as you asked"),
+    ],
+)
+def test_the_resolver_picks_it_for_cpu_inference_in_half_precision(kwargs, want, why, tmp_path):
+    from tiny_models import save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
+    res = wd.resolve_device(model=path, **kwargs)
+    assert res.attn_implementation == want
+    line = next(s.message for s in res.trace if s.topic == "attention")
+    assert why in line
+
+
+def test_without_a_model_it_keeps_sdpa_and_says_how_to_get_it():
+    res = wd.resolve_device(dtype="bfloat16")
+    assert res.attn_implementation == "sdpa"
+    line = next(s.message for s in res.trace if s.topic == "attention")
+    assert f"pass model= to get {ATTENTION_NAME}" in line
+
+
+@pytest.mark.parametrize("model_type", ["falcon", "mixtral"])
+def test_unverified_architectures_keep_sdpa(model_type):
+    from transformers import AutoConfig
+
+    res = wd.resolve_device(model=AutoConfig.for_model(model_type, **SMALL), dtype="bfloat16")
+    assert res.attn_implementation == "sdpa"
+    line = next(s.message for s in res.trace if s.topic == "attention")
+    assert f"not verified for model_type {model_type!r}" in line
+
+
+@pytest.mark.parametrize("spec", ["cuda:1,cc=9.0", "xpu:1", "mps", "hpu:8"])
+def test_other_devices_keep_sdpa(spec, tmp_path):
+    from tiny_models import save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
+    with wd.testing.simulate(spec):
+        res = wd.resolve_device(model=path)
+    assert res.attn_implementation == "sdpa"
+
+
+def test_model_type_of_reads_configs_folders_and_files(tmp_path):
+    from tiny_models import save_tiny_llama, tiny_config
+
+    path = save_tiny_llama(tmp_path / "llama", tokenizer=False)
+    assert model_type_of(path) == model_type_of(str(path)) == "llama"
+    assert model_type_of(path / "model.safetensors") == "llama"
+    assert model_type_of(tiny_config()) == "llama"
+    assert model_type_of(tmp_path / "missing") is None
+    assert model_type_of(None) is None
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert model_type_of(tmp_path / "broken") is None
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text(json.dumps(["llama"]))
+    assert model_type_of(tmp_path / "list") is None
+
+
+def test_registration_is_idempotent_and_leaves_sdpa_alone():
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    ensure_registered()
+    ensure_registered()
+    assert AttentionInterface._global_mapping[ATTENTION_NAME] is decode_attention_forward
+    assert AttentionMaskInterface._global_mapping[ATTENTION_NAME] is sdpa_mask
+    assert AttentionInterface._global_mapping["sdpa"] is sdpa_attention_forward
+
+
+REGISTRATION = """
+import sys, torch, whichdevice as wd
+{before}
+res = wd.resolve_device(model=sys.argv[1])
+assert res.attn_implementation == "{name}", res.attn_implementation
+print("transformers imported by resolve_device:", "transformers" in sys.modules and not {before_imports})
+from transformers import AutoModelForCausalLM
+kwargs = {kwargs}
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], **kwargs)
+print("loaded with", model.config._attn_implementation)
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "kwargs"),
+    [
+        ("", "res.model_kwargs()"),  # model_kwargs() registers it
+        ("import transformers", "dict(dtype=res.dtype, attn_implementation=res.attn_implementation)"),
+    ],
+    ids=["model_kwargs", "attribute-after-importing-transformers"],
+)
+def test_a_fresh_process_can_load_with_what_the_resolver_chose(before, kwargs, tmp_path):
+    from tiny_models import save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
+    script = REGISTRATION.format(before=before, name=ATTENTION_NAME, before_imports=bool(before), kwargs=kwargs)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), str(path)], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "transformers imported by resolve_device: False" in proc.stdout
+    assert f"loaded with {ATTENTION_NAME}" in proc.stdout
