@@ -1,7 +1,7 @@
 """``whichdevice smoke``: prove the resolution works end to end, with nothing to download.
 
-A tiny Llama is built from a config (random weights), saved, loaded back with
-``from_pretrained(path, **res.model_kwargs())``, checked for the resolved device, dtype and
+A tiny Llama is built from a config (random weights), saved, resolved again with ``model=`` the
+saved folder, loaded back with ``from_pretrained(path, **res.model_kwargs())``, checked for the resolved device, dtype and
 attention, made to generate from random token ids, and trained for a few steps with ``Trainer``
 and ``whichdevice.training_arguments``. Each step reports on stderr as it runs; what the libraries
 log meanwhile is collected as notes under the step, so the progress display stays readable.
@@ -300,6 +300,7 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
 
     for task in tasks:
         state[task] = resolve_device(device, task=task)
+    state["device"] = device
     first = state[tasks[0]]
     state["where"] = f" on {first.device}"
     return f"{first.device}, {first.dtype_name}, {first.attn_implementation}" + (
@@ -336,7 +337,11 @@ def _build(state: dict[str, Any], tmp: Path) -> str:
 def _load(state: dict[str, Any], tmp: Path, task: str) -> str:
     from transformers import AutoModelForCausalLM
 
-    res = state[task]
+    from whichdevice.resolver import resolve_device
+
+    # Resolved again with the saved model, as a user loading it would: placement checks its size
+    # and the attention can be the one verified for its architecture.
+    res = state[task] = resolve_device(state["device"], task=task, model=tmp / "model")
     kwargs = res.model_kwargs()
     if kwargs.get("use_kernels"):
         # Hub kernels are downloaded on first use; the smoke test promises no downloads.
