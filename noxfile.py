@@ -26,7 +26,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python="3.11", name="tests-transformers-4.57")
 def tests_transformers_457(session: nox.Session) -> None:
-    """End-to-end and training tests against transformers 4.57.6 (the oldest supported)."""
+    """End-to-end, training and attention tests against transformers 4.57.6 (the oldest supported)."""
     # Only the test runner besides the pin: the test extra's peft/bitsandbytes/kernels track the
     # newest transformers and are not what this session is about.
     install(session, pins=("transformers==4.57.6", "pytest>=8", "hypothesis>=6"))
@@ -36,6 +36,7 @@ def tests_transformers_457(session: nox.Session) -> None:
         "tests/test_training.py",
         "tests/test_distributed.py",
         "tests/test_resolver.py",
+        "tests/test_decode_attention.py",
         *session.posargs,
     )
 

@@ -161,7 +161,7 @@ def _without_flash(
     sdpa = f"sdpa (torch's fused attention): {no_flash}"
     if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
         return "sdpa", sdpa
-    faster = f"torch's fused CPU kernel takes 3-8x as long as a matmul for a one-token {dtype} query"
+    faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
     if model_type is None:
         return "sdpa", f"{sdpa}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
     if model_type not in VERIFIED_MODEL_TYPES:

@@ -1,12 +1,12 @@
 """Attention for CPU generation in bf16/fp16: torch's fused sdpa for prompts, a plain matmul for one-token steps.
 
 Why it exists: torch's fused CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``)
-splits work by query block, so a decode step, whose query is one token, gets no parallelism over
-the keys, and in bf16/fp16 it also converts every block to fp32 and back. Measured on torch 2.13
-(AMD EPYC, 2 cores, batch 4, 12 heads of 64): one bf16 decode step over 160 cached tokens takes
-582 us fused against 175 us as matmul-softmax-matmul, over 1,024 tokens 3,476 us against 440 us.
-For prompts (many queries) the fused kernel wins and saves the L x L score matrix, so this keeps it
-there. In fp32 the two are on par and the fused kernel is kept throughout.
+is built for blocks of queries, and for the one-token query of a decode step in bf16/fp16 it is
+several times slower than the three plain ops of eager attention. ``benchmarks/attention.py`` on
+torch 2.13 (AMD EPYC, 2 cores, batch 4, 12 heads of 64): one bf16 step over 160 cached tokens took
+548 us fused against 162 us here, over 1,024 tokens 2,964 us against 382 us. For prompts the fused
+kernel is kept: it never builds the L x L score matrix that makes eager slow on long prompts. In
+fp32 the fused kernel is on par for one-token steps, and is kept throughout.
 
 transformers calls attention through a registry (``AttentionInterface``), so this is registered
 under its own name, ``ATTENTION_NAME``, with sdpa's mask function: "sdpa" itself stays as

@@ -1,10 +1,11 @@
 """``whichdevice smoke``: prove the resolution works end to end, with nothing to download.
 
 A tiny Llama is built from a config (random weights), saved, resolved again with ``model=`` the
-saved folder, loaded back with ``from_pretrained(path, **res.model_kwargs())``, checked for the resolved device, dtype and
-attention, made to generate from random token ids, and trained for a few steps with ``Trainer``
-and ``whichdevice.training_arguments``. Each step reports on stderr as it runs; what the libraries
-log meanwhile is collected as notes under the step, so the progress display stays readable.
+saved folder, loaded back with ``from_pretrained(path, **res.model_kwargs())``, checked for the
+resolved device, dtype and attention, made to generate from random token ids, and trained for a
+few steps with ``Trainer`` and ``whichdevice.training_arguments``. Each step reports on stderr as
+it runs; what the libraries log meanwhile is collected as notes under the step, so the progress
+display stays readable.
 """
 
 from __future__ import annotations
