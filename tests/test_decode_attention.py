@@ -120,10 +120,22 @@ def test_everything_else_is_transformers_sdpa(dtype, q_len, kwargs):
     assert torch.equal(got, want)
 
 
-def test_softcap_is_refused_as_sdpa_refuses_it():
+@pytest.mark.parametrize("feature", ["softcap", "position_bias"])
+def test_features_the_matmul_lacks_go_to_sdpa(feature):
+    """Soft-capping and position bias are sdpa's business: transformers 5 refuses soft-capping
+    there and folds a position bias into the mask; whatever sdpa does, this does too."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     module, q, k, v = _qkv(torch.bfloat16)
-    with pytest.raises(ValueError, match="softcap"):
-        decode_attention_forward(module, q, k, v, None, softcap=30.0)
+    value = 30.0 if feature == "softcap" else torch.randn(1, 8, 1, 37).to(torch.bfloat16)
+    try:
+        want, _ = sdpa_attention_forward(module, q, k, v, None, **{feature: value})
+    except ValueError as exc:
+        with pytest.raises(ValueError, match=str(exc)[:40]):
+            decode_attention_forward(module, q, k, v, None, **{feature: value})
+        return
+    got, _ = decode_attention_forward(module, q, k, v, None, **{feature: value})
+    assert torch.equal(got, want)
 
 
 def _family_checkpoint(model_type, path, dtype=torch.bfloat16):

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,28 +103,61 @@ def test_torchrun_two_processes(tmp_path):
     assert {r["world_size"] for r in reports} == {2}
 
 
+def _launch_together(tmp_path: Path, commands_for_port, timeout: float = 240) -> None:
+    """Start the launchers at once and wait for all of them.
+
+    Output goes to files, not pipes: a process blocked on a full pipe that nobody reads stalls its
+    peers in the collective, and the test would hang instead of failing. When one launcher fails
+    the others are stopped. A port taken by another socket between ``_free_port()`` and the
+    launcher binding it is the one failure retried, with a new port.
+    """
+    for attempt in range(3):
+        logs = [tmp_path / f"launcher{attempt}-{i}.log" for i in range(2)]
+        procs = []
+        for cmd, log in zip(commands_for_port(_free_port()), logs, strict=True):
+            with log.open("w") as out:
+                procs.append(subprocess.Popen(cmd, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if all(p.returncode == 0 for p in procs):
+            return
+        text = [log.read_text(errors="replace") for log in logs]
+        if any("address already in use" in t.lower() for t in text):
+            continue
+        why = f"launchers still running after {timeout:.0f} s; " if time.monotonic() >= deadline else ""
+        tails = [f"launcher {i} exit {procs[i].returncode}:\n{t[-2500:]}" for i, t in enumerate(text)]
+        pytest.fail(why + "; ".join(tails))
+    pytest.fail("the master port was taken three times in a row")
+
+
 @pytest.mark.slow
 def test_two_nodes_on_one_machine(tmp_path):
-    port = _free_port()
-    procs = []
-    for node_rank in (0, 1):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=1",
-            "--nnodes=2",
-            f"--node_rank={node_rank}",
-            "--rdzv_backend=static",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            str(SCRIPT),
-            str(tmp_path),
+    def commands(port: int) -> list[list[str]]:
+        return [
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node=1",
+                "--nnodes=2",
+                f"--node_rank={node_rank}",
+                "--rdzv_backend=static",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(SCRIPT),
+                str(tmp_path),
+            ]
+            for node_rank in (0, 1)
         ]
-        procs.append(subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+
+    _launch_together(tmp_path, commands)
     reports = _reports(tmp_path, 2)
     # One process per node: each is local rank 0 on its node, ranks 0 and 1 overall.
     assert [r["local_rank"] for r in reports] == [0, 0]
