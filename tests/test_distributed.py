@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,27 +86,8 @@ def _reports(out: Path, n: int) -> list[dict]:
     return reports
 
 
-@pytest.mark.slow
-def test_torchrun_two_processes(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--nnodes=1",
-        f"--master_port={_free_port()}",
-        str(SCRIPT),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = _reports(tmp_path, 2)
-    assert sorted(r["local_rank"] for r in reports) == [0, 1]
-    assert {r["world_size"] for r in reports} == {2}
-
-
 def _launch_together(tmp_path: Path, commands_for_port, timeout: float = 240) -> None:
-    """Start the launchers at once and wait for all of them.
+    """Start the launchers at once and wait for all of them (and their workers).
 
     Output goes to files, not pipes: a process blocked on a full pipe that nobody reads stalls its
     peers in the collective, and the test would hang instead of failing. When one launcher fails
@@ -112,19 +95,25 @@ def _launch_together(tmp_path: Path, commands_for_port, timeout: float = 240) ->
     launcher binding it is the one failure retried, with a new port.
     """
     for attempt in range(3):
-        logs = [tmp_path / f"launcher{attempt}-{i}.log" for i in range(2)]
+        commands = commands_for_port(_free_port())
+        logs = [tmp_path / f"launcher{attempt}-{i}.log" for i in range(len(commands))]
         procs = []
-        for cmd, log in zip(commands_for_port(_free_port()), logs, strict=True):
+        for cmd, log in zip(commands, logs, strict=True):
             with log.open("w") as out:
-                procs.append(subprocess.Popen(cmd, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT))
+                # A session of its own, so that stopping a launcher also stops its workers.
+                procs.append(
+                    subprocess.Popen(
+                        cmd, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             if any(p.returncode not in (None, 0) for p in procs):
                 break
             time.sleep(0.2)
         for p in procs:
-            if p.poll() is None:
-                p.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # leftover workers too, even of a launcher that exited
             p.wait()
         if all(p.returncode == 0 for p in procs):
             return
@@ -135,6 +124,28 @@ def _launch_together(tmp_path: Path, commands_for_port, timeout: float = 240) ->
         tails = [f"launcher {i} exit {procs[i].returncode}:\n{t[-2500:]}" for i, t in enumerate(text)]
         pytest.fail(why + "; ".join(tails))
     pytest.fail("the master port was taken three times in a row")
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes(tmp_path):
+    def commands(port: int) -> list[list[str]]:
+        return [
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node=2",
+                "--nnodes=1",
+                f"--master_port={port}",
+                str(SCRIPT),
+                str(tmp_path),
+            ]
+        ]
+
+    _launch_together(tmp_path, commands)
+    reports = _reports(tmp_path, 2)
+    assert sorted(r["local_rank"] for r in reports) == [0, 1]
+    assert {r["world_size"] for r in reports} == {2}
 
 
 @pytest.mark.slow
