@@ -11,8 +11,10 @@ fp32 the fused kernel is on par for one-token steps, and is kept throughout.
 transformers calls attention through a registry (``AttentionInterface``), so this is registered
 under its own name, ``ATTENTION_NAME``, with sdpa's mask function: "sdpa" itself stays as
 transformers defines it. The resolver only picks this name for architectures in ``VERIFIED_MODEL_TYPES``,
-whose modelling code reaches attention only through that registry and never branches on the
-literal name "sdpa"; tests/test_decode_attention.py checks each of them against eager attention.
+whose modelling code reaches attention only through that registry and does not treat the literal
+name "sdpa" differently on the decoder path (some models do: gemma4 compares the name with "sdpa"
+to decide whether it may drop query tokens, falcon and bark look attention classes up by name);
+tests/test_decode_attention.py checks each of them against eager attention.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ __all__ = [
 # Contains "sdpa" so that transformers 5 runs its sdpa support checks for the model it loads.
 ATTENTION_NAME = "whichdevice_sdpa"
 
-# model_type values (config.json) checked token for token against eager attention in the tests.
-# Dense decoders only: in a mixture of experts a bf16 rounding difference can flip the routing,
-# so a comparison token for token would test the router, not the attention.
+# model_type values (config.json) whose every decode step tests/test_decode_attention.py checks
+# against eager attention, on transformers 5.x and 4.57. Dense decoders only: in a mixture of
+# experts a bf16 rounding difference can flip an expert choice, so comparing logits with eager's
+# would test the router, not the attention.
 VERIFIED_MODEL_TYPES = frozenset(
     {
         "gemma",
