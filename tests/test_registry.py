@@ -138,6 +138,19 @@ def test_register_replace_keeps_position_and_drops_cached_result() -> None:
     assert wd.probe("npu").available  # the old cached "not installed" was forgotten
 
 
+def test_registering_inside_a_simulation_reaches_the_real_answers_too() -> None:
+    # The registry is one per process: a backend registered while a simulation is active must
+    # not leave the real store answering from before it existed.
+    assert wd.resolve_device().device == "cpu"  # memoised in the real store
+    with wd.testing.simulate(others="real"):
+        assert wd.resolve_device().device == "cpu"  # memoised in the simulation's store
+        wd.register_backend(_record("fancy"))
+        assert wd.resolve_device().backend.name == "fancy"
+    assert wd.resolve_device().backend.name == "fancy"
+    registry.unregister_backend("fancy")
+    assert wd.resolve_device().device == "cpu"
+
+
 def test_register_before_places_the_backend() -> None:
     wd.register_backend(_record("fancy"), before="cuda")
     names = registry.backend_names()
@@ -213,6 +226,9 @@ def plugin_module(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
                 raise RuntimeError("plugin exploded")
 
             NOT_A_BACKEND = 42
+
+            BADLY_NAMED = Backend(name="Plug-Dev", hardware="Plugin device", package="plugdev",
+                                  module="plugdev_missing", probe_ref=_probe)
             """
         )
     )
@@ -254,6 +270,7 @@ def test_a_broken_plugin_only_warns(monkeypatch, plugin_module) -> None:  # type
             _ep("bad", f"{plugin_module}:broken"),
             _ep("wrongtype", f"{plugin_module}:NOT_A_BACKEND"),
             _ep("gone", "no_such_module_anywhere:thing"),
+            _ep("badname", f"{plugin_module}:BADLY_NAMED"),
             _ep("good", f"{plugin_module}:RECORD"),
         ],
     )
@@ -263,6 +280,9 @@ def test_a_broken_plugin_only_warns(monkeypatch, plugin_module) -> None:  # type
     assert any("'bad'" in m and "plugin exploded" in m for m in messages)
     assert any("'wrongtype'" in m and "not a Backend" in m for m in messages)
     assert any("'gone'" in m for m in messages)
+    # a plugin is held to the same naming rule as register_backend: "Plug-Dev" could never be asked for
+    assert any("'badname'" in m and "lower-case identifier" in m for m in messages)
+    assert "Plug-Dev" not in names
     assert "plugdev" in names  # the good plugin still loaded
     assert names[: len(EXPECTED_ORDER) - 1] == EXPECTED_ORDER[:-1]
     assert wd.probe("cpu").available

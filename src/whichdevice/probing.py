@@ -27,6 +27,7 @@ __all__ = [
     "DeviceInfo",
     "ProbeResult",
     "clear_cache",
+    "forget_backend",
     "probe",
     "probe_all",
     "probe_counts",
@@ -245,6 +246,17 @@ def clear_cache(name: str | None = None) -> None:
         else:
             store.results.pop(name, None)
             store.counts.pop(name, None)
+
+
+def forget_backend(name: str) -> None:
+    """Drop what every store (the real one and each simulation's) knows of backend ``name``, and
+    every memoised resolution: the registry is one per process, so a backend registered, replaced
+    or removed inside a simulation has changed the answers outside it too."""
+    for store in (_real_store, *_simulations):
+        with store.lock:
+            store.results.pop(name, None)
+            store.counts.pop(name, None)
+            store.resolutions.clear()
 
 
 def _ensure_torch_imported(backend: Backend) -> None:

@@ -320,6 +320,7 @@ def _load_entry_points() -> None:
                 record = obj() if callable(obj) and not isinstance(obj, Backend) else obj
                 if not isinstance(record, Backend):
                     raise TypeError(f"entry point gave {type(record).__name__}, not a Backend")
+                _check_name(record)
                 if record.name not in _registry:
                     _insert(record, before="cpu")
             except Exception as exc:
@@ -329,6 +330,13 @@ def _load_entry_points() -> None:
                     f"whichdevice: backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
                     stacklevel=2,
                 )
+
+
+def _check_name(record: Backend) -> None:
+    # Device strings are parsed as "<name>[:<index>]" in lower case; any other name could never
+    # be asked for by string.
+    if not record.name or not record.name.isidentifier() or record.name != record.name.lower():
+        raise ValueError(f"a backend name is a lower-case identifier like 'cuda', not {record.name!r}")
 
 
 def _insert(record: Backend, before: str | None) -> None:
@@ -392,8 +400,7 @@ def register_backend(record: Backend, *, replace: bool = False, before: str | No
     """
     if not isinstance(record, Backend):
         raise TypeError(f"register_backend takes a whichdevice.Backend, not {type(record).__name__}")
-    if not record.name or not record.name.isidentifier() or record.name != record.name.lower():
-        raise ValueError(f"a backend name is a lower-case identifier like 'cuda', not {record.name!r}")
+    _check_name(record)
     _load_entry_points()
     with _lock:
         if record.name in _registry and not replace:
@@ -410,7 +417,7 @@ def register_backend(record: Backend, *, replace: bool = False, before: str | No
         _insert(record, before)
     from whichdevice import probing as _probe
 
-    _probe.clear_cache(record.name)
+    _probe.forget_backend(record.name)
     return record
 
 
@@ -422,4 +429,4 @@ def unregister_backend(name: str) -> None:
         _order.remove(name)
     from whichdevice import probing as _probe
 
-    _probe.clear_cache(name)
+    _probe.forget_backend(name)
