@@ -216,7 +216,8 @@ def probe_cuda(backend: Backend) -> ProbeResult:
                 f"CUDA_VISIBLE_DEVICES is now {current!r} but CUDA was already initialised in this "
                 f"process with {count} GPU(s); the change takes effect only in a new process"
             )
-    _cuda_visible_seen.append(current)
+    if current not in _cuda_visible_seen:  # distinct values only: refreshed probes must not grow it
+        _cuda_visible_seen.append(current)
     warnings += cuda_order_warnings(vis, devices)
     versions = _versions(backend)
     runtime = torch.version.hip if variant == "rocm" else torch.version.cuda
