@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import whichdevice as wd
+from tiny_models import TINY
 from whichdevice.decode_attention import (
     ATTENTION_NAME,
     VERIFIED_MODEL_TYPES,
@@ -23,18 +24,8 @@ from whichdevice.decode_attention import (
 
 pytestmark = pytest.mark.slow
 
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=256,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# the tests' tiny Llama shape, with token ids inside its 256-token vocabulary for every architecture
+SMALL = {**TINY, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 def _qkv(dtype, batch=3, heads=8, kv_heads=2, q_len=1, kv_len=37, head_dim=16, value_dim=None, seed=0):

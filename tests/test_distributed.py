@@ -86,6 +86,10 @@ def _reports(out: Path, n: int) -> list[dict]:
     return reports
 
 
+def _torchrun(out: Path, *options: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *options, str(SCRIPT), str(out)]
+
+
 def _launch_together(tmp_path: Path, commands_for_port, timeout: float = 240) -> None:
     """Start the launchers at once and wait for all of them (and their workers).
 
@@ -129,18 +133,7 @@ def _launch_together(tmp_path: Path, commands_for_port, timeout: float = 240) ->
 @pytest.mark.slow
 def test_torchrun_two_processes(tmp_path):
     def commands(port: int) -> list[list[str]]:
-        return [
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                "--nnodes=1",
-                f"--master_port={port}",
-                str(SCRIPT),
-                str(tmp_path),
-            ]
-        ]
+        return [_torchrun(tmp_path, "--nproc_per_node=2", "--nnodes=1", f"--master_port={port}")]
 
     _launch_together(tmp_path, commands)
     reports = _reports(tmp_path, 2)
@@ -151,22 +144,8 @@ def test_torchrun_two_processes(tmp_path):
 @pytest.mark.slow
 def test_two_nodes_on_one_machine(tmp_path):
     def commands(port: int) -> list[list[str]]:
-        return [
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=1",
-                "--nnodes=2",
-                f"--node_rank={node_rank}",
-                "--rdzv_backend=static",
-                "--master_addr=127.0.0.1",
-                f"--master_port={port}",
-                str(SCRIPT),
-                str(tmp_path),
-            ]
-            for node_rank in (0, 1)
-        ]
+        static = ("--nproc_per_node=1", "--nnodes=2", "--rdzv_backend=static", "--master_addr=127.0.0.1")
+        return [_torchrun(tmp_path, *static, f"--master_port={port}", f"--node_rank={rank}") for rank in (0, 1)]
 
     _launch_together(tmp_path, commands)
     reports = _reports(tmp_path, 2)
