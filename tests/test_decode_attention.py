@@ -224,6 +224,19 @@ def test_without_a_model_it_keeps_sdpa_and_says_how_to_get_it():
     assert f"pass model= to get {ATTENTION_NAME}" in line
 
 
+def test_a_model_without_a_readable_architecture_keeps_sdpa(tmp_path):
+    from tiny_models import save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
+    config = json.loads((path / "config.json").read_text())
+    del config["model_type"]
+    (path / "config.json").write_text(json.dumps(config))
+    res = wd.resolve_device(model=path)  # sized from the safetensors headers all the same
+    assert res.attn_implementation == "sdpa"
+    line = next(s.message for s in res.trace if s.topic == "attention")
+    assert "model= has no readable model_type" in line
+
+
 @pytest.mark.parametrize("model_type", ["falcon", "mixtral"])
 def test_unverified_architectures_keep_sdpa(model_type):
     from transformers import AutoConfig

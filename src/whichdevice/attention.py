@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError, DeviceError
 from whichdevice.probes import package_version
@@ -84,7 +84,7 @@ def choose_attention(
     requested: str = "auto",
     *,
     task: str = "inference",
-    model_type: str | None = None,
+    model: Any = None,
 ) -> tuple[str, str]:
     """The attention implementation and the reason: FlashAttention when installed and usable, else
     sdpa, or on the CPU whichdevice's decode attention where it is faster and verified."""
@@ -145,25 +145,27 @@ def choose_attention(
                 f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
             )
         return _without_flash(
-            backend, dtype, task, model_type, f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}"
+            backend, dtype, task, model, f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}"
         )
     if installed:
-        return _without_flash(backend, dtype, task, model_type, f"{', '.join(installed)} installed but unusable here")
-    return _without_flash(backend, dtype, task, model_type, "no FlashAttention package is installed")
+        return _without_flash(backend, dtype, task, model, f"{', '.join(installed)} installed but unusable here")
+    return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed")
 
 
-def _without_flash(
-    backend: Backend, dtype: str | None, task: str, model_type: str | None, no_flash: str
-) -> tuple[str, str]:
+def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str) -> tuple[str, str]:
     """sdpa, or on the CPU in bf16/fp16 for inference the decode attention (see decode_attention)."""
-    from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES
+    from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
 
     sdpa = f"sdpa (torch's fused attention): {no_flash}"
     if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
         return "sdpa", sdpa
+    # Read only here: everywhere else the architecture does not change the answer.
+    model_type = model_type_of(model)
     faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
-    if model_type is None:
+    if model is None:
         return "sdpa", f"{sdpa}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
+    if model_type is None:
+        return "sdpa", f"{sdpa}; {ATTENTION_NAME} needs the model's architecture, and model= has no readable model_type"
     if model_type not in VERIFIED_MODEL_TYPES:
         return "sdpa", f"{sdpa}; {ATTENTION_NAME} is not verified for model_type {model_type!r}"
     return ATTENTION_NAME, (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from whichdevice import probing
 from whichdevice.attention import choose_attention
-from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered, model_type_of
+from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
 from whichdevice.distributed import LAUNCHER_VARIABLES, DistributedContext, detect_distributed, process_group_backend
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.errors import (
@@ -578,9 +578,7 @@ def _resolve(
         note = "" if ok else f" (slow or unsupported here: {why})"
         trace.append(TraceStep("dtype", f"{dtype_choice} as you asked{note}"))
 
-    attn, why = choose_attention(
-        backend, result, dtype_choice, attn_implementation, task=task, model_type=model_type_of(model)
-    )
+    attn, why = choose_attention(backend, result, dtype_choice, attn_implementation, task=task, model=model)
     trace.append(TraceStep("attention", f"{attn}: {why}" if not why.startswith(attn) else why))
 
     # placement
