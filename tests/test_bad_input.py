@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import whichdevice as wd
-from whichdevice import cli, kernels_support, probes, report, resolver, training
+from whichdevice import cli, kernels_support, packages, report, training
 from whichdevice.errors import (
     ConfigConflictError,
     DeviceError,
@@ -606,19 +606,12 @@ def stub_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ca
 @pytest.fixture
 def installed_versions(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     """Make whichdevice's version lookup report other versions (None: not installed)."""
-    real = probes.package_version
+    with contextlib.ExitStack() as stack:
 
-    def set_versions(**versions: str | None) -> None:
-        def fake(name: str) -> str | None:
-            return versions[name] if name in versions else real(name)
+        def set_versions(**versions: str | None) -> None:
+            stack.enter_context(packages.simulated_packages(versions))
 
-        for module in (probes, kernels_support, report):
-            monkeypatch.setattr(module, "package_version", fake)
-        training.transformers_problem.cache_clear()
-        monkeypatch.setattr(resolver, "_DTYPE_KEYWORD", [])
-
-    yield set_versions
-    training.transformers_problem.cache_clear()
+        yield set_versions
 
 
 BROKEN_PACKAGES = [

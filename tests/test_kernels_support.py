@@ -9,26 +9,25 @@ from __future__ import annotations
 import json
 import re
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import whichdevice as wd
 from whichdevice import attention, kernels_support
-from whichdevice.probes import package_version
+from whichdevice.packages import package_version, simulated_packages
 from whichdevice.testing import simulate
 
 GOOD_KERNELS = "0.18.2"
 
 
 @pytest.fixture
-def compatible_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+def compatible_kernels() -> Iterator[None]:
     """Pretend the kernels package is one transformers accepts (metadata only; nothing is imported)."""
 
-    def fake(name: str) -> str | None:
-        return GOOD_KERNELS if name == "kernels" else package_version(name)
-
-    monkeypatch.setattr(kernels_support, "package_version", fake)
+    with simulated_packages({"kernels": GOOD_KERNELS}):
+        yield
 
 
 @pytest.fixture
@@ -85,16 +84,16 @@ def test_installed_kernels_is_too_old_and_the_trace_says_exactly_that():
         wd.resolve_device(use_kernels=True)
 
 
-def test_kernels_not_installed(monkeypatch):
-    monkeypatch.setattr(kernels_support, "package_version", lambda name: None if name == "kernels" else "5.24.0")
-    ok, why = kernels_support.kernels_compatibility()
+def test_kernels_not_installed():
+    with simulated_packages({"kernels": None, "transformers": "5.24.0"}):
+        ok, why = kernels_support.kernels_compatibility()
     assert not ok and "kernels package is not installed" in why and "pip install 'kernels>=" in why
 
 
 @pytest.mark.parametrize(("version", "ok"), [("0.18.2", True), ("0.18.9", True), ("0.19", False), ("0.18.1", False)])
-def test_version_edges(monkeypatch, version, ok):
-    monkeypatch.setattr(kernels_support, "package_version", lambda name: version if name == "kernels" else "5.24.0")
-    assert kernels_support.kernels_compatibility()[0] is ok
+def test_version_edges(version, ok):
+    with simulated_packages({"kernels": version, "transformers": "5.24.0"}):
+        assert kernels_support.kernels_compatibility()[0] is ok
 
 
 # ------------------------------------------------------------ use_kernels="auto", simulated
@@ -262,9 +261,8 @@ def test_auto_hub_with_the_installed_kernels_falls_back_to_sdpa(online):
         assert f"kernels {installed} is installed but transformers" in _attention_line(res)
 
 
-def test_auto_hub_prefers_an_installed_flash_attn(compatible_kernels, online, monkeypatch):
-    monkeypatch.setattr(attention, "package_version", lambda name: "2.8.3" if name == "flash-attn" else None)
-    with simulate("cuda:1"):
+def test_auto_hub_prefers_an_installed_flash_attn(compatible_kernels, online):
+    with simulated_packages({"flash-attn": "2.8.3"}), simulate("cuda:1"):
         res = wd.resolve_device(attn_implementation="auto-hub")
     assert res.attn_implementation == "flash_attention_2"
 

@@ -163,12 +163,14 @@ def test_bad_quantize_values(bad):
         wd.resolve_device(quantize=bad)
 
 
-def test_bitsandbytes_not_installed(tiny, monkeypatch):
-    monkeypatch.setattr(quantization, "package_version", lambda name: None)
-    with simulate("cuda:1"), pytest.raises(wd.DoesNotFitError, match="pip install bitsandbytes"):
-        wd.resolve_device(model=str(tiny), max_memory={0: SMALL_BUDGET})
-    with simulate("cuda:1"), pytest.raises(wd.ConfigConflictError, match="pip install bitsandbytes"):
-        wd.resolve_device(quantize="4bit")
+def test_bitsandbytes_not_installed(tiny):
+    from whichdevice.packages import simulated_packages
+
+    with simulated_packages({"bitsandbytes": None}):
+        with simulate("cuda:1"), pytest.raises(wd.DoesNotFitError, match="pip install bitsandbytes"):
+            wd.resolve_device(model=str(tiny), max_memory={0: SMALL_BUDGET})
+        with simulate("cuda:1"), pytest.raises(wd.ConfigConflictError, match="pip install bitsandbytes"):
+            wd.resolve_device(quantize="4bit")
 
 
 def test_training_trace_points_at_lora(tiny):

@@ -6,11 +6,10 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError, DeviceError
-from whichdevice.probes import package_version
+from whichdevice.flash import FLASH, flash_attention_package, flash_fits
 
 if TYPE_CHECKING:
-    from whichdevice.probing import ProbeResult
-    from whichdevice.registry import Backend
+    from whichdevice.records import Backend, ProbeResult
 
 __all__ = ["AUTO_HUB", "KNOWN_IMPLEMENTATIONS", "choose_attention", "flash_attention_package", "is_hub_kernel"]
 
@@ -28,53 +27,11 @@ KNOWN_IMPLEMENTATIONS = (
     "flash_attention_4",
 )
 
-# attn_implementation -> (FlashAttention version, pip package, minimum NVIDIA compute capability)
-_FLASH = {
-    "flash_attention_2": (2, "flash-attn", (8, 0)),
-    "flash_attention_3": (3, "flash-attn-3", (9, 0)),
-    "flash_attention_4": (4, "flash-attn-4", (9, 0)),
-}
-
 
 def is_hub_kernel(value: str) -> bool:
     """Whether ``value`` names a Hub kernel ("org/repo", "org/repo@rev", "org/repo:name"), as
     transformers' ``is_kernel`` accepts for attn_implementation."""
     return re.fullmatch(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?", value) is not None
-
-
-def flash_attention_package(impl: str) -> str | None:
-    """The installed version of the package behind ``impl``, from metadata (flash-attn is never imported)."""
-    version_major, package, _ = _FLASH[impl]
-    found = package_version(package)
-    if found is None and version_major == 3:
-        found = package_version("flash_attn_3")
-    return found
-
-
-def _flash_fits(impl: str, backend: Backend, result: ProbeResult, dtype: str | None) -> tuple[bool, str]:
-    version_major, _, min_cc = _FLASH[impl]
-    if version_major not in backend.flash_attention:
-        able = [b for b in ("cuda", "npu", "xpu", "mlu", "musa") if b != backend.name]
-        where = "CUDA GPUs only" if version_major > 2 else f"{', '.join(able)}"
-        instead = "'flash_attention_2' or 'sdpa'" if 2 in backend.flash_attention else "'sdpa'"
-        return False, f"{impl} does not run on {backend.name} ({where}); use {instead}"
-    if backend.name == "cuda" and result.variant != "rocm":
-        cc = result.min_capability
-        if cc is not None and cc < min_cc:
-            return False, (
-                f"{impl} needs compute capability {min_cc[0]}.{min_cc[1]} or newer; this GPU has "
-                f"{cc[0]}.{cc[1]}; use " + ("'flash_attention_2' or 'sdpa'" if cc >= (8, 0) else "'sdpa'")
-            )
-        if version_major == 3 and cc is not None and cc[0] != 9:
-            newer = "'flash_attention_4', " if cc[0] >= 10 else ""
-            return False, (
-                f"{impl} is built for Hopper (compute capability 9.x); use {newer}'flash_attention_2' or 'sdpa'"
-            )
-    elif version_major > 2:
-        return False, f"{impl} runs on NVIDIA CUDA GPUs only; use 'flash_attention_2' or 'sdpa'"
-    if dtype == "float32":
-        return False, f"{impl} needs fp16 or bf16, and the dtype is fp32; use 'sdpa'"
-    return True, f"{impl} fits {backend.name}"
 
 
 def choose_attention(
@@ -105,8 +62,8 @@ def choose_attention(
                 f"attn_implementation={requested!r} is not known; use 'auto', '{AUTO_HUB}' (also a Hub "
                 f"FlashAttention kernel), a Hub kernel ('org/repo') or one of {', '.join(KNOWN_IMPLEMENTATIONS)}"
             )
-        if requested in _FLASH:
-            ok, why = _flash_fits(requested, backend, result, dtype)
+        if requested in FLASH:
+            ok, why = flash_fits(requested, backend, result, dtype)
             if not ok:
                 raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
             if requested == "flash_attention_2" and backend.name == "npu":
@@ -114,7 +71,7 @@ def choose_attention(
             if flash_attention_package(requested) is None:
                 from whichdevice.kernels_support import hub_flash_attention
 
-                package = _FLASH[requested][1]
+                package = FLASH[requested][1]
                 repo, why = hub_flash_attention(backend, result, dtype, requested)
                 if repo is not None:
                     return requested, (
@@ -130,10 +87,10 @@ def choose_attention(
         version = flash_attention_package(impl)
         if version is None:
             continue
-        ok, why = _flash_fits(impl, backend, result, dtype)
+        ok, why = flash_fits(impl, backend, result, dtype)
         if ok:
-            return impl, f"{_FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
-    installed = [impl for impl in _FLASH if flash_attention_package(impl)]
+            return impl, f"{FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
+    installed = [impl for impl in FLASH if flash_attention_package(impl)]
     if requested == AUTO_HUB:
         from whichdevice.kernels_support import hub_flash_attention
 

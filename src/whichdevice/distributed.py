@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.errors import DeviceError
 
 if TYPE_CHECKING:
-    from whichdevice.registry import Backend
+    from whichdevice.records import Backend
 
 __all__ = ["DistributedContext", "detect_distributed", "process_group_backend"]
 
@@ -134,9 +134,9 @@ def process_group_backend(backend: Backend, context: DistributedContext | None) 
         if torch.distributed.is_mpi_available():
             return "mpi"
     if backend.name == "xpu" and backend.distributed_backend == "xccl":
-        from whichdevice.probes import _version_tuple, package_version
+        from whichdevice.packages import package_version, version_before
 
         version = package_version("torch")
-        if version is not None and version != "simulated" and _version_tuple(version) < (2, 7):
+        if version is not None and version != "simulated" and version_before(version, "2.7"):
             return "ccl"
     return backend.distributed_backend

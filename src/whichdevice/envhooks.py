@@ -6,26 +6,10 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from whichdevice.registry import Backend
+from whichdevice.records import Backend, EnvAction
 
 __all__ = ["EnvAction", "applied_env", "apply_env_defaults", "scoped_env"]
-
-
-@dataclass(frozen=True)
-class EnvAction:
-    """What a hook did with one variable: "set" it, or "kept" the user's different value."""
-
-    name: str
-    value: str
-    action: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "value": self.value, "action": self.action, "message": self.message}
 
 
 _lock = threading.Lock()

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError
-from whichdevice.probes import _version_tuple, package_version
+from whichdevice.packages import package_version, version_at_least, version_before
 
 if TYPE_CHECKING:
-    from whichdevice.probing import ProbeResult
-    from whichdevice.registry import Backend
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import Backend, ProbeResult, TraceStep
 
 __all__ = [
     "HUB_FLASH_ATTENTION",
@@ -60,11 +58,6 @@ def transformers_kernels_range() -> tuple[str | None, str | None]:
     return (low.group(1) if low else None, high.group(1) if high else None)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    parts = _version_tuple(text)
-    return parts + (0,) * (3 - len(parts))
-
-
 def kernels_compatibility() -> tuple[bool, str]:
     """Whether the installed ``kernels`` is one the installed transformers will use, and why."""
     installed = package_version("kernels")
@@ -76,8 +69,7 @@ def kernels_compatibility() -> tuple[bool, str]:
             f"the kernels package is not installed (transformers {tf} wants kernels{wanted}): "
             f"pip install 'kernels{wanted}'"
         )
-    version = _version(installed)
-    if (low and version < _version(low)) or (high and version >= _version(high)):
+    if (low and version_before(installed, low)) or (high and version_at_least(installed, high)):
         return False, (
             f"kernels {installed} is installed but transformers {tf} wants kernels{wanted}, so it "
             f"ignores Hub kernels: pip install 'kernels{wanted}'"
@@ -174,7 +166,7 @@ def hub_flash_attention(
 ) -> tuple[str | None, str]:
     """(the Hub kernel repo transformers loads for ``impl`` here when its package is missing, or
     None; why). Checks the kernel's builds, the hardware and dtype, the kernels version and access."""
-    from whichdevice.attention import _flash_fits
+    from whichdevice.flash import flash_fits
 
     key = kernels_key(backend, result)
     choices = HUB_FLASH_ATTENTION[impl]
@@ -186,7 +178,7 @@ def hub_flash_attention(
         if backend.name == "npu" and impl == "flash_attention_2":
             problems.append("on npu, attn_implementation='flash_attention_2' runs torch_npu's own FlashAttention")
     else:
-        fits, fit_why = _flash_fits(impl, backend, result, dtype)
+        fits, fit_why = flash_fits(impl, backend, result, dtype)
         if not fits:
             problems.append(fit_why.split("; use ")[0])
     compatible, compat_why = kernels_compatibility()
@@ -204,7 +196,7 @@ def decide_kernels(
     backend: Backend, result: ProbeResult, requested: Any, trace: list[TraceStep]
 ) -> tuple[bool, str | None]:
     """(use_kernels, kernels device key); explicit True raises when it cannot work."""
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import TraceStep
 
     key = kernels_key(backend, result)
     if requested in (False, None):

@@ -17,10 +17,8 @@ from whichdevice.sizing import (
 
 if TYPE_CHECKING:
     from whichdevice.distributed import DistributedContext
-    from whichdevice.probing import ProbeResult
     from whichdevice.quantization import QuantizationPlan
-    from whichdevice.registry import Backend
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import Backend, ProbeResult, TraceStep
 
 __all__ = ["capacities", "place_model"]
 
@@ -79,7 +77,7 @@ def place_model(
     ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits.
     """
     from whichdevice.quantization import BNB_MAX_MEMORY_FACTOR, check_quantize, plan_quantization
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import TraceStep
 
     check_quantize(quantize)
     caps = capacities(backend, result, device, dist, max_memory)

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.errors import DeviceError
 
 if TYPE_CHECKING:
-    from whichdevice.probing import ProbeResult
-    from whichdevice.registry import Backend
+    from whichdevice.records import Backend, ProbeResult
 
 __all__ = ["DTYPE_NAMES", "choose_dtype", "dtype_name", "parse_dtype", "supports"]
 

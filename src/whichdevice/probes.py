@@ -15,14 +15,13 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
-from functools import cache, lru_cache
-from importlib import metadata
+from functools import lru_cache
 from importlib.util import find_spec
 from typing import Any
 
 from whichdevice.envhooks import apply_env_defaults, scoped_env
-from whichdevice.probing import DeviceInfo, ProbeResult
-from whichdevice.registry import Backend
+from whichdevice.packages import package_version, version_at_least, version_before
+from whichdevice.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.visible import Visibility, visible_devices
 
 __all__ = [
@@ -43,19 +42,6 @@ __all__ = [
 
 # CPU flags that mean bf16 runs natively (x86 AVX512-BF16 / AMX, Arm BF16): fast bf16 matmuls.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
-
-
-@cache
-def package_version(name: str) -> str | None:
-    """Installed version of distribution ``name`` from its metadata (no import), or None.
-
-    Cached per process: reading a METADATA file parses an e-mail header, about 0.5 ms, and every
-    resolution asks for several. ``probing.clear_cache()`` (and ``refresh=True``) forgets it.
-    """
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _versions(backend: Backend) -> dict[str, str]:
@@ -412,7 +398,7 @@ def probe_hpu(backend: Backend) -> ProbeResult:
     if find_spec("habana_frameworks") is None or find_spec("habana_frameworks.torch") is None:
         return not_installed(backend)
     accelerate_version = package_version("accelerate")
-    if accelerate_version is not None and _version_tuple(accelerate_version) < (1, 5, 0):
+    if accelerate_version is not None and version_before(accelerate_version, "1.5.0"):
         return finish(
             backend,
             [],
@@ -463,14 +449,6 @@ def _with(info: DeviceInfo, **changes: Any) -> DeviceInfo:
     from dataclasses import replace
 
     return replace(info, **changes)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split(".")[:3]:
-        match = re.match(r"\d+", piece)
-        parts.append(int(match.group()) if match else 0)
-    return tuple(parts)
 
 
 def probe_tpu(backend: Backend) -> ProbeResult:
@@ -525,6 +503,6 @@ def probe_mps(backend: Backend) -> ProbeResult:
             unavailable_reason=f"MPS is built into torch but not available (macOS {mac}; needs 12.3+)",
         )
     _, _, memory = cpu_facts()
-    bf16 = mac is not None and _version_tuple(mac) >= (14,)
+    bf16 = mac is not None and version_at_least(mac, "14")
     device = DeviceInfo(0, name=platform.processor() or "Apple Silicon", total_memory=memory, bf16=bf16)
     return finish(backend, [device], os_version=mac)

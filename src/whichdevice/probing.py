@@ -12,16 +12,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
+from whichdevice import packages
 from whichdevice.errors import DeviceError
-from whichdevice.registry import Backend, backends, get_backend
-
-if TYPE_CHECKING:
-    from whichdevice.envhooks import EnvAction
-    from whichdevice.visible import Visibility
+from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
+from whichdevice.registry import backends, get_backend, on_change
 
 __all__ = [
     "DeviceInfo",
@@ -35,90 +32,6 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """One visible device: index as this process sees it, and the physical device behind it."""
-
-    index: int
-    name: str | None = None
-    total_memory: int | None = None
-    capability: tuple[int, int] | None = None
-    generation: str | None = None
-    physical_id: str | None = None
-    bf16: bool | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "total_memory": self.total_memory,
-            "capability": ".".join(map(str, self.capability)) if self.capability else None,
-            "generation": self.generation,
-            "physical_id": self.physical_id,
-            "bf16": self.bf16,
-        }
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """What one backend's probe found. ``reason`` says why it is not available, and what to do."""
-
-    backend: str
-    installed: bool
-    available: bool
-    device_count: int = 0
-    devices: tuple[DeviceInfo, ...] = ()
-    versions: Mapping[str, str] = field(default_factory=dict)
-    variant: str | None = None
-    reason: str | None = None
-    warnings: tuple[str, ...] = ()
-    env_set: tuple[EnvAction, ...] = ()
-    features: frozenset[str] = frozenset()
-    os_version: str | None = None
-    visible: Visibility | None = None
-    simulated: bool = False
-    seconds: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.available
-
-    @property
-    def min_capability(self) -> tuple[int, int] | None:
-        caps = [d.capability for d in self.devices if d.capability is not None]
-        return min(caps) if caps else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form (used by ``whichdevice --json``)."""
-        return {
-            "backend": self.backend,
-            "installed": self.installed,
-            "available": self.available,
-            "device_count": self.device_count,
-            "devices": [d.to_dict() for d in self.devices],
-            "versions": dict(self.versions),
-            "variant": self.variant,
-            "reason": self.reason,
-            "warnings": list(self.warnings),
-            "env_set": [a.to_dict() for a in self.env_set],
-            "features": sorted(self.features),
-            "os_version": self.os_version,
-            "visible_devices": (
-                {
-                    "variable": self.visible.variable,
-                    "value": self.visible.raw,
-                    "physical_ids": list(self.visible.ids) if self.visible.ids is not None else None,
-                }
-                if self.visible is not None and self.visible.variable
-                else None
-            ),
-            "simulated": self.simulated,
-            "seconds": round(self.seconds, 6),
-        }
-
-
-ProbeFunction = Callable[[Backend], ProbeResult]
 
 
 class _Store:
@@ -233,10 +146,8 @@ def probe_counts() -> dict[str, int]:
 
 def clear_cache(name: str | None = None) -> None:
     """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
-    from whichdevice.probes import package_version
-
     # A package installed since (pip in a notebook, say) shows up on the next probe.
-    package_version.cache_clear()
+    packages.cache_clear()
     store = _store()
     with store.lock:
         store.resolutions.clear()
@@ -257,6 +168,9 @@ def forget_backend(name: str) -> None:
             store.results.pop(name, None)
             store.counts.pop(name, None)
             store.resolutions.clear()
+
+
+on_change(forget_backend)
 
 
 def _ensure_torch_imported(backend: Backend) -> None:

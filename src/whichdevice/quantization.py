@@ -11,13 +11,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError, DeviceError, DoesNotFitError
-from whichdevice.probes import package_version
+from whichdevice.packages import package_version
 from whichdevice.sizing import ModelSize, format_bytes
 
 if TYPE_CHECKING:
-    from whichdevice.probing import ProbeResult
-    from whichdevice.registry import Backend
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import Backend, ProbeResult, TraceStep
 
 __all__ = [
     "BNB_DEVICES",
@@ -200,7 +198,7 @@ def requested_quantization(
     None for "auto" and None (nothing to decide without a size). Raises for hardware bitsandbytes
     does not support.
     """
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import TraceStep
 
     check_quantize(quantize)
     if quantize not in ("4bit", "8bit"):
@@ -232,7 +230,7 @@ def finish_quantization(
 ) -> QuantizationPlan | None:
     """The resolver's last word on quantization: an explicit request placement did not see, and
     for training the way a quantized model trains (adapters)."""
-    from whichdevice.resolver import TraceStep
+    from whichdevice.records import TraceStep
 
     if plan is None:
         plan = requested_quantization(backend, result, dtype, quantize, trace)

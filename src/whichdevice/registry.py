@@ -18,18 +18,14 @@ records; ``tests/test_registry.py`` compares them with accelerate's own constant
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from whichdevice.errors import UnknownDeviceError, closest_match
-
-if TYPE_CHECKING:
-    from whichdevice.probing import ProbeResult
+from whichdevice.records import Backend, EnvDefault
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -43,64 +39,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "whichdevice.backends"
-
-ProbeFunction = Callable[["Backend"], "ProbeResult"]
-
-
-@dataclass(frozen=True)
-class EnvDefault:
-    """An environment variable a backend needs, set only when the user has not set it."""
-
-    name: str
-    value: str
-    why: str
-    # "import": before the backend's package is imported by its probe; "select": when chosen.
-    stage: str = "import"
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Everything whichdevice knows about one device string without touching hardware."""
-
-    name: str
-    hardware: str
-    package: str
-    module: str
-    probe_ref: str | ProbeFunction = field(repr=False)
-    visible_devices_env: tuple[str, ...] = ()
-    distributed_backend: str | None = None
-    # Other process-group backends that also work here (validated against a user's ddp_backend).
-    other_distributed_backends: tuple[str, ...] = ()
-    compile_backend: str | None = "inductor"
-    device_map_auto: bool = True
-    bitsandbytes: bool = False
-    kernels_key: str | None = None
-    flash_attention: tuple[int, ...] = ()
-    # True: "cuda:0" names the first device; False: the bare string ("hpu", "mps") is the usual form.
-    indexed: bool = True
-    default_dtype: str = "float32"
-    env_defaults: tuple[EnvDefault, ...] = ()
-    install_hint: str = ""
-    docs: str = ""
-
-    @property
-    def install_command(self) -> str:
-        """The command that installs this backend's package."""
-        return self.install_hint or f"pip install {self.package}"
-
-    @property
-    def probe(self) -> ProbeFunction:
-        """The probe function, imported on first use (the registry itself imports nothing)."""
-        ref = self.probe_ref
-        if callable(ref):
-            return ref
-        module_name, _, attr = ref.partition(":")
-        func: ProbeFunction = getattr(importlib.import_module(module_name), attr)
-        return func
-
-    def __str__(self) -> str:
-        return self.name
-
 
 _PROBES = "whichdevice.probes"
 
@@ -271,6 +209,9 @@ _BUILTIN: tuple[Backend, ...] = (
 )
 
 _lock = threading.RLock()
+# Called with a backend's name when its row is added, replaced or removed: the probe layer forgets
+# what it cached about it. A callback, because the registry sits below the layer that caches.
+_listeners: list[Callable[[str], None]] = []
 _registry: dict[str, Backend] = {}
 _order: list[str] = []
 _entry_points_loaded = False
@@ -352,6 +293,17 @@ def _insert(record: Backend, before: str | None) -> None:
     _order.insert(_order.index(before), record.name)
 
 
+def on_change(listener: Callable[[str], None]) -> None:
+    """Call ``listener(name)`` whenever backend ``name`` is registered, replaced or removed."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def _changed(name: str) -> None:
+    for listener in tuple(_listeners):
+        listener(name)
+
+
 def backends() -> tuple[Backend, ...]:
     """Every registered backend, in detection order."""
     _load_entry_points()
@@ -415,9 +367,7 @@ def register_backend(record: Backend, *, replace: bool = False, before: str | No
         if before is not None and record.name in _order:
             _order.remove(record.name)
         _insert(record, before)
-    from whichdevice import probing as _probe
-
-    _probe.forget_backend(record.name)
+    _changed(record.name)
     return record
 
 
@@ -427,6 +377,4 @@ def unregister_backend(name: str) -> None:
         get_backend(name)
         del _registry[name]
         _order.remove(name)
-    from whichdevice import probing as _probe
-
-    _probe.forget_backend(name)
+    _changed(name)

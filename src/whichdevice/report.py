@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 from whichdevice import probing
 from whichdevice.distributed import detect_distributed
 from whichdevice.errors import DeviceError, DeviceUnavailableError, DoesNotFitError
-from whichdevice.probes import _version_tuple, package_version
-from whichdevice.probing import ProbeResult
-from whichdevice.registry import Backend, backends
+from whichdevice.packages import package_version, version_before
+from whichdevice.records import Backend, ProbeResult
+from whichdevice.registry import backends
 from whichdevice.resolver import ENV_DEVICE, TASKS, parse_device, resolve_device
 from whichdevice.visible import Visibility, parse_cuda, parse_habana, visible_devices
 
@@ -48,7 +48,7 @@ SCHEMA_VERSION = "1.0"
 VERSION_PACKAGES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels")
 
 # Gaudi needs accelerate 1.5.0: before it, transformers and accelerate ignore HPUs.
-ACCELERATE_MIN_FOR_GAUDI = (1, 5, 0)
+ACCELERATE_MIN_FOR_GAUDI = "1.5.0"
 
 SIMULATED_NOTICE = "SIMULATED hardware: this report describes the machine given by --simulate, not this one"
 
@@ -545,7 +545,7 @@ def _other_warnings(
             warnings.append(_warning("kernels", why))
 
     accelerate = versions.get("accelerate")
-    if accelerate is not None and _version_tuple(accelerate) < ACCELERATE_MIN_FOR_GAUDI:
+    if accelerate is not None and version_before(accelerate, ACCELERATE_MIN_FOR_GAUDI):
         warnings.append(
             _warning(
                 "accelerate",

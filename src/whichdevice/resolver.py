@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from whichdevice import probing
+from whichdevice import packages, probing
 from whichdevice.attention import choose_attention
 from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
 from whichdevice.distributed import LAUNCHER_VARIABLES, DistributedContext, detect_distributed, process_group_backend
@@ -28,30 +28,19 @@ from whichdevice.errors import (
     closest_match,
 )
 from whichdevice.precision import choose_dtype, parse_dtype, supports
+from whichdevice.records import TraceStep
 from whichdevice.registry import _BUILTIN, Backend, backend_names, backends, get_backend, unknown_name_message
 
 if TYPE_CHECKING:
     import torch
 
-    from whichdevice.probing import ProbeResult
     from whichdevice.quantization import QuantizationPlan
+    from whichdevice.records import ProbeResult
 
 __all__ = ["ENV_DEVICE", "Resolution", "TraceStep", "parse_device", "resolve_device"]
 
 ENV_DEVICE = "WHICHDEVICE_DEVICE"
 TASKS = ("inference", "training")
-
-
-@dataclass(frozen=True)
-class TraceStep:
-    """One line of the decision trace: what was decided (``topic``) and why."""
-
-    topic: str
-    message: str
-    chosen: bool | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"topic": self.topic, "message": self.message, "chosen": self.chosen}
 
 
 @dataclass(frozen=True)
@@ -142,9 +131,10 @@ class Resolution:
 
     def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
         """Keyword arguments for ``TrainingArguments``: device, precision, ddp and compile settings."""
-        from whichdevice.training import training_kwargs_for
+        from whichdevice.training_settings import training_kwargs_for
 
-        return training_kwargs_for(self, torch_compile=self.torch_compile if torch_compile is None else torch_compile)
+        compile_ = self.torch_compile if torch_compile is None else torch_compile
+        return training_kwargs_for(self.backend, self.probe, self.dtype_name, self.distributed, torch_compile=compile_)
 
     # --------------------------------------------------------------------------- explanation
 
@@ -195,19 +185,11 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-_DTYPE_KEYWORD: list[str] = []
-
-
 def _dtype_keyword() -> str:
     # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; read the installed
     # version from metadata so transformers itself is not imported here.
-    if not _DTYPE_KEYWORD:
-        from whichdevice.probes import _version_tuple, package_version
-
-        version = package_version("transformers")
-        new = version is None or _version_tuple(version) >= (4, 56)
-        _DTYPE_KEYWORD.append("dtype" if new else "torch_dtype")
-    return _DTYPE_KEYWORD[0]
+    version = packages.package_version("transformers")
+    return "dtype" if version is None or packages.version_at_least(version, "4.56") else "torch_dtype"
 
 
 def _check_device_map(backend: Backend, device_map: Any) -> None:
@@ -483,7 +465,7 @@ def _memo_key(*args: Any) -> Any:
     for value in (prefer, exclude):
         parts.append(tuple(value) if isinstance(value, list) else value)
     parts += [task, dtype, attn, device_map, quantize, kernels, compile_]
-    key = (tuple(parts), _environment_key())
+    key = (tuple(parts), _environment_key(), packages.generation())
     try:
         hash(key)
     except TypeError:
@@ -558,7 +540,7 @@ def _resolve(
         trace.append(TraceStep("env", action.message))
     for warning in result.warnings:
         trace.append(TraceStep("warning", warning))
-    from whichdevice.training import transformers_problem
+    from whichdevice.packages import transformers_problem
 
     problem = transformers_problem()
     if problem is not None:

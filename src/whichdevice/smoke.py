@@ -311,7 +311,7 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
 
 def _import_transformers(state: dict[str, Any]) -> None:
     from whichdevice.errors import PackageVersionError
-    from whichdevice.training import transformers_problem
+    from whichdevice.packages import transformers_problem
 
     # Fail here, with the pip command, rather than steps later inside from_pretrained.
     problem = transformers_problem()

@@ -30,8 +30,8 @@ from typing import Any
 from whichdevice import probing as _probe
 from whichdevice.envhooks import _forget, apply_env_defaults
 from whichdevice.errors import DeviceError
-from whichdevice.probing import DeviceInfo, ProbeResult
-from whichdevice.registry import Backend, backend_names, get_backend, unknown_name_message
+from whichdevice.records import Backend, DeviceInfo, ProbeResult
+from whichdevice.registry import backend_names, get_backend, unknown_name_message
 from whichdevice.sizing import parse_size
 
 __all__ = ["SimulatedDevice", "parse_spec", "simulate"]
@@ -163,9 +163,9 @@ def _absent(backend: Backend) -> ProbeResult:
 
 
 def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threading.Event) -> ProbeResult:
+    from whichdevice.packages import version_at_least
     from whichdevice.probes import (
         BF16_CPU_FLAGS,
-        _version_tuple,
         cpu_facts,
         cuda_order_warnings,
         finish,
@@ -218,7 +218,7 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
     macos = (spec.macos or defaults.get("macos")) if backend.name == "mps" else None
     if macos is not None and spec.bf16 is None:
         # The same rule as the real MPS probe: bf16 from macOS 14.
-        bf16 = _version_tuple(macos) >= (14,)
+        bf16 = version_at_least(macos, "14")
     devices = [
         DeviceInfo(
             index,

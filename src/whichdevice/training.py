@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.distributed import process_group_backend
 from whichdevice.errors import ConfigConflictError, DeviceUnavailableError, PackageVersionError
+from whichdevice.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.precision import supports
+from whichdevice.training_settings import training_kwargs_for
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -15,66 +15,6 @@ if TYPE_CHECKING:
     from whichdevice.resolver import Resolution
 
 __all__ = ["MIN_TRANSFORMERS", "training_arguments", "training_kwargs_for", "transformers_problem"]
-
-# The oldest transformers whichdevice supports (pyproject's requirement; a nox session tests it).
-MIN_TRANSFORMERS = "4.57"
-
-
-@lru_cache(maxsize=1)
-def transformers_problem() -> str | None:
-    """What is wrong with the installed transformers for whichdevice (missing, too old), or None.
-
-    Read from package metadata once per process (an import already made cannot change), so
-    transformers is not imported to find out; ``transformers_problem.cache_clear()`` reads again.
-    """
-    from whichdevice.probes import _version_tuple, package_version
-
-    fix = f"pip install 'transformers>={MIN_TRANSFORMERS}'"
-    version = package_version("transformers")
-    if version is None:
-        return f"transformers is not installed: {fix}"
-    if _version_tuple(version) < _version_tuple(MIN_TRANSFORMERS):
-        return f"transformers {version} is older than whichdevice supports ({MIN_TRANSFORMERS} or newer): {fix}"
-    return None
-
-
-def _training_precision(res: Resolution) -> tuple[str | None, str]:
-    """("bf16" | "fp16" | None, why) for mixed-precision training here."""
-    name = res.backend.name
-    if res.dtype_name == "float32":
-        return None, "fp32 training: the resolved dtype is fp32"
-    if name == "mps":
-        return None, "no mixed precision on MPS (fp32 training); pass fp16=True to try autocast"
-    bf16_ok, bf16_why = supports(res.backend, res.probe, "bfloat16")
-    if res.dtype_name in (None, "bfloat16") and bf16_ok:
-        return "bf16", bf16_why
-    if name in ("cpu", "tpu", "neuron"):
-        return None, f"fp32 training: {bf16_why}"
-    fp16_ok, fp16_why = supports(res.backend, res.probe, "float16")
-    if fp16_ok:
-        return "fp16", f"{bf16_why}; fp16 with loss scaling instead" if not bf16_ok else fp16_why
-    return None, f"fp32 training: {fp16_why}"
-
-
-def training_kwargs_for(res: Resolution, *, torch_compile: bool = False) -> dict[str, Any]:
-    """TrainingArguments keywords that match ``res`` (see :meth:`Resolution.training_kwargs`)."""
-    kwargs: dict[str, Any] = {}
-    if res.backend.name == "cpu":
-        # Also what lets bf16=True pass TrainingArguments' own check on CPU.
-        kwargs["use_cpu"] = True
-    precision, _ = _training_precision(res)
-    if precision:
-        kwargs[precision] = True
-    ddp_backend = process_group_backend(res.backend, res.distributed)
-    if ddp_backend:
-        # Only when really distributed: any ddp_backend in a single process makes
-        # TrainingArguments fail with "Default process group has not been initialized".
-        kwargs["ddp_backend"] = ddp_backend
-    if torch_compile:
-        kwargs["torch_compile"] = True
-        if res.backend.compile_backend and res.backend.compile_backend != "inductor":
-            kwargs["torch_compile_backend"] = res.backend.compile_backend
-    return kwargs
 
 
 def _conflicts(res: Resolution, user: dict[str, Any]) -> None:

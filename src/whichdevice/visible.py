@@ -11,37 +11,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from whichdevice.errors import DeviceError
+from whichdevice.records import Visibility
 
 __all__ = ["Visibility", "parse_cuda", "parse_index_list", "visible_devices"]
-
-
-@dataclass(frozen=True)
-class Visibility:
-    """Which physical devices a backend's runtime will show, and from which variable."""
-
-    variable: str | None = None
-    raw: str | None = None
-    ids: tuple[str, ...] | None = None
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def restricted(self) -> bool:
-        return self.ids is not None
-
-    def count(self, physical: int | None = None) -> int | None:
-        """Visible count given ``physical`` devices (None when it cannot be known)."""
-        if self.ids is None:
-            return physical
-        return len(self.ids)
-
-    def physical_id(self, index: int) -> str:
-        """The physical device behind visible ``index`` ("3", "GPU-8a1...", or the index itself)."""
-        if self.ids is None:
-            return str(index)
-        return self.ids[index]
 
 
 # More devices than any runtime numbers; also keeps int() away from its 4300-digit limit.

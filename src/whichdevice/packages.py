@@ -1,0 +1,180 @@
+"""Installed package versions, read from metadata files without importing the package, and compared.
+
+Every module asks here, so there is one place to cache, one place to clear after ``pip install`` in
+a notebook (``probing.clear_cache``), and one place that ``testing.simulate(packages=...)`` feeds.
+
+The metadata is read straight from the ``*.dist-info``/``*.egg-info`` folders on ``sys.path``
+(what ``importlib.metadata`` searches too): importing ``importlib.metadata`` and the e-mail parser
+it reads headers with costs about 35 ms, more than the rest of a fresh resolution.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import lru_cache
+
+__all__ = [
+    "MIN_TRANSFORMERS",
+    "cache_clear",
+    "generation",
+    "package_version",
+    "simulated_packages",
+    "transformers_problem",
+    "version_at_least",
+    "version_before",
+]
+
+_lock = threading.Lock()
+_cache: dict[str, str | None] = {}
+# simulate(packages={...}) pushes a mapping; the innermost one answers for the names it holds.
+_simulated: list[Mapping[str, str | None]] = []
+# Bumped whenever the answers may change, so memoised resolutions built on old answers are not reused.
+_generation = [0]
+
+
+def generation() -> int:
+    """A number that changes whenever ``package_version`` may answer differently."""
+    return _generation[0]
+
+
+def _normalize(name: str) -> str:
+    # PEP 503 names: "torch-npu", "torch_npu" and "Torch.NPU" are one distribution.
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _read_version(folder: str) -> str | None:
+    for meta in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(folder, meta), encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("Version:"):
+                        return line.partition(":")[2].strip() or None
+                    if not line.strip():
+                        break  # end of the header block
+        except OSError:
+            continue
+    return None
+
+
+def _find_version(name: str) -> str | None:
+    wanted = _normalize(name)
+    for entry in sys.path:
+        folder = entry or "."
+        if os.path.isfile(folder):
+            # A zip or egg on the path: only importlib.metadata reads those.
+            found = _metadata_version(name)
+            if found is not None:
+                return found
+            continue
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for item in names:
+            stem, dot, suffix = item.rpartition(".")
+            if not dot or suffix not in ("dist-info", "egg-info"):
+                continue
+            dist = stem.split("-", 1)[0]
+            if _normalize(dist) == wanted:
+                version = _read_version(os.path.join(folder, item))
+                if version is not None:
+                    return version
+    return None
+
+
+def _metadata_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of distribution ``name``, or None; cached per process (see ``cache_clear``)."""
+    for layer in reversed(_simulated):
+        if name in layer:
+            return layer[name]
+    with _lock:
+        if name in _cache:
+            return _cache[name]
+    version = _find_version(name)
+    with _lock:
+        _cache[name] = version
+    return version
+
+
+def cache_clear() -> None:
+    """Forget every version read so far: a package installed since shows up on the next ask."""
+    with _lock:
+        _cache.clear()
+        _generation[0] += 1
+    transformers_problem.cache_clear()
+
+
+# kept for callers of the functools-style name (probes.package_version.cache_clear())
+package_version.cache_clear = cache_clear  # type: ignore[attr-defined]
+
+
+@contextmanager
+def simulated_packages(versions: Mapping[str, str | None]) -> Iterator[None]:
+    """Answer ``package_version`` from ``versions`` (None: not installed) inside the block."""
+    _simulated.append(dict(versions))
+    _generation[0] += 1
+    transformers_problem.cache_clear()
+    try:
+        yield
+    finally:
+        _simulated.pop()
+        _generation[0] += 1
+        transformers_problem.cache_clear()
+
+
+def _compare(text: str, minimum: str) -> int:
+    # packaging orders pre-releases before the release (2.6.0rc1 < 2.6.0) and ignores local build
+    # tags (2.13.0+cu130 == 2.13.0); a string it cannot parse compares as its leading numbers.
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        a, b = Version(text), Version(minimum)
+    except InvalidVersion:
+        a_num = tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+        b_num = tuple(int(p) for p in re.findall(r"\d+", minimum)[:3])
+        return (a_num > b_num) - (a_num < b_num)
+    return (a > b) - (a < b)
+
+
+def version_at_least(text: str, minimum: str) -> bool:
+    """True when version ``text`` is ``minimum`` or newer (a pre-release of ``minimum`` is older)."""
+    return _compare(text, minimum) >= 0
+
+
+def version_before(text: str, limit: str) -> bool:
+    """True when version ``text`` is older than ``limit``."""
+    return _compare(text, limit) < 0
+
+
+# The oldest transformers whichdevice supports (pyproject's requirement; a nox session tests it).
+MIN_TRANSFORMERS = "4.57"
+
+
+@lru_cache(maxsize=1)
+def transformers_problem() -> str | None:
+    """What is wrong with the installed transformers for whichdevice (missing, too old), or None.
+
+    Read from package metadata once per process (an import already made cannot change), so
+    transformers is not imported to find out; ``transformers_problem.cache_clear()`` reads again.
+    """
+    fix = f"pip install 'transformers>={MIN_TRANSFORMERS}'"
+    version = package_version("transformers")
+    if version is None:
+        return f"transformers is not installed: {fix}"
+    if version_before(version, MIN_TRANSFORMERS):
+        return f"transformers {version} is older than whichdevice supports ({MIN_TRANSFORMERS} or newer): {fix}"
+    return None

@@ -1,0 +1,205 @@
+"""Records shared by every layer: trace steps, probe results, backend rows, variables a hook set.
+
+They live at the bottom so that no module has to import upward to name them: the registry holds
+:class:`Backend` rows, the probes return :class:`ProbeResult`, the resolver and its deciders append
+:class:`TraceStep` lines. Plain frozen dataclasses; nothing here touches hardware or imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Backend", "DeviceInfo", "EnvAction", "EnvDefault", "ProbeResult", "TraceStep", "Visibility"]
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One line of the decision trace: what was decided (``topic``) and why."""
+
+    topic: str
+    message: str
+    chosen: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "message": self.message, "chosen": self.chosen}
+
+
+@dataclass(frozen=True)
+class EnvAction:
+    """What a hook did with one variable: "set" it, or "kept" the user's different value."""
+
+    name: str
+    value: str
+    action: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "value": self.value, "action": self.action, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Which physical devices a backend's runtime will show, and from which variable."""
+
+    variable: str | None = None
+    raw: str | None = None
+    ids: tuple[str, ...] | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def restricted(self) -> bool:
+        return self.ids is not None
+
+    def count(self, physical: int | None = None) -> int | None:
+        """Visible count given ``physical`` devices (None when it cannot be known)."""
+        if self.ids is None:
+            return physical
+        return len(self.ids)
+
+    def physical_id(self, index: int) -> str:
+        """The physical device behind visible ``index`` ("3", "GPU-8a1...", or the index itself)."""
+        if self.ids is None:
+            return str(index)
+        return self.ids[index]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One visible device: index as this process sees it, and the physical device behind it."""
+
+    index: int
+    name: str | None = None
+    total_memory: int | None = None
+    capability: tuple[int, int] | None = None
+    generation: str | None = None
+    physical_id: str | None = None
+    bf16: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "total_memory": self.total_memory,
+            "capability": ".".join(map(str, self.capability)) if self.capability else None,
+            "generation": self.generation,
+            "physical_id": self.physical_id,
+            "bf16": self.bf16,
+        }
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one backend's probe found. ``reason`` says why it is not available, and what to do."""
+
+    backend: str
+    installed: bool
+    available: bool
+    device_count: int = 0
+    devices: tuple[DeviceInfo, ...] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)
+    variant: str | None = None
+    reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    env_set: tuple[EnvAction, ...] = ()
+    features: frozenset[str] = frozenset()
+    os_version: str | None = None
+    visible: Visibility | None = None
+    simulated: bool = False
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.available
+
+    @property
+    def min_capability(self) -> tuple[int, int] | None:
+        caps = [d.capability for d in self.devices if d.capability is not None]
+        return min(caps) if caps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (used by ``whichdevice --json``)."""
+        return {
+            "backend": self.backend,
+            "installed": self.installed,
+            "available": self.available,
+            "device_count": self.device_count,
+            "devices": [d.to_dict() for d in self.devices],
+            "versions": dict(self.versions),
+            "variant": self.variant,
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+            "env_set": [a.to_dict() for a in self.env_set],
+            "features": sorted(self.features),
+            "os_version": self.os_version,
+            "visible_devices": (
+                {
+                    "variable": self.visible.variable,
+                    "value": self.visible.raw,
+                    "physical_ids": list(self.visible.ids) if self.visible.ids is not None else None,
+                }
+                if self.visible is not None and self.visible.variable
+                else None
+            ),
+            "simulated": self.simulated,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+ProbeFunction = Callable[["Backend"], "ProbeResult"]
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    """An environment variable a backend needs, set only when the user has not set it."""
+
+    name: str
+    value: str
+    why: str
+    # "import": before the backend's package is imported by its probe; "select": when chosen.
+    stage: str = "import"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Everything whichdevice knows about one device string without touching hardware."""
+
+    name: str
+    hardware: str
+    package: str
+    module: str
+    probe_ref: str | ProbeFunction = field(repr=False)
+    visible_devices_env: tuple[str, ...] = ()
+    distributed_backend: str | None = None
+    # Other process-group backends that also work here (validated against a user's ddp_backend).
+    other_distributed_backends: tuple[str, ...] = ()
+    compile_backend: str | None = "inductor"
+    device_map_auto: bool = True
+    bitsandbytes: bool = False
+    kernels_key: str | None = None
+    flash_attention: tuple[int, ...] = ()
+    # True: "cuda:0" names the first device; False: the bare string ("hpu", "mps") is the usual form.
+    indexed: bool = True
+    default_dtype: str = "float32"
+    env_defaults: tuple[EnvDefault, ...] = ()
+    install_hint: str = ""
+    docs: str = ""
+
+    @property
+    def install_command(self) -> str:
+        """The command that installs this backend's package."""
+        return self.install_hint or f"pip install {self.package}"
+
+    @property
+    def probe(self) -> ProbeFunction:
+        """The probe function, imported on first use (the registry itself imports nothing)."""
+        ref = self.probe_ref
+        if callable(ref):
+            return ref
+        module_name, _, attr = ref.partition(":")
+        func: ProbeFunction = getattr(importlib.import_module(module_name), attr)
+        return func
+
+    def __str__(self) -> str:
+        return self.name
