@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import whichdevice as wd
-from whichdevice import envhooks, probing, registry
+from whichdevice import envhooks, probes, probing, registry
 from whichdevice.probes import BF16_CPU_FLAGS
 from whichdevice.probing import ProbeResult
 from whichdevice.testing import simulate
@@ -95,7 +95,8 @@ def test_cpu_is_available_with_details() -> None:
     assert device.index == 0
     assert device.total_memory is None or device.total_memory > 0
     assert result.features <= BF16_CPU_FLAGS
-    assert device.bf16 == bool(result.features)
+    capped = probes.bf16_cap(os.environ.get(probes.ONEDNN_ISA_VARIABLE))
+    assert device.bf16 == (bool(result.features) and capped is None)
     assert "torch" in result.versions
 
 
@@ -623,3 +624,28 @@ def test_fork_while_registry_lock_is_held_does_not_deadlock_the_child() -> None:
     finally:
         unlock.set()
         holder.join(10)
+
+
+@pytest.mark.parametrize(
+    ("isa", "native"),
+    [("AVX512_CORE", False), ("avx2", False), ("AVX512_CORE_VNNI", False), ("AVX512_CORE_BF16", True), ("", True)],
+)
+def test_onednn_isa_cap_turns_native_bf16_off(monkeypatch: pytest.MonkeyPatch, isa: str, native: bool) -> None:
+    """ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 makes torch emulate bf16 even where the CPU has it."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    with simulate("cpu,flags=avx512_bf16"):
+        result = wd.probe("cpu")
+        res = wd.resolve_device()
+    assert result.features == frozenset({"avx512_bf16"})
+    assert result.devices[0].bf16 is native
+    assert res.dtype_name == ("bfloat16" if native else "float32")
+    if not native:
+        assert any("unset ONEDNN_MAX_CPU_ISA" in w for w in result.warnings)
+        assert "caps oneDNN below AVX512_CORE_BF16" in res.explain()
+
+
+def test_real_cpu_probe_reads_the_onednn_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    result = wd.probe("cpu", refresh=True)
+    assert result.devices[0].bf16 is False
+    assert wd.resolve_device().dtype_name == "float32"

@@ -76,8 +76,11 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
     if name == "cpu":
         flags = sorted(result.features)
         if dtype == "bfloat16":
-            if flags:
+            if flags and result.devices and result.devices[0].bf16:
                 return True, f"this CPU has native bf16 ({', '.join(flags)})"
+            if flags:
+                cap = next((w for w in result.warnings if "AVX512_CORE_BF16" in w), "its native bf16 is turned off")
+                return False, f"this CPU has {', '.join(flags)}, but {cap}"
             return (
                 False,
                 "this CPU lacks native bf16 (no avx512_bf16/amx_bf16 or Arm bf16), so bf16 is emulated and slow",

@@ -163,10 +163,42 @@ def _darwin_arm_flags() -> set[str]:
     return {"bf16"} if out == "1" else set()
 
 
+# oneDNN runs torch's CPU matmuls; capped below AVX512_CORE_BF16 it emulates bf16 even on a CPU that
+# has the instructions (bf16 matmuls measured 3.4x slower than fp32 here under AVX512_CORE).
+ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
+_ONEDNN_ISAS_WITHOUT_BF16 = frozenset(
+    {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+)
+
+
+def bf16_cap(isa: str | None) -> str | None:
+    """Why ``ONEDNN_MAX_CPU_ISA=isa`` turns native bf16 off, or None when it leaves it on."""
+    if isa is None or isa.strip().upper() not in _ONEDNN_ISAS_WITHOUT_BF16:
+        return None
+    return (
+        f"{ONEDNN_ISA_VARIABLE}={isa} caps oneDNN below AVX512_CORE_BF16, so torch emulates bf16 "
+        f"on this CPU; unset {ONEDNN_ISA_VARIABLE} to use its native bf16"
+    )
+
+
+def cpu_result(
+    backend: Backend,
+    name: str | None,
+    flags: frozenset[str],
+    memory: int | None,
+    isa: str | None,
+    *,
+    simulated: bool = False,
+) -> ProbeResult:
+    """The CPU's result from its readings (model name, bf16 flags, memory, oneDNN's ISA cap)."""
+    cap = bf16_cap(isa) if flags else None
+    device = DeviceInfo(0, name=name, total_memory=memory, bf16=bool(flags) and cap is None)
+    return finish(backend, [device], features=flags, warnings=[cap] if cap else [], simulated=simulated)
+
+
 def probe_cpu(backend: Backend) -> ProbeResult:
     name, flags, memory = cpu_facts()
-    device = DeviceInfo(0, name=name, total_memory=memory, bf16=bool(flags))
-    return finish(backend, [device], features=flags, versions=_versions(backend))
+    return cpu_result(backend, name, flags, memory, os.environ.get(ONEDNN_ISA_VARIABLE))
 
 
 # -------------------------------------------------------------------------------------------- cuda

@@ -234,7 +234,13 @@ def _device_summary(backend: Backend, result: ProbeResult) -> str:
         summary = parts[0]  # "8 x GAUDI2 (96 GiB)" already says how many
     if backend.name == "cpu":
         flags = sorted(result.features)
-        summary += f", native bf16 ({', '.join(flags)})" if flags else ", no native bf16"
+        native = bool(result.devices and result.devices[0].bf16)
+        if flags:
+            summary += (
+                f", {'native' if native else 'emulated'} bf16 ({', '.join(flags)}{'' if native else ' turned off'})"
+            )
+        else:
+            summary += ", no native bf16"
     if result.variant and backend.name == "cuda":
         summary += f", {'ROCm' if result.variant == 'rocm' else 'CUDA'} build"
     return summary

@@ -166,7 +166,9 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
     from whichdevice.packages import version_at_least
     from whichdevice.probes import (
         BF16_CPU_FLAGS,
+        ONEDNN_ISA_VARIABLE,
         cpu_facts,
+        cpu_result,
         cuda_order_warnings,
         finish,
         hpu_group_warnings,
@@ -189,8 +191,14 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
     if backend.name == "cpu":
         name, real_flags, memory = cpu_facts()
         flags = spec.flags if spec.flags is not None else real_flags
-        device = DeviceInfo(0, spec.name or name, spec.memory or memory, bf16=bool(flags & BF16_CPU_FLAGS))
-        return finish(backend, [device], features=frozenset(flags & BF16_CPU_FLAGS), simulated=True)
+        return cpu_result(
+            backend,
+            spec.name or name,
+            frozenset(flags & BF16_CPU_FLAGS),
+            spec.memory or memory,
+            os.environ.get(ONEDNN_ISA_VARIABLE),
+            simulated=True,
+        )
     vis = visible_devices(backend.name, variant=variant)
     physical = [str(i) for i in range(spec.count)]
     if vis.ids is None:
