@@ -1,4 +1,5 @@
-"""Shared fixtures: no test may leak environment variables, and every test starts from real probes."""
+"""Shared fixtures: no test may leak environment variables, every test starts from real probes, and
+tests about "this machine" run once per kind of CPU (``cpu_kind``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from whichdevice import probing, registry
+import whichdevice as wd
+from whichdevice import probes, probing, registry
+from whichdevice.testing import simulate
 
 pytest_plugins = ["pytester"]  # test_testing.py runs the simulated_hardware fixture in a session
 
@@ -38,3 +41,49 @@ def _fresh_probes_and_registry() -> Iterator[None]:
     yield
     probing.set_probe_timeout(None)
     registry._reset()
+
+
+# How a test runs "on another kind of CPU" from this one:
+# - "this": the machine as it is; expectations come from the real probe.
+# - "no-native-bf16": ONEDNN_MAX_CPU_ISA=AVX512_CORE, a real setting torch obeys (oneDNN then
+#   emulates bf16 even where the CPU has it) and the real probe reports; it reaches child processes.
+# - "native-bf16": simulate("cpu,flags=avx512_bf16"), in this process only: no setting gives
+#   bf16 instructions to a CPU without them.
+CPU_KINDS = ("this", "no-native-bf16", "native-bf16")
+
+
+class CpuKind:
+    """The kind of CPU a machine-sensitive test runs as, and what the CPU rule must pick there."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def native_bf16(self) -> bool:
+        cpu = wd.probe("cpu")
+        return bool(cpu.devices and cpu.devices[0].bf16)
+
+    @property
+    def dtype(self) -> str:
+        """bf16 where the probe says bf16 is native, else fp32: taken from the probe, not assumed."""
+        return "bfloat16" if self.native_bf16 else "float32"
+
+    def __repr__(self) -> str:
+        return f"CpuKind({self.name!r})"
+
+
+@pytest.fixture(params=CPU_KINDS)
+def cpu_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[CpuKind]:
+    """Run a machine-sensitive test on this CPU, on one without native bf16, and on one with it;
+    the test takes its expectations from ``cpu_kind.dtype`` (the probe), never from the CPU it was
+    written on."""
+    kind: str = request.param
+    if kind == "no-native-bf16":
+        monkeypatch.setenv(probes.ONEDNN_ISA_VARIABLE, "AVX512_CORE")
+        probing.clear_cache()
+        yield CpuKind(kind)
+    elif kind == "native-bf16":
+        with simulate("cpu,flags=avx512_bf16"):
+            yield CpuKind(kind)
+    else:
+        yield CpuKind(kind)

@@ -198,7 +198,7 @@ def test_every_verified_architecture_decodes_as_eager_attention_does(model_type,
 @pytest.mark.parametrize(
     ("kwargs", "want", "why"),
     [
-        ({}, ATTENTION_NAME, "verified for model_type 'llama'"),
+        ({"dtype": "bfloat16"}, ATTENTION_NAME, "verified for model_type 'llama'"),
         ({"dtype": "float16"}, ATTENTION_NAME, "one-token float16 query"),
         ({"dtype": "float32"}, "sdpa", "no FlashAttention package"),
         ({"task": "training"}, "sdpa", "no FlashAttention package"),
@@ -217,6 +217,16 @@ def test_the_resolver_picks_it_for_cpu_inference_in_half_precision(kwargs, want,
     assert why in line
 
 
+def test_the_automatic_choice_follows_the_cpus_dtype(cpu_kind, tmp_path):
+    """Without dtype=, the decode attention comes with bf16 where the probe says bf16 is native."""
+    from tiny_models import save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
+    res = wd.resolve_device(model=path)
+    assert res.dtype_name == cpu_kind.dtype
+    assert res.attn_implementation == (ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa")
+
+
 def test_without_a_model_it_keeps_sdpa_and_says_how_to_get_it():
     res = wd.resolve_device(dtype="bfloat16")
     assert res.attn_implementation == "sdpa"
@@ -231,7 +241,7 @@ def test_a_model_without_a_readable_architecture_keeps_sdpa(tmp_path):
     config = json.loads((path / "config.json").read_text())
     del config["model_type"]
     (path / "config.json").write_text(json.dumps(config))
-    res = wd.resolve_device(model=path)  # sized from the safetensors headers all the same
+    res = wd.resolve_device(model=path, dtype="bfloat16")  # sized from the safetensors headers all the same
     assert res.attn_implementation == "sdpa"
     line = next(s.message for s in res.trace if s.topic == "attention")
     assert "model= has no readable model_type" in line
@@ -289,7 +299,7 @@ def test_registration_is_idempotent_and_leaves_sdpa_alone():
 REGISTRATION = """
 import sys, torch, whichdevice as wd
 {before}
-res = wd.resolve_device(model=sys.argv[1])
+res = wd.resolve_device(model=sys.argv[1], dtype="bfloat16")  # the half-precision path on any CPU
 assert res.attn_implementation == "{name}", res.attn_implementation
 print("transformers imported by resolve_device:", "transformers" in sys.modules and not {before_imports})
 from transformers import AutoModelForCausalLM

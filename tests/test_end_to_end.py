@@ -18,16 +18,19 @@ def checkpoint(request, tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("ckpt"), request.param)
 
 
-def test_from_pretrained_and_generate(checkpoint):
+def test_from_pretrained_and_generate(checkpoint, cpu_kind):
     from transformers import AutoModelForCausalLM
 
     res = wd.resolve_device(model=checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, **res.model_kwargs())
-    # Whatever dtype the checkpoint was saved in, it runs in the one chosen for this CPU.
-    assert model.dtype == res.dtype == torch.bfloat16
+    # Whatever dtype the checkpoint was saved in, it runs in the one chosen for this CPU:
+    # bf16 where bf16 is native, fp32 where it would be emulated.
+    assert res.dtype_name == cpu_kind.dtype
+    assert model.dtype == res.dtype
     assert str(model.device) == res.device == "cpu"
-    # bf16 on the CPU: sdpa for the prompt, a plain matmul for each one-token step
-    assert model.config._attn_implementation == res.attn_implementation == ATTENTION_NAME
+    # bf16 on the CPU: sdpa for the prompt, a plain matmul for each one-token step; fp32: sdpa
+    want = ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa"
+    assert model.config._attn_implementation == res.attn_implementation == want
     out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=False)
     assert out.shape == (1, 8)
 

@@ -82,7 +82,9 @@ if __name__ == "__main__":
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork start method needs POSIX")
-def test_fork_after_resolving(tmp_path):
+# Only the kinds that reach a child process (a simulation stays in this one).
+@pytest.mark.parametrize("cpu_kind", ["this", "no-native-bf16"], indirect=True)
+def test_fork_after_resolving(tmp_path, cpu_kind):
     # A fresh parent process: the test runner's own process has used torch's OpenMP pool in
     # earlier tests, and forking after that hangs any child that computes (a torch/OpenMP rule,
     # nothing whichdevice does), so the proof runs where only whichdevice touched torch.
@@ -91,7 +93,7 @@ def test_fork_after_resolving(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "('cpu', 'torch.bfloat16', (2, 8)) False"
+    assert proc.stdout.strip() == f"('cpu', 'torch.{cpu_kind.dtype}', (2, 8)) False"
 
 
 def test_nvml_switch_keeps_the_users_value(monkeypatch):

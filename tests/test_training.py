@@ -23,12 +23,15 @@ def _restore_accelerate_variables():
     os.environ.update(before)
 
 
-def test_training_arguments_on_this_machine(tmp_path):
+def test_training_arguments_on_this_machine(tmp_path, cpu_kind):
     res = wd.resolve_device(task="training")
     args = wd.training_arguments(output_dir=str(tmp_path), report_to=[])
     assert str(args.device) == res.device == "cpu"
     assert args.use_cpu is True
-    assert args.bf16 is True  # this CPU has avx512_bf16
+    assert res.dtype_name == cpu_kind.dtype
+    # bf16 mixed precision exactly where the probe says bf16 is native; never fp16 on a CPU
+    assert args.bf16 is (cpu_kind.dtype == "bfloat16")
+    assert args.fp16 is False
     assert args.ddp_backend is None
 
 

@@ -9,6 +9,7 @@ and the whole resolver run for real. Spec strings::
     "cuda:2,variant=rocm"                     AMD GPUs through the ROCm build
     "hpu:8,gen=gaudi3"   "npu:8,bf16=no"   "neuron:2"   "tpu:4"   "mps,macos=13.6"
     "cpu,flags=avx512_bf16"   "cpu,flags="    the CPU with (or without) native bf16
+    "cpu,flags=amx_bf16,isa=AVX512_CORE"      ... with oneDNN capped below bf16 (ONEDNN_MAX_CPU_ISA)
     "npu,broken"   "npu,hangs"   "npu,missing"   "cuda:0"  installed-but-broken, a hanging probe,
                                               not installed, installed with no device
 
@@ -69,6 +70,9 @@ class SimulatedDevice:
     bf16: bool | None = None
     macos: str | None = None
     flags: frozenset[str] | None = None
+    # the CPU's oneDNN cap (ONEDNN_MAX_CPU_ISA); part of the simulated CPU, so the shell's value does
+    # not leak into a spec that pins the CPU
+    isa: str | None = None
     mode: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -130,12 +134,14 @@ def parse_spec(spec: str) -> SimulatedDevice:
             fields["macos"] = value.strip()
         elif key == "flags":
             fields["flags"] = frozenset(f for f in re.split(r"[+ ]", value.strip()) if f)
+        elif key == "isa":
+            fields["isa"] = value.strip().upper()
         else:
             extra[key] = value.strip()
     if extra:
         raise DeviceError(
             f"simulate: unknown key(s) {', '.join(sorted(extra))} in {spec!r}; keys are "
-            "cc, mem, name, variant, gen, bf16, macos, flags"
+            "cc, mem, name, variant, gen, bf16, macos, flags, isa"
         )
     return SimulatedDevice(**fields)
 
@@ -166,7 +172,6 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
     from whichdevice.packages import version_at_least
     from whichdevice.probes import (
         BF16_CPU_FLAGS,
-        ONEDNN_ISA_VARIABLE,
         cpu_facts,
         cpu_result,
         cuda_order_warnings,
@@ -196,7 +201,7 @@ def _simulated_result(backend: Backend, spec: SimulatedDevice, release: threadin
             spec.name or name,
             frozenset(flags & BF16_CPU_FLAGS),
             spec.memory or memory,
-            os.environ.get(ONEDNN_ISA_VARIABLE),
+            spec.isa,
             simulated=True,
         )
     vis = visible_devices(backend.name, variant=variant)
