@@ -14,7 +14,6 @@ part:
 
 from __future__ import annotations
 
-from whichdevice.report.environment import HOOK_EFFECTS
 from whichdevice.report.findings import ACCELERATE_MIN_FOR_GAUDI, other_warnings
 from whichdevice.report.gather import (
     SCHEMA_VERSION,
@@ -32,7 +31,6 @@ from whichdevice.report.rows import device_summary
 # The names these had when the report was one module; tests and callers still use them.
 _device_summary = device_summary
 _other_warnings = other_warnings
-_HOOK_EFFECTS = HOOK_EFFECTS
 
 __all__ = [
     "ACCELERATE_MIN_FOR_GAUDI",

@@ -1,17 +1,26 @@
-"""The ENVIRONMENT section: each variable that steers device choice, what it does here, its warnings."""
+"""The ENVIRONMENT section: each variable that steers device choice, what it does here, its warnings.
+
+The per-backend rows come from the registry: every backend's visible-devices variables
+(``Backend.visible_devices_env``) and the variables its env-setup hooks set
+(``Backend.env_defaults``), so a backend a plugin registers gets its rows without a line here.
+Which build of a runtime reads a visible-devices variable is asked of the parsers in
+``whichdevice.visible``, not listed again.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from whichdevice.distributed import detect_distributed
 from whichdevice.errors import DeviceError
-from whichdevice.records import Backend, ProbeResult, Visibility
+from whichdevice.records import Backend, EnvDefault, ProbeResult, Visibility
 from whichdevice.registry import backends
 from whichdevice.report.findings import warning
+from whichdevice.report.rows import BUILDS
 from whichdevice.resolver import ENV_DEVICE, parse_device
-from whichdevice.visible import parse_cuda, parse_habana, visible_devices
+from whichdevice.visible import visible_devices
 
 __all__ = ["environment"]
 
@@ -20,8 +29,8 @@ _FALSE = ("n", "no", "f", "false", "off", "0")
 
 _DISTRIBUTED_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE")
 
-# Variables read by the ROCm build of torch only (CUDA builds ignore them).
-_ROCM_ONLY = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+# What a hook does and did at its stage (``EnvDefault.stage``): "when it probes hpu", "because it found hpu".
+_STAGE_VERBS = {"import": ("probes", "found"), "select": ("picks", "picked")}
 
 Warnings = list[dict[str, str]]
 
@@ -78,60 +87,61 @@ def _truth(value: str) -> bool | None:
 def _visible_entries(env: Mapping[str, str], results: Mapping[str, ProbeResult], warnings: Warnings) -> list[Any]:
     out = []
     seen: set[str] = set()
-    cuda = results.get("cuda")
-    rocm = cuda is not None and cuda.variant == "rocm"
-    cuda_build = cuda is not None and cuda.installed and cuda.variant == "cuda"
     for backend in backends():
         for var in backend.visible_devices_env:
             if var in seen:
                 continue
             seen.add(var)
-            effect, found = _visible_effect(backend, var, env, rocm=rocm, cuda_build=cuda_build)
+            effect, found = _visible_effect(backend, results.get(backend.name), var, env)
             out.append(_entry(var, env, effect, "visible_devices", backend.name))
             warnings += [warning("environment", w) for w in found]
     return out
 
 
-def _visibility_alone(backend: Backend, var: str, value: str) -> Visibility | None:
-    """How the runtime reads ``var=value`` on its own (None: whichdevice has no parser for it)."""
-    alone = {var: value}
-    if var == "CUDA_VISIBLE_DEVICES":
-        return parse_cuda(alone)
-    if var in _ROCM_ONLY:
-        return parse_cuda(alone, rocm=True)
-    if var.startswith("HABANA_VISIBLE_"):
-        return parse_habana(alone)
-    if backend.visible_devices_env and var == backend.visible_devices_env[0]:
-        return visible_devices(backend.name, alone)
-    return None
+def _device_noun(backend: Backend) -> str:
+    # "GPU" where the registry's hardware says it is one ("NVIDIA GPU, or AMD GPU ...", "Intel GPU").
+    return "GPU" if re.search(r"\bGPU\b", backend.hardware) else f"{backend.name} device"
+
+
+def _reads(backend: Backend, var: str, build: str | None) -> bool:
+    try:
+        return visible_devices(backend.name, {var: "0"}, variant=build).variable == var
+    except DeviceError:
+        return True  # it read the variable, and refused the value
+
+
+def _reading_builds(backend: Backend, var: str) -> tuple[str | None, ...]:
+    """The builds whose runtime reads ``var``: (None,) every build, ("rocm",) that one, () none we parse."""
+    if _reads(backend, var, None):
+        return (None,)
+    return tuple(build for build in BUILDS if _reads(backend, var, build))
 
 
 def _visible_effect(
-    backend: Backend, var: str, env: Mapping[str, str], *, rocm: bool, cuda_build: bool
+    backend: Backend, result: ProbeResult | None, var: str, env: Mapping[str, str]
 ) -> tuple[str, list[str]]:
+    builds = _reading_builds(backend, var)
+    only = [b for b in builds if b is not None]  # read by these builds and no other
+    only_text = " or ".join(BUILDS.get(b, b) for b in only)
     value = env.get(var)
-    ignored = var in _ROCM_ONLY and cuda_build
     if value is None:
-        if var in _ROCM_ONLY:
-            return "unset (read only by the ROCm build of torch)", []
+        if only:
+            return f"unset (read only by the {only_text} build of {backend.package})", []
         return f"unset: every {_device_noun(backend)} is visible", []
+    if not builds:
+        return f"read by the {backend.name} runtime to choose its visible devices", []
     try:
-        vis = _visibility_alone(backend, var, value)
+        vis = visible_devices(backend.name, {var: value}, variant=builds[0])
     except DeviceError as exc:
         return f"invalid: {exc}", [str(exc)]
-    if vis is None:
-        return f"read by the {backend.name} runtime to choose its visible devices", []
     effect, found = _visible_restriction(backend, var, value, vis)
-    if var in _ROCM_ONLY:
-        if ignored:
-            return effect + " (ignored: this torch is a CUDA build, not ROCm)", []
-        if not rocm:
-            effect += " (read only by the ROCm build of torch)"
+    this_build = result.variant if result is not None and result.installed else None
+    if only and this_build not in only:
+        if this_build is not None:
+            build = BUILDS.get(this_build, this_build)
+            return effect + f" (ignored: this {backend.package} is a {build} build, not {only_text})", []
+        effect += f" (read only by the {only_text} build of {backend.package})"
     return effect, found
-
-
-def _device_noun(backend: Backend) -> str:
-    return "GPU" if backend.name == "cuda" else f"{backend.name} device"
 
 
 def _visible_restriction(backend: Backend, var: str, value: str, vis: Visibility) -> tuple[str, list[str]]:
@@ -248,26 +258,8 @@ def _torch_device_effect(env: Mapping[str, str], warnings: Warnings) -> str:
 # ------------------------------------------------------------------------ env-setup hooks
 
 
-# What each env-setup hook variable (the registry's EnvDefault records) does here: unset, "1",
-# any other value, and unset but set by whichdevice during this run.
-HOOK_EFFECTS = {
-    "PT_ENABLE_INT64_SUPPORT": (
-        "unset: Gaudi (hpu) lacks int64 support; whichdevice sets it to 1 when it probes hpu",
-        "Gaudi (hpu) supports int64 tensors (token ids)",
-        "Gaudi (hpu) runs without int64 support: token ids may fail or be truncated",
-        "unset: whichdevice set it to 1 for this run because it found hpu",
-    ),
-    "PYTORCH_ENABLE_MPS_FALLBACK": (
-        "unset: an operator MPS lacks raises; whichdevice sets it to 1 when it picks mps",
-        "operators MPS lacks run on the CPU instead of raising",
-        "operators MPS lacks raise an error",
-        "unset: whichdevice set it to 1 for this run because it picked mps",
-    ),
-}
-
-
 def _hook_entries(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Variables that env-setup hooks set; say when whichdevice set one in this run."""
+    """Each variable a backend's env-setup hook sets, and whether whichdevice set it in this run."""
     set_here = {
         action["name"]: action["value"]
         for r in resolutions
@@ -276,13 +268,26 @@ def _hook_entries(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]])
         if action["action"] == "set"
     }
     out = []
-    for name, (unset, on, off, set_by_us) in HOOK_EFFECTS.items():
-        value = env.get(name)
-        if value is not None:
-            out.append(_entry(name, env, on if value.strip() == "1" else off))
-        else:
-            out.append(_entry(name, env, set_by_us if name in set_here else unset))
+    seen: set[str] = set()
+    for backend in backends():
+        for default in backend.env_defaults:
+            if default.name in seen:
+                continue
+            seen.add(default.name)
+            effect = _hook_effect(backend, default, env.get(default.name), set_here.get(default.name))
+            out.append(_entry(default.name, env, effect, backend=backend.name))
     return out
+
+
+def _hook_effect(backend: Backend, default: EnvDefault, value: str | None, set_to: str | None) -> str:
+    will, did = _STAGE_VERBS.get(default.stage, ("uses", "used"))
+    if value is not None:
+        if value.strip() == default.value:
+            return f"the value {backend.name} wants: {default.why}"
+        return f"kept as you set it, though {backend.name} wants {default.name}={default.value} because {default.why}"
+    if set_to is not None:
+        return f"unset: whichdevice set it to {set_to} for this run because it {did} {backend.name}"
+    return f"unset: whichdevice sets it to {default.value} when it {will} {backend.name}, because {default.why}"
 
 
 # ---------------------------------------------------------------------------- distributed

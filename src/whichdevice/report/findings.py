@@ -12,13 +12,12 @@ from typing import Any
 
 from whichdevice.packages import version_before
 from whichdevice.records import ProbeResult
+from whichdevice.registry import backends
 
 __all__ = ["ACCELERATE_MIN_FOR_GAUDI", "dedupe", "other_warnings", "warning"]
 
 # Gaudi needs accelerate 1.5.0: before it, transformers and accelerate ignore HPUs.
 ACCELERATE_MIN_FOR_GAUDI = "1.5.0"
-
-_VISIBLE_SUFFIXES = ("_VISIBLE_DEVICES", "_VISIBLE_MODULES", "_VISIBLE_CORES", "_VISIBLE_CHIPS", "ZE_AFFINITY_MASK")
 
 
 def warning(source: str, message: str) -> dict[str, str]:
@@ -46,7 +45,8 @@ def other_warnings(
 
 
 def _probe_warnings(env: Mapping[str, str], results: Sequence[ProbeResult]) -> list[dict[str, str]]:
-    hidden = {var for var, value in env.items() if var.endswith(_VISIBLE_SUFFIXES) and hides_every_device(value)}
+    visible = {var for b in backends() for var in b.visible_devices_env}
+    hidden = {var for var in visible if var in env and hides_every_device(env[var])}
     out = []
     for result in results:
         for w in result.warnings:

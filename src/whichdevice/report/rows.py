@@ -6,7 +6,10 @@ from typing import Any
 
 from whichdevice.records import Backend, ProbeResult
 
-__all__ = ["backend_row", "device_summary"]
+__all__ = ["BUILDS", "backend_row", "device_summary"]
+
+# The builds a probe reports as ``ProbeResult.variant``, as a person names them.
+BUILDS = {"cuda": "CUDA", "rocm": "ROCm"}
 
 
 def backend_row(backend: Backend, result: ProbeResult) -> dict[str, Any]:
@@ -54,8 +57,8 @@ def device_summary(backend: Backend, result: ProbeResult) -> str:
         summary = parts[0]  # "8 x GAUDI2 (96 GiB)" already says how many
     if host:
         summary += _cpu_bf16(result)
-    if result.variant and backend.name == "cuda":
-        summary += f", {'ROCm' if result.variant == 'rocm' else 'CUDA'} build"
+    if result.variant:
+        summary += f", {BUILDS.get(result.variant, result.variant)} build"
     return summary
 
 
