@@ -335,3 +335,15 @@ def test_a_chosen_plugin_backend_says_its_hook_set_the_variable(monkeypatch: pyt
     hook = env_entry(data, PLUGIN_HOOK)
     assert hook["value"] is None
     assert hook["effect"] == "unset: whichdevice set it to 1 for this run because it picked plugdev"
+
+
+def test_check_answers_in_the_shape_of_the_schema() -> None:
+    usable = report.check()
+    validate(usable)
+    assert usable["exit_code"] == 0 and usable["message"].startswith("ok: cpu is usable (1 device")
+    too_few = report.check("cuda", min_devices=4, simulate=["cuda:2"])
+    validate(too_few)
+    assert (too_few["ok"], too_few["exit_code"], too_few["device_count"]) == (False, 1, 2)
+    assert too_few["message"].startswith("SIMULATED (cuda:2): cuda: 2 devices are usable, fewer than --min-devices 4")
+    unusable = report.check("hpu", simulate=["cuda:1"])
+    assert unusable["exit_code"] == 1 and "pip install habana-torch-plugin" in unusable["message"]

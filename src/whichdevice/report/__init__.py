@@ -2,18 +2,20 @@
 
 :func:`gather` builds the report (registry rows, the environment that steers device choice,
 warnings, the resolutions, package versions) in the shape that ``report_schema.json`` documents;
-:func:`render_text` turns it into the text a person reads or pastes into an issue. One module per
-part:
+:func:`render_text` turns it into the text a person reads or pastes into an issue; :func:`check`
+answers ``whichdevice check``. One module per part:
 
 - ``gather``: the report dict, its schema version, exit codes, ``--simulate``
 - ``rows``: the BACKENDS section (one row per registry record, its device summary)
 - ``environment``: the ENVIRONMENT section (per-backend rows derived from the registry)
 - ``findings``: the WARNINGS section
 - ``render``: text, colour and wrapping
+- ``check``: the ``check`` subcommand's answer
 """
 
 from __future__ import annotations
 
+from whichdevice.report.check import check
 from whichdevice.report.findings import ACCELERATE_MIN_FOR_GAUDI, other_warnings
 from whichdevice.report.gather import (
     SCHEMA_VERSION,
@@ -38,6 +40,7 @@ __all__ = [
     "SIMULATED_NOTICE",
     "VERSION_PACKAGES",
     "Style",
+    "check",
     "device_summary",
     "exit_code_for",
     "gather",
