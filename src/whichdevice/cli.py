@@ -22,7 +22,6 @@ __all__ = ["main"]
 
 PROG = "whichdevice"
 TASK_CHOICES = ("inference", "training", "all")
-SMOKE_REFUSAL = "smoke runs real hardware; --simulate only changes the report"
 
 # The defaults of the common options, filled in after parsing: the options are declared with
 # SUPPRESS so that a subparser does not overwrite a value given before the subcommand name.
@@ -235,9 +234,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
+    from whichdevice.smoke import SMOKE_REFUSAL, render_summary, run_smoke
+
     if args.simulate:
         raise DeviceError(SMOKE_REFUSAL)
-    from whichdevice.smoke import render_summary, run_smoke
 
     result = run_smoke(
         tasks=_tasks(args.task, ("inference", "training")),
