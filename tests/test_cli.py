@@ -255,6 +255,33 @@ def test_report_does_not_import_transformers() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+def test_a_plugin_backend_from_an_entry_point_is_in_the_json_report(tmp_path: Path) -> None:
+    # A third-party package, installed as far as importlib.metadata can tell: a module and a
+    # dist-info folder whose entry point names its Backend record.
+    (tmp_path / "plugdev_backend.py").write_text(
+        "from whichdevice import Backend, EnvDefault\n"
+        "from whichdevice.probing import ProbeResult\n"
+        "RECORD = Backend(name='plugdev', hardware='Plugin accelerator', package='plugdev-torch',\n"
+        "    module='plugdev_torch', probe_ref=lambda b: ProbeResult(b.name, installed=False, available=False,\n"
+        "    reason='plugdev-torch is not installed'), visible_devices_env=('PLUGDEV_VISIBLE_DEVICES',),\n"
+        "    env_defaults=(EnvDefault('PLUGDEV_SAFE_KERNELS', '1', 'its kernels crash without it'),))\n"
+    )
+    dist = tmp_path / "plugdev_backend-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: plugdev-backend\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[whichdevice.backends]\nplugdev = plugdev_backend:RECORD\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    proc = run("--json", PYTHONPATH=path, PLUGDEV_VISIBLE_DEVICES="1")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    validate(data)
+    assert [row["name"] for row in data["backends"]][-2:] == ["plugdev", "cpu"]
+    entries = {e["name"]: e for e in data["environment"]}
+    assert entries["PLUGDEV_VISIBLE_DEVICES"]["effect"] == "shows physical plugdev device 1 as plugdev:0"
+    assert entries["PLUGDEV_SAFE_KERNELS"]["backend"] == "plugdev"
+    assert "when it probes plugdev, because its kernels crash without it" in entries["PLUGDEV_SAFE_KERNELS"]["effect"]
+
+
 # --------------------------------------------------------------------------------- in-process
 
 

@@ -19,7 +19,7 @@ from whichdevice.errors import (
     UnknownDeviceError,
 )
 from whichdevice.probing import DeviceInfo, ProbeResult
-from whichdevice.registry import backends
+from whichdevice.registry import Backend, EnvDefault, backends, register_backend
 
 
 @pytest.fixture(autouse=True)
@@ -264,8 +264,86 @@ def test_use_color() -> None:
     assert not report.use_color(object(), {})
 
 
-def test_every_hook_variable_has_its_effects_described():
-    from whichdevice.report import _HOOK_EFFECTS
+def test_every_hook_variable_is_reported_with_its_backend_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    hooks = [(b, d) for b in backends() for d in b.env_defaults]
+    assert {d.name for _, d in hooks} >= {"PT_ENABLE_INT64_SUPPORT", "PYTORCH_ENABLE_MPS_FALLBACK"}
+    data = report.gather()
+    for backend, default in hooks:
+        entry = env_entry(data, default.name)
+        assert entry["backend"] == backend.name and entry["value"] is None
+        assert f"sets it to {default.value} when it" in entry["effect"] and default.why in entry["effect"]
+    # A value the user exported is kept; the entry says what the backend wants instead, and why.
+    for _, default in hooks:
+        monkeypatch.setenv(default.name, default.value + "0")
+    data = report.gather()
+    for backend, default in hooks:
+        effect = env_entry(data, default.name)["effect"]
+        assert effect.startswith("kept") and f"{backend.name} wants {default.name}={default.value}" in effect
 
-    hooked = {d.name for b in backends() for d in b.env_defaults}
-    assert hooked == set(_HOOK_EFFECTS)
+
+# ------------------------------------------------------------------------------ plugin backends
+
+PLUGIN_VISIBLE = "PLUGDEV_VISIBLE_DEVICES"
+PLUGIN_HOOK = "PLUGDEV_SAFE_KERNELS"
+
+
+def _plugin(available: bool) -> Backend:
+    return Backend(
+        name="plugdev",
+        hardware="Plugin accelerator",
+        package="plugdev-torch",
+        module="plugdev_torch_not_installed",
+        probe_ref=lambda b: ProbeResult(
+            b.name, installed=True, available=available, device_count=int(available), reason="no plugdev here"
+        ),
+        visible_devices_env=(PLUGIN_VISIBLE,),
+        env_defaults=(EnvDefault(PLUGIN_HOOK, "1", "its kernels crash without it", stage="select"),),
+    )
+
+
+def test_a_plugin_backend_gets_its_own_environment_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    register_backend(_plugin(available=False))
+    monkeypatch.setenv(PLUGIN_VISIBLE, "0,2")
+    data = report.gather()
+    validate(data)
+    assert any(row["name"] == "plugdev" and row["visible_devices_env"] == [PLUGIN_VISIBLE] for row in data["backends"])
+    visible = env_entry(data, PLUGIN_VISIBLE)
+    assert (visible["group"], visible["backend"]) == ("visible_devices", "plugdev")
+    assert visible["effect"] == "shows physical plugdev devices 0, 2 as plugdev:0..plugdev:1"
+    hook = env_entry(data, PLUGIN_HOOK)
+    assert hook["backend"] == "plugdev" and hook["value"] is None
+    assert hook["effect"] == (
+        "unset: whichdevice sets it to 1 when it picks plugdev, because its kernels crash without it"
+    )
+    text = report.render_text(data)
+    assert re.search(rf"^  {PLUGIN_VISIBLE}\s+'0,2'\s+shows physical plugdev devices 0, 2", text, re.MULTILINE)
+    assert re.search(rf"^  {PLUGIN_HOOK}\s+\(unset\)\s+whichdevice sets it to 1 when it picks plugdev", text, re.M)
+
+    monkeypatch.setenv(PLUGIN_VISIBLE, "")
+    data = report.gather()
+    assert env_entry(data, PLUGIN_VISIBLE)["effect"] == "hides every plugdev device: plugdev sees none"
+    assert any(m.startswith(f"{PLUGIN_VISIBLE}='' is exported") for m in messages(data, "environment"))
+
+
+def test_a_chosen_plugin_backend_says_its_hook_set_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Recorded as unset, so monkeypatch removes what the hook sets when the test ends.
+    monkeypatch.setenv(PLUGIN_HOOK, "")
+    monkeypatch.delenv(PLUGIN_HOOK)
+    register_backend(_plugin(available=True))
+    data = report.gather(tasks=["inference"])
+    assert data["resolutions"][0]["resolution"]["device"] == "plugdev:0"
+    hook = env_entry(data, PLUGIN_HOOK)
+    assert hook["value"] is None
+    assert hook["effect"] == "unset: whichdevice set it to 1 for this run because it picked plugdev"
+
+
+def test_check_answers_in_the_shape_of_the_schema() -> None:
+    usable = report.check()
+    validate(usable)
+    assert usable["exit_code"] == 0 and usable["message"].startswith("ok: cpu is usable (1 device")
+    too_few = report.check("cuda", min_devices=4, simulate=["cuda:2"])
+    validate(too_few)
+    assert (too_few["ok"], too_few["exit_code"], too_few["device_count"]) == (False, 1, 2)
+    assert too_few["message"].startswith("SIMULATED (cuda:2): cuda: 2 devices are usable, fewer than --min-devices 4")
+    unusable = report.check("hpu", simulate=["cuda:1"])
+    assert unusable["exit_code"] == 1 and "pip install habana-torch-plugin" in unusable["message"]

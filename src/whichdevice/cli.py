@@ -22,7 +22,6 @@ __all__ = ["main"]
 
 PROG = "whichdevice"
 TASK_CHOICES = ("inference", "training", "all")
-SMOKE_REFUSAL = "smoke runs real hardware; --simulate only changes the report"
 
 # The defaults of the common options, filled in after parsing: the options are declared with
 # SUPPRESS so that a subparser does not overwrite a value given before the subcommand name.
@@ -213,8 +212,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from whichdevice.report import SCHEMA_VERSION, SIMULATED_NOTICE, _device_summary, exit_code_for, simulation
-    from whichdevice.resolver import parse_device, resolve_device
+    from whichdevice.report import check
+    from whichdevice.resolver import parse_device
 
     # "is not None": an empty DEVICE (check "$UNSET_VAR") is bad input, not "detect one".
     device = args.check_device if args.check_device is not None else args.device
@@ -223,65 +222,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if device is not None:
         parse_device(device, "DEVICE")
     tasks = _tasks(args.task, ("inference",))
-    simulated = bool(args.simulate)
-    result: dict[str, Any] = {
-        "kind": "check",
-        "schema_version": SCHEMA_VERSION,
-        "ok": False,
-        "exit_code": 1,
-        "requested": device,
-        "tasks": list(tasks),
-        "min_devices": args.min_devices,
-        "device": None,
-        "backend": None,
-        "device_count": None,
-        "message": "",
-        "simulated": simulated,
-        "simulation": {"specs": list(args.simulate), "notice": SIMULATED_NOTICE} if simulated else None,
-    }
-    message = ""
-    code = 0
-    with simulation(args.simulate):
-        for task in tasks:
-            try:
-                res = resolve_device(device, task=task)
-            except DeviceError as exc:
-                code, message = exit_code_for(exc), str(exc)
-                break
-            probe = res.probe
-            count = probe.device_count
-            result.update(device=res.device, backend=res.backend.name, device_count=count)
-            if count < args.min_devices:
-                code = 1
-                vis = probe.visible
-                if vis is not None and vis.variable and vis.ids is not None:
-                    why = f"{vis.variable}={vis.raw!r} makes only {count} visible; widen or unset it"
-                else:
-                    why = f"run where {args.min_devices} are visible, or lower --min-devices"
-                plural = "device is" if count == 1 else "devices are"
-                message = (
-                    f"{res.backend.name}: {count} {plural} usable, fewer than --min-devices {args.min_devices}; {why}"
-                )
-                break
-            message = f"ok: {res.device} is usable ({_device_summary(res.backend, probe)})"
-            if device is None:
-                message += f"; resolved by {res.source} for {task}"
-    if simulated:
-        message = f"SIMULATED ({' '.join(args.simulate)}): {message}"
-    result.update(ok=code == 0, exit_code=code, message=message)
+    result = check(device, tasks=tasks, min_devices=args.min_devices, simulate=args.simulate)
+    code: int = result["exit_code"]
     if args.json:
         _json(result)
     elif code == 0:
-        _emit(message + "\n")
+        _emit(result["message"] + "\n")
     if code != 0:
-        _say(message, "check")
+        _say(result["message"], "check")
     return code
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
+    from whichdevice.smoke import SMOKE_REFUSAL, render_summary, run_smoke
+
     if args.simulate:
         raise DeviceError(SMOKE_REFUSAL)
-    from whichdevice.smoke import render_summary, run_smoke
 
     result = run_smoke(
         tasks=_tasks(args.task, ("inference", "training")),

@@ -1,0 +1,77 @@
+"""``whichdevice check``: is the device usable here, with enough devices? One JSON-safe answer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from whichdevice.errors import DeviceError
+from whichdevice.records import ProbeResult
+from whichdevice.report.gather import SCHEMA_VERSION, exit_code_for, simulation, simulation_dict
+from whichdevice.report.rows import device_summary
+from whichdevice.resolver import resolve_device
+
+__all__ = ["check"]
+
+
+def check(
+    device: str | None = None,
+    *,
+    tasks: Sequence[str] = ("inference",),
+    min_devices: int = 1,
+    simulate: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Resolve ``device`` for each task and count its devices; the ``check`` object of the schema.
+
+    ``exit_code`` is 0 when every task resolved with at least ``min_devices`` visible devices, 1 when
+    the hardware falls short, 2 when the request is wrong; ``message`` says which, and what to do.
+    """
+    result: dict[str, Any] = {
+        "kind": "check",
+        "schema_version": SCHEMA_VERSION,
+        "ok": False,
+        "exit_code": 1,
+        "requested": device,
+        "tasks": list(tasks),
+        "min_devices": min_devices,
+        "device": None,
+        "backend": None,
+        "device_count": None,
+        "message": "",
+        "simulated": bool(simulate),
+        "simulation": simulation_dict(simulate),
+    }
+    with simulation(simulate):
+        code, message = _check_tasks(result, device, tasks, min_devices)
+    if simulate:
+        message = f"SIMULATED ({' '.join(simulate)}): {message}"
+    result.update(ok=code == 0, exit_code=code, message=message)
+    return result
+
+
+def _check_tasks(result: dict[str, Any], device: str | None, tasks: Sequence[str], min_devices: int) -> tuple[int, str]:
+    message = ""
+    for task in tasks:
+        try:
+            res = resolve_device(device, task=task)
+        except DeviceError as exc:
+            return exit_code_for(exc), str(exc)
+        probe = res.probe
+        result.update(device=res.device, backend=res.backend.name, device_count=probe.device_count)
+        if probe.device_count < min_devices:
+            return 1, _too_few(res.backend.name, probe, min_devices)
+        message = f"ok: {res.device} is usable ({device_summary(res.backend, probe)})"
+        if device is None:
+            message += f"; resolved by {res.source} for {task}"
+    return 0, message
+
+
+def _too_few(backend: str, probe: ProbeResult, min_devices: int) -> str:
+    count = probe.device_count
+    vis = probe.visible
+    if vis is not None and vis.variable and vis.ids is not None:
+        why = f"{vis.variable}={vis.raw!r} makes only {count} visible; widen or unset it"
+    else:
+        why = f"run where {min_devices} are visible, or lower --min-devices"
+    plural = "device is" if count == 1 else "devices are"
+    return f"{backend}: {count} {plural} usable, fewer than --min-devices {min_devices}; {why}"
