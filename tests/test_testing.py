@@ -268,6 +268,11 @@ def test_simulated_hardware_fixture(simulated_hardware) -> None:  # type: ignore
     assert sim.description == "hpu:8, npu:2"
 
 
+def test_simulated_hardware_fixture_takes_packages(simulated_hardware) -> None:  # type: ignore[no-untyped-def]
+    simulated_hardware("hpu:8", packages={"accelerate": "1.4.0"})
+    assert "accelerate 1.4.0 is too old for Gaudi" in (wd.probe("hpu").reason or "")
+
+
 def test_fixture_comes_from_the_pytest11_plugin_and_cleans_up(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
