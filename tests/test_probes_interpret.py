@@ -76,14 +76,18 @@ def _hand_made(name: str) -> tuple[str, object]:
         device = DeviceReading(testing.readings.DEFAULTS[name]["name"], 48 * GiB, bf16=True)
         return f"{name}:2", VendorReadings(**_module(name, 2, device))
     if name == "cuda":
-        gpu = DeviceReading("NVIDIA H200", 141 * GiB, (9, 0))
+        inventory = tuple(
+            DeviceReading("NVIDIA H200", 141 * GiB, (9, 0), f"GPU-00000000-0000-0000-0000-00000000000{i}")
+            for i in (0, 1)
+        )
         readings = CudaReadings(
             available=True,
             devices=(DeviceReading(),) * 2,
             versions={"torch": SIM},
             torch_version=SIM,
             cuda_version=SIM,
-            inventory=(gpu,) * 2,
+            inventory=inventory,
+            mig_uuids=(),
         )
         return "cuda:2,cc=9.0,mem=141GiB,name=NVIDIA H200", readings
     if name == "xpu":
@@ -242,6 +246,19 @@ def test_cuda_details_come_from_the_inventory_by_uuid() -> None:
     result = probes.interpret_cuda(wd.get_backend("cuda"), readings)
     (device,) = result.devices
     assert (device.name, device.capability, device.physical_id) == ("NVIDIA H100", (9, 0), "GPU-bbb")
+
+
+def test_cuda_mig_instances_are_not_called_absent_when_unread() -> None:
+    mig = "MIG-4f3e2d1c-0000-1111-2222-333344445555"
+    inventory = (DeviceReading("NVIDIA A100", 80 * GiB, (8, 0), "GPU-aaa"),)
+    readings = CudaReadings(
+        env={"CUDA_VISIBLE_DEVICES": mig}, available=True, devices=(DeviceReading(),), inventory=inventory
+    )
+    result = probes.interpret_cuda(wd.get_backend("cuda"), readings)
+    assert result.device_count == 1 and result.devices[0].physical_id == mig
+    assert not any("lacks" in w for w in result.warnings)
+    listed = probes.interpret_cuda(wd.get_backend("cuda"), dataclasses.replace(readings, mig_uuids=()))
+    assert any(f"names device(s) {mig} that this machine lacks" in w for w in listed.warnings)
 
 
 def test_cuda_without_inventory_says_how_to_read_the_model() -> None:

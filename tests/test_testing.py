@@ -323,6 +323,16 @@ def test_visible_devices_naming_absent_gpu_warn(monkeypatch: pytest.MonkeyPatch)
     assert any("9" in w and "lacks" in w for w in result.warnings)
 
 
+def test_visible_devices_by_uuid_select_a_simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    with simulate("cuda:4"):
+        uuids = [testing.simulated_readings("cuda:4").inventory[i].uuid for i in (2, 0)]  # type: ignore[union-attr]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(u for u in uuids if u))
+    with simulate("cuda:4"):
+        result = wd.probe("cuda")
+    assert [d.physical_id for d in result.devices] == uuids
+    assert not result.warnings
+
+
 def test_empty_visible_devices_hides_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with simulate("cuda:8"):

@@ -2,8 +2,9 @@
 
 A reader fills a :class:`RuntimeReadings` (or a subclass of it) with what the runtime said; an
 interpreter turns it into a :class:`ProbeResult` through :func:`finish` or :func:`not_installed`.
-Nothing here does I/O except :func:`read_env`, :func:`installed_versions` and the defaults of
-``finish``/``not_installed`` when the caller passes no versions (plugins call them that way).
+The readers' helpers (:func:`read_env`, :func:`installed_versions`, :func:`read_module_devices`) do
+I/O; everything else here is pure, except that ``finish`` and ``not_installed`` read the installed
+versions when the caller passes none (third-party probes call them that way).
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ from whichdevice.records import Backend, DeviceInfo, EnvAction, ProbeResult
 from whichdevice.visible import Visibility
 
 __all__ = [
+    "ENV_VARIABLES",
     "DeviceReading",
     "RuntimeReadings",
+    "absent_warnings",
     "finish",
+    "finish_runtime",
+    "import_failure",
+    "index_present",
     "installed_versions",
     "module_devices",
     "not_installed",
+    "physical_id",
+    "raise_import_error",
     "read_env",
+    "read_module_devices",
+    "unusable_reason",
 ]
 
 # Read by no backend in particular; each backend module declares its own.

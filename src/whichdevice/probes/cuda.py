@@ -30,7 +30,15 @@ from whichdevice.probes.common import (
 from whichdevice.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.visible import Visibility, visible_devices
 
-__all__ = ["ENV_VARIABLES", "CudaReadings", "cuda_order_warnings", "interpret_cuda", "probe_cuda", "read_cuda"]
+__all__ = [
+    "ENV_VARIABLES",
+    "CudaReadings",
+    "cuda_order_warnings",
+    "interpret_cuda",
+    "listed",
+    "probe_cuda",
+    "read_cuda",
+]
 
 ENV_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
@@ -40,6 +48,7 @@ class CudaReadings(RuntimeReadings):
     """``devices``: one per GPU torch counts, with properties only once CUDA is initialised.
 
     ``inventory``: every physical GPU as NVML or nvidia-smi lists it (None: neither answered);
+    ``mig_uuids``: the MIG instances the machine has (None: not read, as the reader does today);
     ``earlier_visible``: other CUDA_VISIBLE_DEVICES values seen by earlier probes in this process.
     """
 
@@ -48,6 +57,7 @@ class CudaReadings(RuntimeReadings):
     hip_version: str | None = None
     initialized: bool = False
     inventory: tuple[DeviceReading, ...] | None = None
+    mig_uuids: tuple[str, ...] | None = None
     earlier_visible: tuple[str | None, ...] = ()
 
 
@@ -117,7 +127,7 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
     variant = "rocm" if readings.hip_version else "cuda"
     vis = visible_devices("cuda", readings.env, variant=variant)
     inventory = readings.inventory
-    warnings = absent_warnings(vis, lambda pid: _match_physical(inventory, pid) is not None) if inventory else []
+    warnings = absent_warnings(vis, lambda pid: listed(readings, pid)) if inventory else []
     devices = _cuda_devices(readings, vis, warnings)
     warnings += _initialised_warnings(readings, vis)
     warnings += cuda_order_warnings(vis, devices, readings.env.get("CUDA_DEVICE_ORDER"))
@@ -191,6 +201,17 @@ def cuda_order_warnings(vis: Visibility, devices: Sequence[DeviceInfo], order: s
             "indices may not be the GPUs you meant; export CUDA_DEVICE_ORDER=PCI_BUS_ID"
         ]
     return []
+
+
+def listed(readings: CudaReadings, pid: str) -> bool:
+    """Whether the machine's lists show the GPU ``pid`` names (True where they cannot tell)."""
+    if pid.startswith("MIG-"):
+        mig = readings.mig_uuids
+        return mig is None or any(m.startswith(pid) or pid.startswith(m) for m in mig)
+    inventory = readings.inventory or ()
+    if not pid.isdigit() and not any(d.uuid for d in inventory):
+        return True
+    return _match_physical(inventory, pid) is not None
 
 
 def _match_physical(physical: Sequence[DeviceReading] | None, pid: str) -> DeviceReading | None:

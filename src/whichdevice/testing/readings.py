@@ -81,12 +81,14 @@ def _details(sim: SimulatedDevice, defaults: Mapping[str, Any], name: str | None
     )
 
 
-def _shown(backend: Backend, env: Mapping[str, str], count: int, variant: str | None) -> int:
+def _shown(
+    backend: Backend, env: Mapping[str, str], count: int, variant: str | None, present: Callable[[str], bool]
+) -> int:
     # The runtime lists the variable's devices up to the first one the machine lacks (CUDA's rule).
     vis = visible_devices(backend.name, env, variant=variant)
     if vis.ids is None:
         return count
-    return len(list(takewhile(index_present(count), vis.ids)))
+    return len(list(takewhile(present, vis.ids)))
 
 
 def _runtime(
@@ -98,6 +100,7 @@ def _runtime(
     *,
     hooks: bool,
     variant: str | None = None,
+    present: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """The :class:`RuntimeReadings` fields a device runtime would give for ``sim``."""
     if sim.mode == "missing":
@@ -106,7 +109,8 @@ def _runtime(
     if sim.mode == "broken":
         return {"import_error": BROKEN_IMPORT.format(module=backend.module), "env_set": env_set, "versions": versions}
     env = read_env(variables)
-    shown = 0 if sim.mode == "unavailable" else _shown(backend, env, sim.count, variant)
+    present = present or index_present(sim.count)
+    shown = 0 if sim.mode == "unavailable" else _shown(backend, env, sim.count, variant, present)
     return {
         "env_set": env_set,
         "env": env,
@@ -131,15 +135,27 @@ def _cpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Re
 def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
     rocm = sim.variant == "rocm"
     defaults = DEFAULTS["rocm" if rocm else "cuda"]
-    fields = _runtime(backend, sim, versions, cuda.ENV_VARIABLES, DeviceReading(), hooks=False, variant=sim.variant)
-    fields.pop("physical_count", None)  # NVML's list says how many there are
     gpu = replace(_details(sim, defaults), capability=sim.capability or defaults["cc"])
-    return CudaReadings(
+    # NVML's list: every GPU with its UUID; the simulated machine has no MIG instances.
+    inventory = tuple(replace(gpu, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}") for i in range(sim.count))
+    readings = CudaReadings(inventory=inventory or None, mig_uuids=())
+    fields = _runtime(
+        backend,
+        sim,
+        versions,
+        cuda.ENV_VARIABLES,
+        DeviceReading(),
+        hooks=False,
+        variant=sim.variant,
+        present=lambda pid: cuda.listed(readings, pid),
+    )
+    fields.pop("physical_count", None)  # NVML's list says how many there are
+    return replace(
+        readings,
         **fields,
         torch_version=versions.get("torch", "simulated"),
         cuda_version=None if rocm else "simulated",
         hip_version="simulated" if rocm else None,
-        inventory=(gpu,) * sim.count or None,
     )
 
 
