@@ -320,8 +320,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     monkeypatch.setattr(torch.cuda, "is_available", is_available)
     monkeypatch.setattr(torch.cuda, "device_count", device_count)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr("whichdevice.probes._nvml_devices", lambda: [])
-    monkeypatch.setattr("whichdevice.probes._smi_devices", lambda: [])
+    monkeypatch.setattr("whichdevice.probes.cuda._nvml_devices", lambda: [])
+    monkeypatch.setattr("whichdevice.probes.cuda._smi_devices", lambda: [])
     return seen
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,29 @@ def test_simulated_gaudi_generation_and_bf16() -> None:
         assert wd.probe("hpu").devices[0].generation == "gaudi2"
 
 
+def test_simulated_gaudi_generation_comes_from_the_device_name() -> None:
+    # The real probe reads the generation from the name; the simulation used to default to gaudi2.
+    with simulate("hpu:1,name=Intel Gaudi 3"):
+        (device,) = wd.probe("hpu").devices
+    assert device.name == "Intel Gaudi 3"
+    assert device.generation == "gaudi3"
+
+
+def test_simulated_gaudi1_has_no_fp16() -> None:
+    from whichdevice.precision import supports
+
+    with simulate("hpu:1,gen=gaudi1"):
+        result = wd.probe("hpu")
+    assert result.devices[0].name == "GAUDI1" and result.devices[0].generation == "gaudi1"
+    assert supports(wd.get_backend("hpu"), result, "float16")[0] is False
+
+
+@pytest.mark.parametrize(("macos", "bf16"), [("13.6", False), ("14.0", True), (None, True)])
+def test_simulated_mps_bf16_follows_the_macos_version(macos: str | None, bf16: bool) -> None:
+    with simulate("mps" + (f",macos={macos}" if macos else "")):
+        assert wd.probe("mps").devices[0].bf16 is bf16
+
+
 def test_simulated_mps_reports_macos_version() -> None:
     with simulate("mps"):
         assert wd.probe("mps").os_version == "14.5"
@@ -150,7 +174,9 @@ def test_mode_unavailable() -> None:
     assert result.installed and not result.available
     assert result.device_count == 0
     assert result.devices == ()
-    assert "simulated" in result.reason
+    # The same words a real runtime gets when its management library lists GPUs it cannot use.
+    assert "2 cuda device(s) are present, but its runtime reports none usable" in result.reason
+    assert "check the driver" in result.reason
 
 
 # ------------------------------------------------------------------------ several, order, nesting
@@ -242,6 +268,11 @@ def test_simulated_hardware_fixture(simulated_hardware) -> None:  # type: ignore
     assert sim.description == "hpu:8, npu:2"
 
 
+def test_simulated_hardware_fixture_takes_packages(simulated_hardware) -> None:  # type: ignore[no-untyped-def]
+    simulated_hardware("hpu:8", packages={"accelerate": "1.4.0"})
+    assert "accelerate 1.4.0 is too old for Gaudi" in (wd.probe("hpu").reason or "")
+
+
 def test_fixture_comes_from_the_pytest11_plugin_and_cleans_up(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
@@ -290,6 +321,16 @@ def test_visible_devices_naming_absent_gpu_warn(monkeypatch: pytest.MonkeyPatch)
         result = wd.probe("cuda")
     assert [d.physical_id for d in result.devices] == ["1"]
     assert any("9" in w and "lacks" in w for w in result.warnings)
+
+
+def test_visible_devices_by_uuid_select_a_simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    with simulate("cuda:4"):
+        uuids = [testing.simulated_readings("cuda:4").inventory[i].uuid for i in (2, 0)]  # type: ignore[union-attr]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(u for u in uuids if u))
+    with simulate("cuda:4"):
+        result = wd.probe("cuda")
+    assert [d.physical_id for d in result.devices] == uuids
+    assert not result.warnings
 
 
 def test_empty_visible_devices_hides_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -365,6 +406,72 @@ def test_memory_sizes(text: str, expected: int) -> None:
     assert parse_spec(f"cuda:1,mem={text}").memory == expected
 
 
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("mps,bf16=no", "bf16= in 'mps,bf16=no' is not something the mps runtime reports"),
+        ("hpu:8,bf16=no", "bf16= applies to"),
+        ("npu:8,cc=8.0", "cc= applies to cuda"),
+        ("xpu:2,gen=gaudi3", "gen= applies to hpu"),
+        ("cuda:2,macos=14", "macos= applies to mps"),
+        ("cuda:2,flags=avx512_bf16", "flags= applies to cpu"),
+        ("npu:2,variant=rocm", "variant= applies to cuda"),
+        ("cuda:2,variant=metal", "use variant=cuda or variant=rocm"),
+        ("hpu:8,gen=gaudi", "not a Gaudi generation"),
+        ("hpu:8,gen=gaudi3,name=GAUDI2", "reads as gaudi2, but gen='gaudi3'"),
+        ("mps:2", "one MPS device"),
+        ("cpu,missing", "the CPU is always there"),
+    ],
+)
+def test_details_a_runtime_does_not_report_are_rejected(spec: str, match: str) -> None:
+    with pytest.raises(wd.DeviceError, match=re.escape(match)):
+        simulate(spec)
+
+
+def test_gen_and_a_matching_name_are_accepted() -> None:
+    assert parse_spec("hpu:8,gen=gaudi3,name=Intel Gaudi 3").generation == "gaudi3"
+
+
+# ------------------------------------------------------------------------------------ packages
+
+
+def test_simulated_packages_answer_for_the_duration() -> None:
+    from whichdevice.packages import package_version
+
+    real = package_version("kernels")
+    with simulate("cuda:1", packages={"accelerate": "1.4.0", "kernels": None}):
+        assert package_version("accelerate") == "1.4.0"
+        assert package_version("kernels") is None
+        assert wd.probe("cuda").available
+    assert package_version("kernels") == real
+    assert package_version("accelerate") != "1.4.0"
+
+
+def test_simulated_accelerate_too_old_for_gaudi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "placeholder")
+    monkeypatch.delenv("PT_ENABLE_INT64_SUPPORT")
+    with simulate("hpu:8", packages={"accelerate": "1.4.0"}):
+        result = wd.probe("hpu")
+        # Like the real probe, it stops before the hook and the import.
+        assert "PT_ENABLE_INT64_SUPPORT" not in os.environ
+    assert result.env_set == ()
+    assert result.installed and not result.available
+    assert "pip install 'accelerate>=1.5.0'" in (result.reason or "")
+
+
+def test_simulated_package_versions_show_in_the_result() -> None:
+    with simulate("npu:2", packages={"torch": "2.6.0", "torch-npu": "2.6.0.post1"}):
+        assert dict(wd.probe("npu").versions) == {"torch": "2.6.0", "torch-npu": "2.6.0.post1"}
+    with simulate("npu:2"):
+        assert dict(wd.probe("npu").versions) == {"torch": "simulated", "torch-npu": "simulated"}
+
+
+@pytest.mark.parametrize("packages", [["accelerate"], {"accelerate": 1.4}, {1: "1.0"}])
+def test_bad_packages_argument(packages: object) -> None:
+    with pytest.raises(wd.DeviceError, match="packages="):
+        simulate("cuda:1", packages=packages)  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------------- never from environment
 
 
@@ -389,5 +496,5 @@ def test_never_switched_on_by_environment_in_a_fresh_process() -> None:
 
 
 def test_testing_module_reads_no_whichdevice_variable() -> None:
-    source = Path(testing.__file__).read_text()
-    assert "WHICHDEVICE_" not in source
+    for path in Path(testing.__file__).parent.glob("*.py"):
+        assert "WHICHDEVICE_" not in path.read_text(), path

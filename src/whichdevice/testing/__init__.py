@@ -1,0 +1,156 @@
+"""Simulated hardware: ``simulate("hpu:8")`` replaces the *reading* of hardware, and nothing else.
+
+A simulation builds, from its spec, the raw readings a runtime would give (device names, counts,
+memory, versions, the visible-devices variables in the environment) and hands them to the same
+interpretation a real probe uses; the probe machinery (time limit, exception capture, one run per
+backend), the env hooks and the whole resolver run for real. Spec strings::
+
+    "cuda:4"                                  four GPUs with default details (Ampere-class)
+    "cuda:8,cc=9.0,mem=141GiB,name=NVIDIA H200"
+    "cuda:2,variant=rocm"                     AMD GPUs through the ROCm build
+    "hpu:8,gen=gaudi3"   "npu:8,bf16=no"   "neuron:2"   "tpu:4"   "mps,macos=13.6"
+    "cpu,flags=avx512_bf16"   "cpu,flags="    the CPU with (or without) native bf16
+    "npu,broken"   "npu,hangs"   "npu,missing"   "cuda:0"  installed-but-broken, a hanging probe,
+                                              not installed, installed with no device
+
+The count is the number of *physical* devices; visible-devices variables in the environment then
+select among them, as the runtime would. Backends no spec names are simulated absent (``cpu`` is
+probed for real) unless ``others="real"``. ``packages={"accelerate": "1.4.0", "kernels": None}``
+answers package-version questions for the duration. Nothing turns a simulation on from the
+environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from whichdevice import probing as _probe
+from whichdevice.envhooks import _forget
+from whichdevice.errors import DeviceError
+from whichdevice.packages import simulated_packages
+from whichdevice.probes import interpret, not_installed
+from whichdevice.records import Backend, ProbeResult
+from whichdevice.registry import backend_names, get_backend
+from whichdevice.testing.readings import simulated_readings
+from whichdevice.testing.spec import SimulatedDevice, parse_spec
+
+__all__ = ["SimulatedDevice", "active", "parse_spec", "simulate", "simulated_readings"]
+
+
+class _SimulatedStore(_probe._Store):
+    def __init__(
+        self,
+        specs: dict[str, SimulatedDevice],
+        others: str,
+        packages: Mapping[str, str | None],
+        release: threading.Event,
+    ):
+        super().__init__()
+        self.specs = specs
+        self.others = others
+        self.packages = packages
+        self.release = release
+
+    def function(self, backend: Backend) -> Callable[[Backend], ProbeResult]:
+        spec = self.specs.get(backend.name)
+        if spec is None:
+            if self.others == "real" or backend.name == "cpu":
+                return backend.probe
+            return _absent
+        return lambda b: self.result(b, spec)
+
+    def result(self, backend: Backend, spec: SimulatedDevice) -> ProbeResult:
+        if spec.mode == "hangs":
+            self.release.wait()  # until the simulation ends; the probe's time limit fires first
+            raise TimeoutError("simulated hang released")
+        readings = simulated_readings(spec, self.packages)
+        return replace(interpret(backend, readings), simulated=True)
+
+
+def _absent(backend: Backend) -> ProbeResult:
+    return not_installed(backend, f"not present on the simulated machine ({backend.install_command})", simulated=True)
+
+
+def _check_packages(packages: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    if packages is None:
+        return {}
+    if not isinstance(packages, Mapping) or not all(
+        isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in packages.items()
+    ):
+        raise DeviceError(
+            f"simulate(packages={packages!r}): give a dict of distribution name -> version string, "
+            "or None for not installed, e.g. {'accelerate': '1.4.0', 'kernels': None}"
+        )
+    return dict(packages)
+
+
+class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at the call site
+    """Pretend this machine has the hardware in ``specs``; usable as ``with``, decorator or fixture.
+
+    ``others="absent"`` (default) reports every backend no spec names as not present (the CPU is
+    probed for real); ``others="real"`` probes them for real. ``packages`` maps distribution names
+    to the versions ``whichdevice.packages.package_version`` reports (None: not installed). Nests;
+    restores everything on exit, including variables the env-setup hooks set while it was on.
+    """
+
+    def __init__(self, *specs: str, others: str = "absent", packages: Mapping[str, str | None] | None = None) -> None:
+        if others not in ("absent", "real"):
+            raise DeviceError(f"simulate(others={others!r}): use 'absent' or 'real'")
+        parsed: dict[str, SimulatedDevice] = {}
+        for spec in specs:
+            for piece in _split_specs(spec):
+                sim = parse_spec(piece)
+                if sim.backend in parsed:
+                    raise DeviceError(f"simulate: {sim.backend!r} is given twice; give each backend once")
+                parsed[sim.backend] = sim
+        self.specs = parsed
+        self.others = others
+        self.packages = _check_packages(packages)
+        self._frames: list[tuple[_SimulatedStore, dict[str, str | None], contextlib.ExitStack]] = []
+
+    def __enter__(self) -> simulate:
+        release = threading.Event()
+        store = _SimulatedStore(self.specs, self.others, self.packages, release)
+        env_before = {
+            d.name: os.environ.get(d.name) for name in backend_names() for d in get_backend(name).env_defaults
+        }
+        stack = contextlib.ExitStack()
+        if self.packages:
+            stack.enter_context(simulated_packages(self.packages))
+        self._frames.append((store, env_before, stack))
+        _probe._simulations.append(store)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        store, env_before, stack = self._frames.pop()
+        store.release.set()
+        if store in _probe._simulations:
+            _probe._simulations.remove(store)
+        stack.close()
+        for name, old in env_before.items():
+            if os.environ.get(name) != old:
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
+                _forget(name)
+
+    @property
+    def description(self) -> str:
+        return ", ".join(f"{s.backend}:{s.count}" + (f" ({s.mode})" if s.mode else "") for s in self.specs.values())
+
+
+def _split_specs(spec: str) -> list[str]:
+    # "npu:8;cuda:2" or a list of separate strings both work; ';' separates machines' parts.
+    if not isinstance(spec, str):
+        raise DeviceError(f"simulate: a spec is a string like 'cuda:4', not {type(spec).__name__}")
+    return [p for p in spec.split(";") if p.strip()] or [spec]
+
+
+def active() -> bool:
+    """True while a simulation is on (the command prints SIMULATED then)."""
+    return bool(_probe._simulations)

@@ -1,0 +1,211 @@
+"""Raw readings for simulated hardware: what each runtime would report for a spec.
+
+These builders stand in for the probes' ``read_<x>`` functions and nothing else; the readings go
+through the same ``interpret_<x>`` as a real machine's. What they model is the runtime (how many
+devices a visible-devices variable leaves, what a missing or broken package looks like), never a
+rule of whichdevice's: a detail the spec leaves out gets a plausible raw value (the device name a
+Gaudi 2 reports, macOS 14.5), and the interpretation derives the rest from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from itertools import takewhile
+from typing import Any
+
+from whichdevice.envhooks import apply_env_defaults
+from whichdevice.packages import package_version
+from whichdevice.probes import cuda, hpu, tpu, vendor, xpu
+from whichdevice.probes.common import DeviceReading, RuntimeReadings, index_present, read_env
+from whichdevice.probes.cpu import ONEDNN_ISA_VARIABLE, CpuReadings, read_cpu
+from whichdevice.probes.cuda import CudaReadings
+from whichdevice.probes.hpu import HpuReadings, accelerate_block
+from whichdevice.probes.mps import MpsReadings
+from whichdevice.probes.tpu import TpuReadings
+from whichdevice.probes.vendor import VendorReadings
+from whichdevice.probes.xpu import XpuReadings
+from whichdevice.records import Backend
+from whichdevice.registry import get_backend
+from whichdevice.testing.spec import SimulatedDevice, family, parse_spec
+from whichdevice.visible import visible_devices
+
+__all__ = ["DEFAULTS", "simulated_readings"]
+
+_GiB = 1024**3
+
+# Plausible details per backend, so a bare "hpu:8" resolves like a real Gaudi 2 server.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "cuda": {"name": "NVIDIA A100-SXM4-80GB", "mem": 80 * _GiB, "cc": (8, 0)},
+    "rocm": {"name": "AMD Instinct MI300X", "mem": 192 * _GiB, "cc": (9, 4)},
+    "hpu": {"name": "GAUDI2", "mem": 96 * _GiB},
+    "npu": {"name": "Ascend910B2", "mem": 64 * _GiB, "bf16": True},
+    "neuron": {"name": "Trainium2", "mem": 96 * _GiB},
+    "tpu": {"name": "TPU v5e", "mem": 16 * _GiB},
+    "xpu": {"name": "Intel(R) Data Center GPU Max 1550", "mem": 128 * _GiB, "bf16": True},
+    "mps": {"name": "Apple M2", "mem": 16 * _GiB, "macos": "14.5"},
+    "mlu": {"name": "MLU370-X8", "mem": 48 * _GiB, "bf16": True},
+    "musa": {"name": "MTT S4000", "mem": 48 * _GiB, "bf16": True},
+}
+
+BROKEN_IMPORT = "simulated: importing {module} failed (libascend_hal.so: cannot open shared object file)"
+
+Readings = CpuReadings | RuntimeReadings
+
+
+def simulated_readings(spec: str | SimulatedDevice, packages: Mapping[str, str | None] | None = None) -> Readings:
+    """The raw readings ``simulate(spec)`` hands to the interpretation of ``spec``'s backend.
+
+    Inside a simulation this is what its probe reads (env hooks included, so call it inside one);
+    ``packages`` are the versions ``simulate(packages=...)`` was given.
+    """
+    sim = parse_spec(spec) if isinstance(spec, str) else spec
+    backend = get_backend(sim.backend)
+    return _BUILDERS[family(sim.backend)](backend, sim, _versions(backend, packages or {}))
+
+
+def _versions(backend: Backend, packages: Mapping[str, str | None]) -> dict[str, str]:
+    out = {}
+    for dist in dict.fromkeys(("torch", backend.package)):
+        value = packages.get(dist, "simulated")
+        if value:
+            out[dist] = value
+    return out
+
+
+def _details(sim: SimulatedDevice, defaults: Mapping[str, Any], name: str | None = None) -> DeviceReading:
+    return DeviceReading(
+        name or sim.name or defaults.get("name"),
+        sim.memory or defaults.get("mem"),
+        bf16=sim.bf16 if sim.bf16 is not None else defaults.get("bf16"),
+    )
+
+
+def _shown(
+    backend: Backend, env: Mapping[str, str], count: int, variant: str | None, present: Callable[[str], bool]
+) -> int:
+    # The runtime lists the variable's devices up to the first one the machine lacks (CUDA's rule).
+    vis = visible_devices(backend.name, env, variant=variant)
+    if vis.ids is None:
+        return count
+    return len(list(takewhile(present, vis.ids)))
+
+
+def _runtime(
+    backend: Backend,
+    sim: SimulatedDevice,
+    versions: dict[str, str],
+    variables: tuple[str, ...],
+    details: DeviceReading,
+    *,
+    hooks: bool,
+    variant: str | None = None,
+    present: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
+    """The :class:`RuntimeReadings` fields a device runtime would give for ``sim``."""
+    if sim.mode == "missing":
+        return {"installed": False, "versions": versions}
+    env_set = apply_env_defaults(backend, "import") if hooks else ()
+    if sim.mode == "broken":
+        return {"import_error": BROKEN_IMPORT.format(module=backend.module), "env_set": env_set, "versions": versions}
+    env = read_env(variables)
+    present = present or index_present(sim.count)
+    shown = 0 if sim.mode == "unavailable" else _shown(backend, env, sim.count, variant, present)
+    return {
+        "env_set": env_set,
+        "env": env,
+        "available": shown > 0,
+        "devices": (details,) * shown,
+        "physical_count": sim.count,
+        "versions": versions,
+    }
+
+
+def _cpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    # The rest of the CPU is this machine's.
+    real = read_cpu(backend)
+    return replace(
+        real,
+        name=sim.name or real.name,
+        flags=sim.flags if sim.flags is not None else real.flags,
+        memory=sim.memory or real.memory,
+        # a spec that pins the CPU pins its oneDNN cap too; otherwise the shell's value applies
+        env=({ONEDNN_ISA_VARIABLE: sim.isa} if sim.isa else {}) if sim.flags is not None or sim.isa else real.env,
+    )
+
+
+def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    rocm = sim.variant == "rocm"
+    defaults = DEFAULTS["rocm" if rocm else "cuda"]
+    gpu = replace(_details(sim, defaults), capability=sim.capability or defaults["cc"])
+    # NVML's list: every GPU with its UUID; the simulated machine has no MIG instances.
+    inventory = tuple(replace(gpu, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}") for i in range(sim.count))
+    readings = CudaReadings(inventory=inventory or None, mig_uuids=())
+    fields = _runtime(
+        backend,
+        sim,
+        versions,
+        cuda.ENV_VARIABLES,
+        DeviceReading(),
+        hooks=False,
+        variant=sim.variant,
+        present=lambda pid: cuda.listed(readings, pid),
+    )
+    fields.pop("physical_count", None)  # NVML's list says how many there are
+    return replace(
+        readings,
+        **fields,
+        torch_version=versions.get("torch", "simulated"),
+        cuda_version=None if rocm else "simulated",
+        hip_version="simulated" if rocm else None,
+    )
+
+
+def _hpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    accelerate = package_version("accelerate")
+    if sim.mode != "missing" and accelerate_block(accelerate) is not None:
+        return HpuReadings(accelerate_version=accelerate, versions=versions)  # the reader stops here
+    # The runtime reports "GAUDI3" for a Gaudi 3; the probe reads the generation from that name.
+    name = sim.name or (sim.generation.upper() if sim.generation else None)
+    details = _details(sim, DEFAULTS["hpu"], name)
+    return HpuReadings(
+        **_runtime(backend, sim, versions, hpu.ENV_VARIABLES, details, hooks=True), accelerate_version=accelerate
+    )
+
+
+def _mps(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    macos = sim.macos or DEFAULTS["mps"]["macos"]
+    readings = MpsReadings(versions=versions, system="Darwin", macos=macos)
+    if sim.mode == "missing":
+        return replace(readings, installed=False)
+    if sim.mode == "broken":
+        return replace(readings, import_error=BROKEN_IMPORT.format(module=backend.module))
+    if sim.mode == "unavailable" or sim.count == 0:
+        return readings
+    return replace(readings, available=True, devices=(_details(sim, DEFAULTS["mps"]),))
+
+
+def _tpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    fields = _runtime(backend, sim, versions, tpu.ENV_VARIABLES, _details(sim, DEFAULTS["tpu"]), hooks=False)
+    return TpuReadings(**fields, accelerator="tpu" if fields.get("available") else None)
+
+
+def _xpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    fields = _runtime(backend, sim, versions, xpu.ENV_VARIABLES, _details(sim, DEFAULTS["xpu"]), hooks=False)
+    return XpuReadings(**fields, torch_version=versions.get("torch", "simulated"))
+
+
+def _module(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
+    details = _details(sim, DEFAULTS.get(backend.name, {}))
+    return VendorReadings(**_runtime(backend, sim, versions, vendor.variables_for(backend), details, hooks=True))
+
+
+_BUILDERS: dict[str, Callable[[Backend, SimulatedDevice, dict[str, str]], Readings]] = {
+    "cpu": _cpu,
+    "cuda": _cuda,
+    "hpu": _hpu,
+    "mps": _mps,
+    "tpu": _tpu,
+    "xpu": _xpu,
+    "module": _module,
+}
