@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from collections.abc import Mapping
@@ -67,12 +66,18 @@ def cpu_facts() -> tuple[str | None, frozenset[str], int | None]:
     except OSError:
         if platform.system() == "Darwin" and platform.machine() == "arm64":
             flags.update(_darwin_arm_flags())
-    memory: int | None = None
+    return name, frozenset(flags & BF16_CPU_FLAGS), _total_memory()
+
+
+def _total_memory() -> int | None:
+    # psutil (accelerate depends on it) reads it the same way on Linux, macOS and Windows;
+    # about 7 ms to import after torch, once per process.
     try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = None
-    return name, frozenset(flags & BF16_CPU_FLAGS), memory
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # a broken psutil must not break the CPU probe
+        return None
 
 
 def _darwin_arm_flags() -> set[str]:
