@@ -209,53 +209,40 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
     thread.join(timeout)
     elapsed = time.perf_counter() - start
     if thread.is_alive():
-        return ProbeResult(
-            backend.name,
-            installed=True,
-            available=False,
-            reason=(
-                f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "
-                f"package import?); whichdevice gave up on it. Raise the limit with "
-                f"WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow"
-            ),
-            seconds=elapsed,
+        why = (
+            f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "
+            f"package import?); whichdevice gave up on it. Raise the limit with "
+            f"WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow"
         )
+        return _failed(backend, why, elapsed)
     if "error" in box:
-        error: BaseException = box["error"]
-        if isinstance(error, DeviceError):
-            # A setting the user can fix (a malformed visible-devices variable, ...), not a broken
-            # package: its message already says what to do.
-            return ProbeResult(
-                backend.name,
-                installed=True,
-                available=False,
-                reason=f"{backend.name}: {error}",
-                seconds=elapsed,
-            )
-        if isinstance(error, SystemExit):
-            what = f"called sys.exit({error.code!r})"
-        else:
-            what = f"raised {type(error).__name__}: {error}"
-        return ProbeResult(
-            backend.name,
-            installed=True,
-            available=False,
-            reason=(
-                f"the {backend.name} probe {what}. The package {backend.package!r} is installed "
-                f"but broken: reinstall it ({backend.install_command}) or uninstall it"
-            ),
-            seconds=elapsed,
-        )
+        return _failed(backend, _error_reason(backend, box["error"]), elapsed)
     result = box["result"]
     if not isinstance(result, ProbeResult):
-        return ProbeResult(
-            backend.name,
-            installed=True,
-            available=False,
-            reason=(
-                f"the {backend.name} probe returned {type(result).__name__}, not a ProbeResult; "
-                f"this is a bug in the probe of {backend.package!r}"
-            ),
-            seconds=elapsed,
+        why = (
+            f"the {backend.name} probe returned {type(result).__name__}, not a ProbeResult; "
+            f"this is a bug in the probe of {backend.package!r}"
         )
+        return _failed(backend, why, elapsed)
     return replace(result, seconds=elapsed)
+
+
+def _failed(backend: Backend, reason: str, elapsed: float) -> ProbeResult:
+    # installed: something answered (or hung), so the package is there
+    return ProbeResult(backend.name, installed=True, available=False, reason=reason, seconds=elapsed)
+
+
+def _error_reason(backend: Backend, error: BaseException) -> str:
+    if isinstance(error, DeviceError):
+        # A setting the user can fix (a malformed visible-devices variable, ...), not a broken
+        # package: its message already says what to do.
+        return f"{backend.name}: {error}"
+    what = (
+        f"called sys.exit({error.code!r})"
+        if isinstance(error, SystemExit)
+        else f"raised {type(error).__name__}: {error}"
+    )
+    return (
+        f"the {backend.name} probe {what}. The package {backend.package!r} is installed "
+        f"but broken: reinstall it ({backend.install_command}) or uninstall it"
+    )
