@@ -12,7 +12,7 @@ from whichdevice.errors import DeviceError
 if TYPE_CHECKING:
     from whichdevice.records import Backend
 
-__all__ = ["DistributedContext", "detect_distributed", "process_group_backend"]
+__all__ = ["ENV_VARIABLES", "LAUNCHER_VARIABLES", "DistributedContext", "detect_distributed", "process_group_backend"]
 
 # (launcher, local rank, global rank, world size, local world size) variable names, most specific
 # first: torchrun and accelerate launch export the first set, srun the SLURM_* set, mpirun OMPI_*.
@@ -21,6 +21,8 @@ LAUNCHER_VARIABLES = (
     ("mpi", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("slurm", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
 )
+# The variables this module reads (the memo key holds them; see whichdevice.memo).
+ENV_VARIABLES = tuple(name for launcher in LAUNCHER_VARIABLES for name in launcher[1:])
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from whichdevice.records import Backend, ProbeResult, TraceStep
 
 __all__ = [
+    "ENV_VARIABLES",
     "HUB_FLASH_ATTENTION",
     "HUB_FLASH_KERNEL_DEVICES",
     "decide_kernels",
@@ -83,6 +84,19 @@ def kernels_key(backend: Backend, result: ProbeResult) -> str | None:
         return "rocm"
     return backend.kernels_key
 
+
+# The variables this module reads: whether the Hub may be used, where kernels and the Hub cache
+# live, local kernel builds (the memo key holds them; see whichdevice.memo).
+ENV_VARIABLES = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "LOCAL_KERNELS",
+    "KERNELS_CACHE",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HOME",
+    "XDG_CACHE_HOME",
+)
 
 _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's ENV_VARS_TRUE_VALUES
 

@@ -181,6 +181,9 @@ class Backend:
     flash_attention: tuple[int, ...] = ()
     # True: "cuda:0" names the first device; False: the bare string ("hpu", "mps") is the usual form.
     indexed: bool = True
+    # True: one device that every process of the machine shares (the CPU): its device string never
+    # carries an index, and the processes of a distributed run do not take one device per rank.
+    shared_device: bool = False
     default_dtype: str = "float32"
     env_defaults: tuple[EnvDefault, ...] = ()
     install_hint: str = ""
