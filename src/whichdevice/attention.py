@@ -93,8 +93,8 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
     ok, why = flash_fits(requested, backend, result, dtype)
     if not ok:
         raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
-    if requested == "flash_attention_2" and backend.name == "npu":
-        return requested, f"{requested} as you asked: served by torch_npu's own FlashAttention"
+    if FLASH[requested][0] in backend.flash_attention_native:
+        return requested, f"{requested} as you asked: served by {backend.module}'s own FlashAttention"
     if flash_attention_package(requested) is not None:
         return requested, "as you asked"
     from whichdevice.kernels_support import hub_flash_attention
@@ -116,6 +116,7 @@ def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, n
     from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
 
     sdpa = f"sdpa (torch's fused attention): {no_flash}"
+    # The decode attention is a fix for torch's fused CPU kernel: a fact about the CPU, not a capability.
     if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
         return "sdpa", sdpa
     # Read only here: everywhere else the architecture does not change the answer.

@@ -124,18 +124,18 @@ def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedC
 def process_group_backend(backend: Backend, context: DistributedContext | None) -> str | None:
     """The torch.distributed backend for ``backend`` in this launch (None: not distributed).
 
-    The registry's value, except where the installed torch says otherwise: a CPU run started by
-    mpirun uses "mpi" when this torch was built with MPI, and Intel GPUs need oneCCL's "ccl"
-    before torch 2.7 brought "xccl".
+    The registry's value, except where the installed torch says otherwise: a run started by
+    mpirun on a backend whose row also takes "mpi" (the CPU) uses it when this torch was built
+    with MPI, and "xccl" (Intel GPUs) needs torch 2.7, before which oneCCL's "ccl" served.
     """
     if context is None or backend.distributed_backend is None:
         return None
-    if backend.name == "cpu" and context.launcher == "mpi":
+    if context.launcher == "mpi" and "mpi" in backend.other_distributed_backends:
         import torch.distributed
 
         if torch.distributed.is_mpi_available():
             return "mpi"
-    if backend.name == "xpu" and backend.distributed_backend == "xccl":
+    if backend.distributed_backend == "xccl":
         from whichdevice.packages import package_version, version_before
 
         version = package_version("torch")

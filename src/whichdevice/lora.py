@@ -196,6 +196,7 @@ def kbit_training_kwargs(
         flag, extra = _checkpointing_names()
         kwargs[flag] = True
         kwargs[extra] = {"use_reentrant": False}
+    # bitsandbytes' paged optimizers page through CUDA unified memory: NVIDIA GPUs only.
     if bits is not None and resolution.backend.name == "cuda" and resolution.probe.variant != "rocm":
         kwargs["optim"] = "paged_adamw_8bit"
     if resolution.distributed is not None and gradient_checkpointing:

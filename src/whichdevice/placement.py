@@ -39,10 +39,10 @@ def capacities(
     if max_memory is not None:
         wanted: dict[int | str, int] = {}
         for key, value in max_memory.items():
-            if key == backend.name or (isinstance(key, int) and backend.name != "cpu"):
+            if key == backend.name or (isinstance(key, int) and not backend.shared_device):
                 wanted[key] = parse_size(value, f"max_memory[{key!r}]")
         if not wanted:
-            keys = "'cpu'" if backend.name == "cpu" else f"device indices (0, 1, ...) for {backend.name}"
+            keys = f"{backend.name!r}" if backend.shared_device else f"device indices (0, 1, ...) for {backend.name}"
             raise DeviceError(
                 f"max_memory={dict(max_memory)!r} has no entry for the resolved device {device}; give {keys}"
             )
@@ -50,7 +50,7 @@ def capacities(
             # The chosen device first, so the one-device check is against it.
             wanted = {int(idx): wanted[int(idx)], **wanted}
         return wanted
-    if backend.name in ("cpu", "mps"):
+    if backend.memory_by_name:
         memory = result.devices[0].total_memory if result.devices else None
         return {backend.name: memory} if memory else None
     devices = list(result.devices)
@@ -123,7 +123,7 @@ def place_model(
 
 def _can_split(backend: Backend, dist: DistributedContext | None) -> bool:
     """Whether Accelerate may split a model over several of ``backend``'s devices in this process."""
-    return backend.device_map_auto and dist is None and backend.name not in ("cpu", "mps")
+    return backend.device_map_auto and dist is None and not backend.memory_by_name
 
 
 @dataclass(frozen=True)
