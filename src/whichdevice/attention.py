@@ -46,43 +46,7 @@ def choose_attention(
     """The attention implementation and the reason: FlashAttention when installed and usable, else
     sdpa, or on the CPU whichdevice's decode attention where it is faster and verified."""
     if requested not in ("auto", AUTO_HUB):
-        if isinstance(requested, str) and is_hub_kernel(requested):
-            from whichdevice.kernels_support import hub_access, kernels_compatibility
-
-            problems = [
-                why
-                for ok, why in (kernels_compatibility(), hub_access(requested.split("@")[0].split(":")[0]))
-                if not ok
-            ]
-            return requested, f"{requested}: a Hub kernel, as you asked" + (
-                f"; transformers will not load it: {'; '.join(problems)}" if problems else ""
-            )
-        if not isinstance(requested, str) or requested not in KNOWN_IMPLEMENTATIONS:
-            raise DeviceError(
-                f"attn_implementation={requested!r} is not known; use 'auto', '{AUTO_HUB}' (also a Hub "
-                f"FlashAttention kernel), a Hub kernel ('org/repo') or one of {', '.join(KNOWN_IMPLEMENTATIONS)}"
-            )
-        if requested in FLASH:
-            ok, why = flash_fits(requested, backend, result, dtype)
-            if not ok:
-                raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
-            if requested == "flash_attention_2" and backend.name == "npu":
-                return requested, f"{requested} as you asked: served by torch_npu's own FlashAttention"
-            if flash_attention_package(requested) is None:
-                from whichdevice.kernels_support import hub_flash_attention
-
-                package = FLASH[requested][1]
-                repo, why = hub_flash_attention(backend, result, dtype, requested)
-                if repo is not None:
-                    return requested, (
-                        f"{requested} as you asked; {package} is not installed, so transformers loads "
-                        f"the Hub kernel {why}"
-                    )
-                return requested, (
-                    f"{requested} as you asked, but {package} is not installed and transformers cannot "
-                    f"use a Hub kernel instead ({why}), so loading the model will fail: pip install {package}"
-                )
-        return requested, "as you asked"
+        return _as_requested(backend, result, dtype, requested)
     for impl in ("flash_attention_3", "flash_attention_2"):
         version = flash_attention_package(impl)
         if version is None:
@@ -109,11 +73,50 @@ def choose_attention(
     return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed")
 
 
+def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requested: Any) -> tuple[str, str]:
+    """An explicit attn_implementation: kept as asked, checked, and said what it will do."""
+    if isinstance(requested, str) and is_hub_kernel(requested):
+        from whichdevice.kernels_support import hub_access, kernels_compatibility
+
+        kernel = requested.split("@")[0].split(":")[0]
+        problems = [why for ok, why in (kernels_compatibility(), hub_access(kernel)) if not ok]
+        return requested, f"{requested}: a Hub kernel, as you asked" + (
+            f"; transformers will not load it: {'; '.join(problems)}" if problems else ""
+        )
+    if not isinstance(requested, str) or requested not in KNOWN_IMPLEMENTATIONS:
+        raise DeviceError(
+            f"attn_implementation={requested!r} is not known; use 'auto', '{AUTO_HUB}' (also a Hub "
+            f"FlashAttention kernel), a Hub kernel ('org/repo') or one of {', '.join(KNOWN_IMPLEMENTATIONS)}"
+        )
+    if requested not in FLASH:
+        return requested, "as you asked"
+    ok, why = flash_fits(requested, backend, result, dtype)
+    if not ok:
+        raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
+    if FLASH[requested][0] in backend.flash_attention_native:
+        return requested, f"{requested} as you asked: served by {backend.module}'s own FlashAttention"
+    if flash_attention_package(requested) is not None:
+        return requested, "as you asked"
+    from whichdevice.kernels_support import hub_flash_attention
+
+    package = FLASH[requested][1]
+    repo, why = hub_flash_attention(backend, result, dtype, requested)
+    if repo is not None:
+        return requested, (
+            f"{requested} as you asked; {package} is not installed, so transformers loads the Hub kernel {why}"
+        )
+    return requested, (
+        f"{requested} as you asked, but {package} is not installed and transformers cannot "
+        f"use a Hub kernel instead ({why}), so loading the model will fail: pip install {package}"
+    )
+
+
 def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str) -> tuple[str, str]:
     """sdpa, or on the CPU in bf16/fp16 for inference the decode attention (see decode_attention)."""
     from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
 
     sdpa = f"sdpa (torch's fused attention): {no_flash}"
+    # The decode attention is a fix for torch's fused CPU kernel: a fact about the CPU, not a capability.
     if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
         return "sdpa", sdpa
     # Read only here: everywhere else the architecture does not change the answer.

@@ -12,7 +12,7 @@ from whichdevice.errors import DeviceError
 if TYPE_CHECKING:
     from whichdevice.records import Backend
 
-__all__ = ["DistributedContext", "detect_distributed", "process_group_backend"]
+__all__ = ["ENV_VARIABLES", "LAUNCHER_VARIABLES", "DistributedContext", "detect_distributed", "process_group_backend"]
 
 # (launcher, local rank, global rank, world size, local world size) variable names, most specific
 # first: torchrun and accelerate launch export the first set, srun the SLURM_* set, mpirun OMPI_*.
@@ -21,6 +21,8 @@ LAUNCHER_VARIABLES = (
     ("mpi", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("slurm", "SLURM_LOCALID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
 )
+# The variables this module reads (the memo key holds them; see whichdevice.memo).
+ENV_VARIABLES = tuple(name for launcher in LAUNCHER_VARIABLES for name in launcher[1:])
 
 
 @dataclass(frozen=True)
@@ -122,18 +124,18 @@ def detect_distributed(environ: Mapping[str, str] | None = None) -> DistributedC
 def process_group_backend(backend: Backend, context: DistributedContext | None) -> str | None:
     """The torch.distributed backend for ``backend`` in this launch (None: not distributed).
 
-    The registry's value, except where the installed torch says otherwise: a CPU run started by
-    mpirun uses "mpi" when this torch was built with MPI, and Intel GPUs need oneCCL's "ccl"
-    before torch 2.7 brought "xccl".
+    The registry's value, except where the installed torch says otherwise: a run started by
+    mpirun on a backend whose row also takes "mpi" (the CPU) uses it when this torch was built
+    with MPI, and "xccl" (Intel GPUs) needs torch 2.7, before which oneCCL's "ccl" served.
     """
     if context is None or backend.distributed_backend is None:
         return None
-    if backend.name == "cpu" and context.launcher == "mpi":
+    if context.launcher == "mpi" and "mpi" in backend.other_distributed_backends:
         import torch.distributed
 
         if torch.distributed.is_mpi_available():
             return "mpi"
-    if backend.name == "xpu" and backend.distributed_backend == "xccl":
+    if backend.distributed_backend == "xccl":
         from whichdevice.packages import package_version, version_before
 
         version = package_version("torch")

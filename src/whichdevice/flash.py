@@ -32,11 +32,12 @@ def flash_attention_package(impl: str) -> str | None:
 def flash_fits(impl: str, backend: Backend, result: ProbeResult, dtype: str | None) -> tuple[bool, str]:
     version_major, _, min_cc = FLASH[impl]
     if version_major not in backend.flash_attention:
-        able = [b.name for b in backends() if 2 in b.flash_attention and b.name != backend.name]
-        where = "CUDA GPUs only" if version_major > 2 else f"{', '.join(able)}"
+        able = [b.name for b in backends() if version_major in b.flash_attention and b.name != backend.name]
+        where = ", ".join(able) if version_major == 2 else f"{'/'.join(n.upper() for n in able)} GPUs only"
         instead = "'flash_attention_2' or 'sdpa'" if 2 in backend.flash_attention else "'sdpa'"
         return False, f"{impl} does not run on {backend.name} ({where}); use {instead}"
     if backend.name == "cuda" and result.variant != "rocm":
+        # Compute-capability floors are NVIDIA's own facts (FLASH above); ROCm has none.
         cc = result.min_capability
         if cc is not None and cc < min_cc:
             return False, (

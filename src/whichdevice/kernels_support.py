@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from whichdevice.records import Backend, ProbeResult, TraceStep
 
 __all__ = [
+    "ENV_VARIABLES",
     "HUB_FLASH_ATTENTION",
     "HUB_FLASH_KERNEL_DEVICES",
     "decide_kernels",
@@ -77,12 +78,38 @@ def kernels_compatibility() -> tuple[bool, str]:
     return True, f"kernels {installed} is within transformers {tf}'s range (kernels{wanted})"
 
 
+# The cuda row covers two vendors: on the ROCm build of torch (probe variant "rocm") kernels has a
+# target of its own while the device string stays "cuda".
+_VARIANT_KEYS = {"rocm": "rocm"}
+
+
 def kernels_key(backend: Backend, result: ProbeResult) -> str | None:
-    """The kernels device key: the backend's own, except ROCm which is its own target ("rocm")."""
-    if backend.name == "cuda" and result.variant == "rocm":
-        return "rocm"
+    """The kernels device key: the row's own, except ROCm which is its own target ("rocm")."""
+    if backend.name == "cuda" and result.variant in _VARIANT_KEYS:
+        return _VARIANT_KEYS[result.variant]
     return backend.kernels_key
 
+
+def kernels_keys() -> tuple[str, ...]:
+    """Every kernels device key a registered backend has, the variants' included."""
+    from whichdevice.registry import backends
+
+    keys = [b.kernels_key for b in backends() if b.kernels_key]
+    return tuple(dict.fromkeys([*keys, *_VARIANT_KEYS.values()]))
+
+
+# The variables this module reads: whether the Hub may be used, where kernels and the Hub cache
+# live, local kernel builds (the memo key holds them; see whichdevice.memo).
+ENV_VARIABLES = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "LOCAL_KERNELS",
+    "KERNELS_CACHE",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HOME",
+    "XDG_CACHE_HOME",
+)
 
 _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's ENV_VARS_TRUE_VALUES
 
@@ -166,7 +193,7 @@ def hub_flash_attention(
 ) -> tuple[str | None, str]:
     """(the Hub kernel repo transformers loads for ``impl`` here when its package is missing, or
     None; why). Checks the kernel's builds, the hardware and dtype, the kernels version and access."""
-    from whichdevice.flash import flash_fits
+    from whichdevice.flash import FLASH, flash_fits
 
     key = kernels_key(backend, result)
     choices = HUB_FLASH_ATTENTION[impl]
@@ -175,8 +202,10 @@ def hub_flash_attention(
     if key is None or key not in HUB_FLASH_KERNEL_DEVICES.get(repo, (key,)):
         builds = ", ".join(f"{r} ({'/'.join(HUB_FLASH_KERNEL_DEVICES[r])})" for r in dict.fromkeys(choices.values()))
         problems.append(f"no {impl} Hub kernel is built for {key or backend.name} (only {builds})")
-        if backend.name == "npu" and impl == "flash_attention_2":
-            problems.append("on npu, attn_implementation='flash_attention_2' runs torch_npu's own FlashAttention")
+        if FLASH[impl][0] in backend.flash_attention_native:
+            problems.append(
+                f"on {backend.name}, attn_implementation={impl!r} runs {backend.module}'s own FlashAttention"
+            )
     else:
         fits, fit_why = flash_fits(impl, backend, result, dtype)
         if not fits:
@@ -206,7 +235,7 @@ def decide_kernels(
         raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False")
     checks = [kernels_compatibility()]
     if key is None:
-        keys = "cuda, rocm, xpu, npu, neuron, tpu, mps"
+        keys = ", ".join(kernels_keys())
         checks.append((False, f"Hub kernels have no device key for {backend.name} (keys: {keys})"))
     else:
         checks.append((True, f"kernel device key {key!r}"))

@@ -196,6 +196,7 @@ def kbit_training_kwargs(
         flag, extra = _checkpointing_names()
         kwargs[flag] = True
         kwargs[extra] = {"use_reentrant": False}
+    # bitsandbytes' paged optimizers page through CUDA unified memory: NVIDIA GPUs only.
     if bits is not None and resolution.backend.name == "cuda" and resolution.probe.variant != "rocm":
         kwargs["optim"] = "paged_adamw_8bit"
     if resolution.distributed is not None and gradient_checkpointing:
@@ -251,14 +252,8 @@ def lora_training(
     ``target_modules``, ``task_type`` and any other ``LoraConfig`` keyword you pass are used as
     passed. With ``gradient_checkpointing`` the model checkpoints activations (non-reentrant).
     """
-    try:
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-        from peft import PeftModel as _PeftModel
-    except ImportError as exc:  # pragma: no cover - peft is a declared extra
-        raise DeviceError(
-            f"LoRA training needs peft ({exc}): pip install peft (or pip install 'whichdevice[quantization]')"
-        ) from exc
-    if isinstance(model, _PeftModel):
+    peft = _peft()
+    if isinstance(model, peft.PeftModel):
         raise ConfigConflictError(
             f"{type(model).__name__} already has PEFT adapters; pass the base model loaded with from_pretrained"
         )
@@ -266,49 +261,22 @@ def lora_training(
         from whichdevice.resolver import resolve_device
 
         resolution = resolve_device(_model_device(model), task="training")
-    notes: list[str] = []
     bits = _quantized_bits(model)
-    planned = resolution.quantization
-    if planned is not None and bits != planned.bits:
-        loaded = f"{bits}-bit" if bits else "without quantization"
-        notes.append(
-            f"the resolution planned {planned.bits}-bit weights but the model was loaded {loaded}; load it "
-            "with from_pretrained(..., **resolution.model_kwargs())"
-        )
-    if resolution.task != "training":
-        notes.append("the resolution is for inference; resolve_device(..., task='training') matches training")
-
-    if bits is not None:
-        prepare: Any = prepare_model_for_kbit_training  # untyped in peft
-        # Checkpointing is switched on below, non-reentrant, through the non-deprecated method.
-        prepare(model, use_gradient_checkpointing=False)
-        notes.append(f"{bits}-bit base frozen by prepare_model_for_kbit_training; norms and head upcast to fp32")
-    else:
-        for param in model.parameters():
-            param.requires_grad_(False)
-    if gradient_checkpointing:
-        _enable_checkpointing(model)
-
-    if target_modules is None:
-        targets, source = lora_target_modules(model)
-        chosen: tuple[str, ...] | str = targets
-        config_targets: list[str] | str = list(targets)
-    else:
-        chosen = target_modules if isinstance(target_modules, str) else tuple(target_modules)
-        config_targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-        source = "as you passed"
+    notes = _resolution_notes(resolution, bits)
+    notes += _prepare(peft, model, bits, gradient_checkpointing)
+    chosen, source = _targets(model, target_modules)
     task = task_type or _task_type(model)
     if task is None:
         notes.append(f"task type unknown for {type(model).__name__}; pass task_type= if PEFT needs it")
-    config = LoraConfig(
+    config = peft.LoraConfig(
         r=r,
         lora_alpha=lora_alpha,
         lora_dropout=lora_dropout,
-        target_modules=config_targets,
+        target_modules=chosen if isinstance(chosen, str) else list(chosen),
         task_type=task,
         **lora_kwargs,
     )
-    peft_model = get_peft_model(model, config)
+    peft_model = peft.get_peft_model(model, config)
     trainable, total = peft_model.get_nb_trainable_parameters()
     return LoraTraining(
         model=peft_model,
@@ -323,3 +291,51 @@ def lora_training(
         total_parameters=int(total),
         notes=tuple(notes),
     )
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - peft is a declared extra
+        raise DeviceError(
+            f"LoRA training needs peft ({exc}): pip install peft (or pip install 'whichdevice[quantization]')"
+        ) from exc
+    return peft
+
+
+def _resolution_notes(resolution: Resolution, bits: int | None) -> list[str]:
+    """What does not match between the resolution and the model as loaded."""
+    notes = []
+    planned = resolution.quantization
+    if planned is not None and bits != planned.bits:
+        loaded = f"{bits}-bit" if bits else "without quantization"
+        notes.append(
+            f"the resolution planned {planned.bits}-bit weights but the model was loaded {loaded}; load it "
+            "with from_pretrained(..., **resolution.model_kwargs())"
+        )
+    if resolution.task != "training":
+        notes.append("the resolution is for inference; resolve_device(..., task='training') matches training")
+    return notes
+
+
+def _prepare(peft: Any, model: Any, bits: int | None, gradient_checkpointing: bool) -> list[str]:
+    """Freeze the base model (PEFT's k-bit preparation for a quantized one); checkpoint activations."""
+    notes = []
+    if bits is not None:
+        # Checkpointing is switched on below, non-reentrant, through the non-deprecated method.
+        peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        notes.append(f"{bits}-bit base frozen by prepare_model_for_kbit_training; norms and head upcast to fp32")
+    else:
+        for param in model.parameters():
+            param.requires_grad_(False)
+    if gradient_checkpointing:
+        _enable_checkpointing(model)
+    return notes
+
+
+def _targets(model: Any, target_modules: Sequence[str] | str | None) -> tuple[tuple[str, ...] | str, str]:
+    """(the LoRA target modules, where they came from): yours as passed, else the model's linear layers."""
+    if target_modules is None:
+        return lora_target_modules(model)
+    chosen = target_modules if isinstance(target_modules, str) else tuple(target_modules)
+    return chosen, "as you passed"

@@ -45,6 +45,9 @@ def dtype_name(name: str) -> str:
 
 def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, str]:
     """Whether ``dtype`` runs *natively and fast* here, with the fact that decides it."""
+    # Four vendors have rules of their own, read from what their probes report: NVIDIA's compute
+    # capability, the Gaudi generation, the macOS version, the CPU's flags. Every other row,
+    # plugins included, is decided by its fields and its runtime's answer (_from_the_row).
     name = backend.name
     if dtype == "float32":
         return True, "fp32 runs everywhere"
@@ -63,10 +66,6 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
         if dtype == "float16" and gen == "gaudi1":
             return False, "Gaudi 1 has no fp16; it runs bf16"
         return True, f"{gen or 'Gaudi'} supports {dtype_name(dtype)}"
-    if name in ("tpu", "neuron"):
-        if dtype == "bfloat16":
-            return True, f"{backend.hardware} computes in bf16 natively"
-        return False, f"{backend.hardware} is built for bf16; fp16 is not its native half precision"
     if name == "mps":
         if dtype == "float16":
             return True, "Apple GPUs run fp16"
@@ -86,21 +85,33 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
                 "this CPU lacks native bf16 (no avx512_bf16/amx_bf16 or Arm bf16), so bf16 is emulated and slow",
             )
         return False, "CPUs compute fp16 slowly (about 4x slower than fp32 measured here)"
-    # xpu, npu, mlu, musa and third-party backends: the runtime's own answer, when it gave one.
+    return _from_the_row(backend, result, dtype)
+
+
+def _from_the_row(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, str]:
+    """xpu, npu, mlu, musa, tpu, neuron and third-party backends: the row's facts and the runtime's answer."""
+    if not backend.fast_fp16 and backend.default_dtype == "bfloat16":
+        # Built for bf16 (TPU, Trainium).
+        if dtype == "bfloat16":
+            return True, f"{backend.hardware} computes in bf16 natively"
+        return False, f"{backend.hardware} is built for bf16; fp16 is not its native half precision"
     bf16 = next((d.bf16 for d in result.devices if d.bf16 is not None), None)
     if dtype == "bfloat16":
         if bf16 is None:
             return backend.default_dtype == "bfloat16", f"{backend.hardware}: bf16 support not reported"
         return bf16, f"{backend.hardware} {'supports' if bf16 else 'does not support'} bf16"
+    if not backend.fast_fp16:
+        return False, f"{backend.hardware} has no fast fp16"
     return True, f"{backend.hardware} runs fp16"
 
 
 def choose_dtype(backend: Backend, result: ProbeResult) -> tuple[str, str]:
     """The fastest dtype that runs natively here, and the sentence that says why."""
     if backend.name == "mps":
+        # Apple's quirk: bf16 runs from macOS 14, but fp16 stays the fast one.
         return "float16", "Apple GPUs are fastest in fp16"
     for candidate in ("bfloat16", "float16"):
-        if backend.name == "cpu" and candidate == "float16":
+        if candidate == "float16" and not backend.fast_fp16:
             break
         ok, why = supports(backend, result, candidate)
         if ok:

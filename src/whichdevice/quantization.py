@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError, DeviceError, DoesNotFitError
 from whichdevice.packages import package_version
+from whichdevice.registry import _BUILTIN, backends
 from whichdevice.sizing import ModelSize, format_bytes
 
 if TYPE_CHECKING:
@@ -30,9 +31,9 @@ __all__ = [
 
 QUANTIZE_CHOICES = ("auto", "4bit", "8bit", None)
 
-# bitsandbytes' own ``supported_torch_devices`` (bitsandbytes/__init__.py, 0.50); "cuda" covers
-# ROCm. The registry's ``Backend.bitsandbytes`` flags must match it (tests check both).
-BNB_DEVICES = frozenset({"cpu", "cuda", "xpu", "hpu", "npu", "mps"})
+# bitsandbytes' own ``supported_torch_devices`` (bitsandbytes/__init__.py, 0.50; "cuda" covers
+# ROCm) as the built-in rows' ``Backend.bitsandbytes`` record it; tests compare it with bitsandbytes.
+BNB_DEVICES = frozenset(b.name for b in _BUILTIN if b.bitsandbytes)
 
 # transformers' bitsandbytes quantizers scale a device_map="auto" max_memory by 0.9
 # (``adjust_max_memory``: room for buffers created while quantizing), so a split plan must leave it.
@@ -103,10 +104,9 @@ def check_quantize(quantize: Any) -> None:
 def bitsandbytes_supports(backend: Backend, result: ProbeResult) -> tuple[bool, str]:
     """Whether bitsandbytes runs on this backend (its own device list; Gaudi 2 and 3 only)."""
     if not backend.bitsandbytes:
-        return False, (
-            f"bitsandbytes does not support {backend.name} ({backend.hardware}); it supports cuda "
-            "(NVIDIA and ROCm), xpu, hpu (Gaudi 2/3), npu, mps and cpu"
-        )
+        supported = ", ".join(b.name for b in backends() if b.bitsandbytes)
+        return False, f"bitsandbytes does not support {backend.name} ({backend.hardware}); it supports {supported}"
+    # Gaudi 1 is the one generation of a supported backend that bitsandbytes does not run on.
     if backend.name == "hpu" and any(d.generation == "gaudi1" for d in result.devices):
         return False, "bitsandbytes 4-bit and 8-bit need Gaudi 2 or newer; this is Gaudi 1"
     where = "AMD GPUs through its ROCm build" if backend.name == "cuda" and result.variant == "rocm" else backend.name

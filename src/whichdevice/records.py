@@ -176,11 +176,24 @@ class Backend:
     other_distributed_backends: tuple[str, ...] = ()
     compile_backend: str | None = "inductor"
     device_map_auto: bool = True
+    # Accelerate's max_memory names this device's memory by the backend's name ("cpu", "mps"), not
+    # by device index: one pool, which a model is never split across.
+    memory_by_name: bool = False
     bitsandbytes: bool = False
+    # The kernels package's device key (None: Hub kernels have no builds for this backend).
     kernels_key: str | None = None
+    # FlashAttention versions transformers runs here (the flash-attn packages, or Hub kernels).
     flash_attention: tuple[int, ...] = ()
+    # Versions the backend's own package serves without any flash-attn package (torch_npu's).
+    flash_attention_native: tuple[int, ...] = ()
+    # fp16 computes fast here and fp16 mixed-precision training works; False on CPUs and on chips
+    # built for bf16 (TPU, Trainium).
+    fast_fp16: bool = True
     # True: "cuda:0" names the first device; False: the bare string ("hpu", "mps") is the usual form.
     indexed: bool = True
+    # True: one device that every process of the machine shares (the CPU): its device string never
+    # carries an index, and the processes of a distributed run do not take one device per rank.
+    shared_device: bool = False
     default_dtype: str = "float32"
     env_defaults: tuple[EnvDefault, ...] = ()
     install_hint: str = ""

@@ -54,6 +54,7 @@ _BUILTIN: tuple[Backend, ...] = (
         other_distributed_backends=("xla",),
         compile_backend="neuron",
         device_map_auto=False,
+        fast_fp16=False,
         kernels_key="neuron",
         indexed=False,
         default_dtype="bfloat16",
@@ -70,6 +71,7 @@ _BUILTIN: tuple[Backend, ...] = (
         distributed_backend="xla",
         compile_backend=None,
         device_map_auto=False,
+        fast_fp16=False,
         kernels_key="tpu",
         indexed=False,
         default_dtype="bfloat16",
@@ -86,6 +88,7 @@ _BUILTIN: tuple[Backend, ...] = (
         bitsandbytes=True,
         kernels_key="npu",
         flash_attention=(2,),
+        flash_attention_native=(2,),
         default_dtype="bfloat16",
         docs="npu",
     ),
@@ -178,6 +181,7 @@ _BUILTIN: tuple[Backend, ...] = (
         module="torch",
         probe_ref=f"{_PROBES}:probe_mps",
         distributed_backend=None,
+        memory_by_name=True,
         bitsandbytes=True,
         kernels_key="mps",
         indexed=False,
@@ -201,32 +205,50 @@ _BUILTIN: tuple[Backend, ...] = (
         probe_ref=f"{_PROBES}:probe_cpu",
         distributed_backend="gloo",
         other_distributed_backends=("mpi", "ccl"),
+        memory_by_name=True,
         bitsandbytes=True,
         indexed=False,
+        shared_device=True,
+        fast_fp16=False,
         default_dtype="float32",
         docs="cpu",
     ),
 )
 
 _lock = threading.RLock()
-# Called with a backend's name when its row is added, replaced or removed: the probe layer forgets
-# what it cached about it. A callback, because the registry sits below the layer that caches.
+# Called with a backend's name when its row is added (register_backend, an entry point), replaced
+# or removed (unregister_backend, _reset): the probe layer forgets what it cached about it, the
+# memo key its variables. A callback, because the registry sits below the layers that cache.
 _listeners: list[Callable[[str], None]] = []
 _registry: dict[str, Backend] = {}
 _order: list[str] = []
 _entry_points_loaded = False
 
 
+def on_change(listener: Callable[[str], None]) -> None:
+    """Call ``listener(name)`` whenever backend ``name`` is registered, replaced or removed."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def _changed(name: str) -> None:
+    for listener in tuple(_listeners):
+        listener(name)
+
+
 def _reset() -> None:
     """Back to the built-in records (tests use this; entry points load again on next read)."""
     global _entry_points_loaded
     with _lock:
+        before = dict.fromkeys(_order)
         _registry.clear()
         _order.clear()
         for record in _BUILTIN:
             _registry[record.name] = record
             _order.append(record.name)
         _entry_points_loaded = False
+    for name in {**before, **dict.fromkeys(_order)}:
+        _changed(name)
 
 
 _reset()
@@ -255,6 +277,7 @@ def _load_entry_points() -> None:
         _entry_points_loaded = True
         from importlib.metadata import entry_points
 
+        added: list[str] = []
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
                 obj: Any = ep.load()
@@ -264,6 +287,7 @@ def _load_entry_points() -> None:
                 _check_name(record)
                 if record.name not in _registry:
                     _insert(record, before="cpu")
+                    added.append(record.name)
             except Exception as exc:
                 import warnings
 
@@ -271,6 +295,8 @@ def _load_entry_points() -> None:
                     f"whichdevice: backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
                     stacklevel=2,
                 )
+        for name in added:
+            _changed(name)
 
 
 def _check_name(record: Backend) -> None:
@@ -291,17 +317,6 @@ def _insert(record: Backend, before: str | None) -> None:
             f"register_backend(before={before!r}): no backend named {before!r}; valid names: {', '.join(_order)}"
         )
     _order.insert(_order.index(before), record.name)
-
-
-def on_change(listener: Callable[[str], None]) -> None:
-    """Call ``listener(name)`` whenever backend ``name`` is registered, replaced or removed."""
-    if listener not in _listeners:
-        _listeners.append(listener)
-
-
-def _changed(name: str) -> None:
-    for listener in tuple(_listeners):
-        listener(name)
 
 
 def backends() -> tuple[Backend, ...]:

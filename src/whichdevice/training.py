@@ -24,11 +24,13 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
         ok, why = supports(backend, res.probe, "bfloat16")
         if not ok:
             instead = (
-                "fp16=True" if supports(backend, res.probe, "float16")[0] and name != "cpu" else "neither bf16 nor fp16"
+                "fp16=True"
+                if backend.fast_fp16 and supports(backend, res.probe, "float16")[0]
+                else "neither bf16 nor fp16"
             )
             raise ConfigConflictError(f"bf16=True does not work on {res.device}: {why}; pass {instead}")
     if user.get("fp16") or user.get("fp16_full_eval"):
-        if name in ("cpu", "tpu", "neuron"):
+        if not backend.fast_fp16:
             instead = "bf16=True" if supports(backend, res.probe, "bfloat16")[0] else "neither (fp32)"
             raise ConfigConflictError(
                 f"fp16=True does not work on {name} ({backend.hardware} has no fast fp16 training); pass {instead}"
@@ -50,6 +52,7 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
                 "process group has not been initialized'. Leave ddp_backend out, or launch with torchrun "
                 "or accelerate launch"
             )
+    # use_cpu is TrainingArguments' switch for the CPU itself.
     if user.get("use_cpu") is False and name == "cpu":
         raise DeviceUnavailableError(
             f"use_cpu=False, but this machine has no usable accelerator ({res.probe.reason or 'only a CPU'}); "

@@ -20,11 +20,12 @@ def training_precision(backend: Backend, probe: ProbeResult, dtype_name: str | N
     if dtype_name == "float32":
         return None, "fp32 training: the resolved dtype is fp32"
     if name == "mps":
+        # Apple's quirk: whichdevice does not hand over autocast training on MPS.
         return None, "no mixed precision on MPS (fp32 training); pass fp16=True to try autocast"
     bf16_ok, bf16_why = supports(backend, probe, "bfloat16")
     if dtype_name in (None, "bfloat16") and bf16_ok:
         return "bf16", bf16_why
-    if name in ("cpu", "tpu", "neuron"):
+    if not backend.fast_fp16:
         return None, f"fp32 training: {bf16_why}"
     fp16_ok, fp16_why = supports(backend, probe, "float16")
     if fp16_ok:
@@ -43,7 +44,8 @@ def training_kwargs_for(
     """TrainingArguments keywords for training on ``backend`` in ``dtype_name`` (see ``Resolution.training_kwargs``)."""
     kwargs: dict[str, Any] = {}
     if backend.name == "cpu":
-        # Also what lets bf16=True pass TrainingArguments' own check on CPU.
+        # use_cpu is TrainingArguments' switch for the CPU itself (no other row has one); it is
+        # also what lets bf16=True pass TrainingArguments' own check on CPU.
         kwargs["use_cpu"] = True
     precision, _ = training_precision(backend, probe, dtype_name)
     if precision:

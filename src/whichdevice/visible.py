@@ -1,6 +1,7 @@
 """Visible-devices variables, parsed the way each runtime reads them.
 
-Each parser answers "which physical devices sit behind visible indices 0, 1, ...?" and returns a
+Which variable each backend reads is its registry row's ``visible_devices_env``. Each parser answers
+"which physical devices sit behind visible indices 0, 1, ...?" and returns a
 :class:`Visibility`. ``ids is None`` means the variable is unset (every device is visible). Values a
 runtime silently misreads (``CUDA_VISIBLE_DEVICES=0,,2`` shows only GPU 0) parse the way the runtime
 reads them and carry a warning that says so; values no runtime accepts raise ``DeviceError``.
@@ -253,15 +254,11 @@ def _single_variable(
     return parse
 
 
-_PARSERS: dict[str, Callable[[Mapping[str, str]], Visibility]] = {
-    "cuda": lambda env: parse_cuda(env),
-    "xpu": _single_variable("ZE_AFFINITY_MASK", parse_ze_affinity_mask),
-    "hpu": lambda env: parse_habana(env),
-    "neuron": _single_variable("NEURON_RT_VISIBLE_CORES", parse_ranges),
-    "tpu": _single_variable("TPU_VISIBLE_CHIPS", parse_index_list),
-    "npu": _single_variable("ASCEND_RT_VISIBLE_DEVICES", parse_index_list),
-    "mlu": _single_variable("MLU_VISIBLE_DEVICES", parse_index_list),
-    "musa": _single_variable("MUSA_VISIBLE_DEVICES", parse_index_list),
+# The visible-devices variables are the registry rows' ``visible_devices_env``; what is written
+# here is how a runtime reads a value when it is not a plain list of indices.
+_FORMATS: dict[str, Callable[[str, str], tuple[str, ...]]] = {
+    "NEURON_RT_VISIBLE_CORES": parse_ranges,
+    "ZE_AFFINITY_MASK": parse_ze_affinity_mask,
 }
 
 
@@ -270,14 +267,16 @@ def visible_devices(
 ) -> Visibility:
     """The :class:`Visibility` for ``backend`` from ``environ`` (default: ``os.environ``)."""
     env = os.environ if environ is None else environ
-    if backend == "cuda" and variant == "rocm":
-        return parse_cuda(env, rocm=True)
-    parser = _PARSERS.get(backend)
-    if parser is not None:
-        return parser(env)
+    # Two runtimes read several variables with rules of their own: CUDA/ROCm (parse_cuda) and
+    # Gaudi (parse_habana); every other row names one variable.
+    if backend == "cuda":
+        return parse_cuda(env, rocm=variant == "rocm")
+    if backend == "hpu":
+        return parse_habana(env)
     from whichdevice.registry import get_backend
 
     record = get_backend(backend)
     if record.visible_devices_env:
-        return _single_variable(record.visible_devices_env[0], parse_index_list)(env)
+        variable = record.visible_devices_env[0]
+        return _single_variable(variable, _FORMATS.get(variable, parse_index_list))(env)
     return Visibility()

@@ -1,0 +1,81 @@
+"""The memo key of resolve_device(): its arguments plus every environment variable a resolution reads.
+
+The variables are not listed here. Each module that reads the environment on the resolve path
+declares its own (``ENV_VARIABLES`` next to the code that reads them, as Ray's ``hpu.py`` holds
+``HABANA_VISIBLE_DEVICES_ENV_VAR``), and each registered backend's row declares its env hooks; the
+key is their union, so a new reader or a plugin backend cannot be left out. The variables the probes
+read are not in it: they are cached with the probe results, which ``refresh=True`` clears.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from whichdevice import distributed, kernels_support, packages, request
+from whichdevice.registry import backends, on_change
+from whichdevice.request import Arguments
+
+__all__ = ["DECLARING_MODULES", "memo_key", "memo_variables"]
+
+# The modules on the resolve path that read the environment (tests/test_memo.py fails when a
+# module reads a variable it does not declare, or declares one this list does not reach).
+DECLARING_MODULES = (request, distributed, kernels_support)
+
+# os.environ.get costs about 0.7 us a name (str -> bytes, Mapping.get); the backing dict of bytes
+# answers in a tenth of that, which keeps a repeated resolve_device() well under 20 us.
+_RAW_ENV: Any = getattr(os.environ, "_data", None) if os.name == "posix" else None
+# (names, their raw keys) for the registry as it is; emptied whenever a backend row changes.
+_variables: list[tuple[tuple[str, ...], tuple[bytes, ...]]] = []
+
+
+def _forget(_name: str) -> None:
+    _variables.clear()
+
+
+on_change(_forget)
+
+
+def memo_variables() -> tuple[str, ...]:
+    """Every variable whose value is part of the memo key, each once."""
+    return _current()[0]
+
+
+def _current() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
+    if _variables:
+        return _variables[0]
+    declared = [name for module in DECLARING_MODULES for name in module.ENV_VARIABLES]
+    hooks = [default.name for backend in backends() for default in backend.env_defaults]
+    names = tuple(dict.fromkeys([*declared, *hooks]))
+    entry = (names, tuple(os.fsencode(name) for name in names))
+    _variables[:] = [entry]
+    return entry
+
+
+def _environment_key() -> tuple[Any, ...]:
+    names, raw_keys = _variables[0] if _variables else _current()
+    if _RAW_ENV is not None:
+        return tuple(map(_RAW_ENV.get, raw_keys))
+    return tuple(map(os.environ.get, names))
+
+
+def memo_key(args: Arguments) -> Any:
+    """A hashable key for these arguments, or None when an answer must not be reused.
+
+    A model or memory budget is never memoised: the files behind a path can change.
+    """
+    if args.model is not None or args.max_memory is not None:
+        return None
+    device, prefer, exclude = args.device, args.prefer, args.exclude
+    if type(device).__name__ == "device" or type(prefer) is list or type(exclude) is list:
+        args = args._replace(
+            device=str(device) if type(device).__name__ == "device" else device,
+            prefer=tuple(prefer) if isinstance(prefer, list) else prefer,
+            exclude=tuple(exclude) if isinstance(exclude, list) else exclude,
+        )
+    key = (args, _environment_key(), packages.generation())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key

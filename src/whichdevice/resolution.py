@@ -1,0 +1,181 @@
+"""The answer of resolve_device(): what was chosen, the trace of why, and the keyword arguments that hand it over.
+
+:class:`Resolution` is frozen and JSON-safe (``to_dict``); ``model_kwargs()``, ``pipeline_kwargs()`` and
+``training_kwargs()`` give the exact keywords ``from_pretrained``, ``pipeline`` and
+``TrainingArguments`` take on the installed transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from whichdevice import packages
+from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
+from whichdevice.distributed import DistributedContext, process_group_backend
+from whichdevice.errors import ConfigConflictError
+from whichdevice.records import Backend, EnvAction, ProbeResult, TraceStep
+
+if TYPE_CHECKING:
+    import torch
+
+    from whichdevice.quantization import QuantizationPlan
+
+__all__ = ["Resolution", "check_device_map"]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments."""
+
+    device: str
+    backend: Backend
+    task: str
+    device_count: int
+    device_map: str | dict[str, Any]
+    dtype_name: str | None
+    attn_implementation: str
+    probe: ProbeResult = field(repr=False)
+    max_memory: dict[int | str, str] | None = None
+    distributed: DistributedContext | None = None
+    env_set: tuple[EnvAction, ...] = ()
+    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
+    source: str = "detection"
+    quantization: QuantizationPlan | None = None
+    use_kernels: bool = False
+    kernels_key: str | None = None
+    torch_compile: bool = False
+
+    def __str__(self) -> str:
+        return self.device
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The torch dtype chosen for this hardware (None: leave it to transformers)."""
+        if self.dtype_name is None:
+            return None
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype_name)
+        return dtype
+
+    @property
+    def simulated(self) -> bool:
+        return self.probe.simulated
+
+    @property
+    def index(self) -> int | None:
+        _, _, idx = self.device.partition(":")
+        return int(idx) if idx else None
+
+    # ------------------------------------------------------------------------------ adapters
+
+    def model_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for ``AutoModel*.from_pretrained`` on the installed transformers.
+
+        ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
+        or tpu raises, since Accelerate's "auto" does not cover them).
+        """
+        kwargs: dict[str, Any] = {"device_map": self.device_map}
+        if self.dtype_name is not None:
+            kwargs[_dtype_keyword()] = self.dtype
+        kwargs["attn_implementation"] = self.attn_implementation
+        if self.attn_implementation == ATTENTION_NAME:
+            ensure_registered()
+        if self.max_memory:
+            kwargs["max_memory"] = dict(self.max_memory)
+        if self.quantization is not None:
+            kwargs["quantization_config"] = self.quantization.config()
+        if self.use_kernels:
+            kwargs["use_kernels"] = True
+        for key in ("dtype", "torch_dtype"):
+            if key in overrides:
+                kwargs.pop("dtype", None)
+                kwargs.pop("torch_dtype", None)
+        if "device_map" in overrides:
+            check_device_map(self.backend, overrides["device_map"])
+        kwargs.update(overrides)
+        return kwargs
+
+    def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.pipeline``."""
+        model_kwargs = self.model_kwargs()
+        kwargs: dict[str, Any] = {"device_map": model_kwargs.pop("device_map")}
+        key = _dtype_keyword()
+        if key in model_kwargs:
+            kwargs[key] = model_kwargs.pop(key)
+        kwargs["model_kwargs"] = model_kwargs
+        if "device_map" in overrides:
+            check_device_map(self.backend, overrides["device_map"])
+        kwargs.update(overrides)
+        return kwargs
+
+    def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``TrainingArguments``: device, precision, ddp and compile settings."""
+        from whichdevice.training_settings import training_kwargs_for
+
+        compile_ = self.torch_compile if torch_compile is None else torch_compile
+        return training_kwargs_for(self.backend, self.probe, self.dtype_name, self.distributed, torch_compile=compile_)
+
+    # --------------------------------------------------------------------------- explanation
+
+    def explain(self) -> str:
+        """The decision trace as text a person reads top to bottom."""
+        header = f"whichdevice chose {self.device} for {self.task}"
+        if self.simulated:
+            header += " (SIMULATED hardware)"
+        width = max((len(s.topic) for s in self.trace), default=8)
+        lines = [header]
+        for step in self.trace:
+            mark = {True: "+", False: "-", None: " "}[step.chosen]
+            lines.append(f"  {mark} {step.topic.ljust(width)}  {step.message}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``whichdevice --json`` embeds it)."""
+        return {
+            "device": self.device,
+            "backend": self.backend.name,
+            "variant": self.probe.variant,
+            "task": self.task,
+            "source": self.source,
+            "device_count": self.device_count,
+            "device_map": self.device_map,
+            "dtype": self.dtype_name,
+            "attn_implementation": self.attn_implementation,
+            "max_memory": {str(k): v for k, v in self.max_memory.items()} if self.max_memory else None,
+            "distributed": self.distributed.to_dict() if self.distributed else None,
+            "distributed_backend": process_group_backend(self.backend, self.distributed),
+            "env_set": [a.to_dict() for a in self.env_set],
+            "quantization": self.quantization.to_dict() if self.quantization else None,
+            "use_kernels": self.use_kernels,
+            "kernels_key": self.kernels_key,
+            "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
+            "simulated": self.simulated,
+            "trace": [s.to_dict() for s in self.trace],
+        }
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _dtype_keyword() -> str:
+    # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; read the installed
+    # version from metadata so transformers itself is not imported here.
+    version = packages.package_version("transformers")
+    return "dtype" if version is None or packages.version_at_least(version, "4.56") else "torch_dtype"
+
+
+def check_device_map(backend: Backend, device_map: Any) -> None:
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
+        raise ConfigConflictError(
+            f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
+            f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
+        )
