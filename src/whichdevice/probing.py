@@ -43,7 +43,7 @@ class _Store:
         self.inflight: dict[str, threading.Event] = {}
         self.counts: dict[str, int] = {}
         # Finished resolutions keyed by their arguments and the variables they read (see
-        # resolver._memo_key); they derive from the results above, so they are cleared with them.
+        # memo.memo_key); they derive from the results above, so they are cleared with them.
         self.resolutions: dict[Any, Any] = {}
 
     def function(self, backend: Backend) -> ProbeFunction:
