@@ -54,13 +54,13 @@ def test_single_process_scenarios(specs, device, dtype, device_map, train):
 DISTRIBUTED = [
     ("cuda:8", "cuda:1", "nccl", None),
     ("cuda:2,variant=rocm", "cuda:1", "nccl", None),
-    ("hpu:8", "hpu:1", "hccl", "hpu_backend"),
+    ("hpu:8", "hpu", "hccl", "hpu_backend"),  # its current device, as accelerate uses it
     ("npu:8", "npu:1", "hccl", None),
     ("xpu:2", "xpu:1", "xccl", None),
     ("mlu:2", "mlu:1", "cncl", None),
     ("musa:2", "musa:1", "mccl", None),
-    ("neuron:2", "neuron:1", "neuron", "neuron"),
-    ("tpu:4", "tpu:1", "xla", None),
+    ("neuron:2", "neuron", "neuron", "neuron"),
+    ("tpu:4", "tpu", "xla", None),
     ("cpu", "cpu", "gloo", None),
 ]
 
