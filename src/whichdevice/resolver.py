@@ -237,8 +237,10 @@ def _launch(backend: Backend, task: str) -> DistributedContext | None:
     """The run this process belongs to, as accelerate will see it with this backend's training settings."""
     # use_cpu=True (what whichdevice passes on the CPU) is the switch that makes accelerate read MPI's variables.
     dist = detect_distributed(cpu=backend.name == "cpu")
-    if task == "training" and dist is not None and not dist.seen:
-        # Training would go on in every process alone, on the same data: say what to export instead.
+    if task == "training" and dist is not None and (not dist.seen or dist.scheduler is not None):
+        # A scheduler started the processes: without torch's variables each would train alone on the
+        # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
+        # launcher's or set by hand to try a rank, are checked by training_arguments().)
         check_training_launch(dist)
     return dist
 
