@@ -269,7 +269,7 @@ def _distributed(backend: Backend, dist: DistributedContext | None) -> list[Trac
             TraceStep(
                 "warning",
                 f"the process group cannot start without {', '.join(m.split('=')[0] for m in dist.missing)}: "
-                f"export {' '.join(dist.missing)} (training_arguments() refuses until then)",
+                f"export {' '.join(dist.missing)} (TrainingArguments would fail inside torch without them)",
             )
         )
     return steps
