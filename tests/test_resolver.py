@@ -279,7 +279,12 @@ def test_cpu_under_mpirun_uses_mpi_only_when_torch_has_it(monkeypatch):
         "OMPI_COMM_WORLD_SIZE": "2",
     }.items():
         monkeypatch.setenv(name, value)
-    assert wd.resolve_device(task="training").training_kwargs()["ddp_backend"] == "gloo"  # pip wheels lack MPI
+    # pip wheels lack MPI: gloo, whose env:// rendezvous needs MASTER_ADDR
+    with pytest.raises(wd.DeviceError, match="export MASTER_ADDR="):
+        wd.resolve_device(task="training")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert wd.resolve_device(task="training").training_kwargs()["ddp_backend"] == "gloo"
+    monkeypatch.delenv("MASTER_ADDR")
     monkeypatch.setattr(torch.distributed, "is_mpi_available", lambda: True)
     assert wd.resolve_device(task="training", refresh=True).training_kwargs()["ddp_backend"] == "mpi"
 

@@ -251,7 +251,7 @@ def _missing(
         for field, name, source in zip(TORCH._fields, TORCH, variables, strict=True)
         if name in needed and env.get(name) is None
     ]
-    if env.get("MASTER_ADDR") is None:
+    if env.get("MASTER_ADDR") is None and not (cpu and seen and _mpi_backend(env)):
         slurm = scheduler is not None and scheduler.name == "SLURM"
         out.append(
             "MASTER_ADDR="
@@ -260,6 +260,15 @@ def _missing(
     if env.get("MASTER_PORT") is None and not (cpu and seen):
         out.append("MASTER_PORT=29500")  # accelerate's CPU path defaults it to 29500; env:// does not
     return tuple(out)
+
+
+def _mpi_backend(env: Mapping[str, str]) -> bool:
+    """Whether accelerate's CPU path will use torch's "mpi" backend, which needs no rendezvous address."""
+    if not any(env.get(n.rank) is not None for n in _ACCELERATE_CPU[1:]):
+        return False
+    import torch.distributed
+
+    return bool(torch.distributed.is_mpi_available())
 
 
 def _check_consistent(ctx: DistributedContext, env: Mapping[str, str], partial: bool) -> None:
