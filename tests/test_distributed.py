@@ -223,6 +223,12 @@ def test_slurm_without_local_rank(launch_env):
     assert res.training_kwargs()["ddp_backend"] == "gloo"
 
 
+def test_world_size_without_local_rank_on_a_gpu(launch_env):
+    launch_env({"RANK": "1", "WORLD_SIZE": "2", **GROUP})
+    with simulate("cuda:2"), pytest.raises(DeviceError, match=r"WORLD_SIZE=2 says 2 processes, but LOCAL_RANK"):
+        wd.resolve_device(task="training")
+
+
 def test_mpirun_without_master_addr_is_refused(launch_env):
     launch_env(OMPI)
     with simulate("cpu"), pytest.raises(DeviceError, match=r"export MASTER_ADDR=<host name of rank 0>"):

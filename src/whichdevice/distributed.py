@@ -310,9 +310,16 @@ def check_training_launch(context: DistributedContext | None) -> None:
             f"start without {', '.join(m.split('=')[0] for m in context.missing)} (torch's env:// rendezvous "
             f"reads them). Set them in each process: `export {exports}`; torchrun and accelerate launch set them"
         )
-    start = next((s.start for s in SCHEDULERS if s.name == context.scheduler), "srun")
+    n = context.world_size
+    if context.scheduler is None:
+        raise DeviceError(
+            f"{context.variables[2]}={n} says {n} processes, but LOCAL_RANK is unset, so transformers and "
+            f"accelerate do not see a run: each process would train alone. Set `export {exports}` in each "
+            "process, or start them with torchrun or accelerate launch, which set all of them"
+        )
+    start = next(s.start for s in SCHEDULERS if s.name == context.scheduler)
     raise DeviceError(
-        f"{context.launcher} started {context.world_size} processes, but transformers and accelerate read "
+        f"{context.launcher} started {n} processes, but transformers and accelerate read "
         f"torch's variables, which are not all set here: each process would train alone on the same data. "
         f"Set them in each process: `{start} bash -c 'export {exports}; python train.py'`, or start the "
         "processes with torchrun, one launcher per node (`srun --ntasks-per-node=1 torchrun "
