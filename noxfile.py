@@ -1,4 +1,4 @@
-"""nox sessions: tests, the transformers 4.57 end-to-end run, lint, bench and docs (`nox -l` lists them)."""
+"""nox sessions: tests, the transformers 4.57 end-to-end run, Ray Train, lint, bench and docs (`nox -l` lists them)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ def tests_transformers_457(session: nox.Session) -> None:
         "tests/test_decode_attention.py",
         *session.posargs,
     )
+
+
+@nox.session(python="3.11", name="tests-ray")
+def tests_ray(session: nox.Session) -> None:
+    """The Ray Train row of the launch matrix: ray[train] is large, so the default run skips it."""
+    install(session, "test", pins=("ray[train]>=2.60",))
+    session.run("pytest", "tests/test_distributed.py", "-k", "ray", *session.posargs, env={"WHICHDEVICE_TEST_RAY": "1"})
 
 
 @nox.session(python="3.11")

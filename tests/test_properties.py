@@ -319,6 +319,7 @@ def test_torchrun_variables_round_trip(local_world: int, nodes: int, data: st.Da
         "RANK": str(rank),
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(local_world),
+        "TORCHELASTIC_RUN_ID": "none",  # torchrun's mark in every worker
     }
     ctx = detect_distributed(env)
     assert ctx is not None

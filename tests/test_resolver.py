@@ -54,13 +54,13 @@ def test_single_process_scenarios(specs, device, dtype, device_map, train):
 DISTRIBUTED = [
     ("cuda:8", "cuda:1", "nccl", None),
     ("cuda:2,variant=rocm", "cuda:1", "nccl", None),
-    ("hpu:8", "hpu:1", "hccl", "hpu_backend"),
+    ("hpu:8", "hpu", "hccl", "hpu_backend"),  # its current device, as accelerate uses it
     ("npu:8", "npu:1", "hccl", None),
     ("xpu:2", "xpu:1", "xccl", None),
     ("mlu:2", "mlu:1", "cncl", None),
     ("musa:2", "musa:1", "mccl", None),
-    ("neuron:2", "neuron:1", "neuron", "neuron"),
-    ("tpu:4", "tpu:1", "xla", None),
+    ("neuron:2", "neuron", "neuron", "neuron"),
+    ("tpu:4", "tpu", "xla", None),
     ("cpu", "cpu", "gloo", None),
 ]
 
@@ -279,7 +279,12 @@ def test_cpu_under_mpirun_uses_mpi_only_when_torch_has_it(monkeypatch):
         "OMPI_COMM_WORLD_SIZE": "2",
     }.items():
         monkeypatch.setenv(name, value)
-    assert wd.resolve_device(task="training").training_kwargs()["ddp_backend"] == "gloo"  # pip wheels lack MPI
+    # pip wheels lack MPI: gloo, whose env:// rendezvous needs MASTER_ADDR
+    with pytest.raises(wd.DeviceError, match="export MASTER_ADDR="):
+        wd.resolve_device(task="training")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert wd.resolve_device(task="training").training_kwargs()["ddp_backend"] == "gloo"
+    monkeypatch.delenv("MASTER_ADDR")
     monkeypatch.setattr(torch.distributed, "is_mpi_available", lambda: True)
     assert wd.resolve_device(task="training", refresh=True).training_kwargs()["ddp_backend"] == "mpi"
 

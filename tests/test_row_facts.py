@@ -131,6 +131,7 @@ def test_visible_devices_reads_each_variable_of_each_row(row):
 def test_distributed_backends_follow_the_row(monkeypatch):
     wd.register_backend(_row(other_distributed_backends=("mpi",)))
     for name, value in {
+        "LOCAL_RANK": "0",  # what accelerate reads on an accelerator; the ranks come from Open MPI
         "OMPI_COMM_WORLD_LOCAL_RANK": "0",
         "OMPI_COMM_WORLD_RANK": "0",
         "OMPI_COMM_WORLD_SIZE": "2",

@@ -161,8 +161,11 @@ def device_string(
 ) -> tuple[tuple[str, int], list[TraceStep]]:
     """The device string and how many devices this process uses.
 
-    In a distributed run each process takes the device of its local rank, except on a backend
-    whose one device every process shares (the CPU).
+    In a distributed run each process takes the device accelerate will give it: the device of its
+    local rank; its current device on a backend without indices in its device strings (Gaudi,
+    Trainium, TPU: accelerate uses ``torch.device("hpu", current_device())``, each process owning
+    one device); ``ACCELERATE_TORCH_DEVICE`` as given when set (Ray Train sets it); and the one
+    device every process shares on the CPU.
     """
     index = request.index
     if dist is not None and not backend.shared_device:
@@ -174,17 +177,20 @@ def device_string(
             )
         if index is not None:
             return (f"{backend.name}:{index}", 1), []
-        return (f"{backend.name}:{dist.local_rank}", 1), [_rank_device(backend, result, dist)]
+        return _rank_device(backend, result, dist)
+    steps = _accelerate_device_differs(backend, dist)
     if backend.shared_device:
-        return (backend.name, 1), []
+        return (backend.name, 1), steps
     if index is not None:
-        return (f"{backend.name}:{index}", 1), []
+        return (f"{backend.name}:{index}", 1), steps
     if backend.indexed:
-        return (f"{backend.name}:0", result.device_count), []
-    return (backend.name, result.device_count), []
+        return (f"{backend.name}:0", result.device_count), steps
+    return (backend.name, result.device_count), steps
 
 
-def _rank_device(backend: Backend, result: ProbeResult, dist: DistributedContext) -> TraceStep:
+def _rank_device(
+    backend: Backend, result: ProbeResult, dist: DistributedContext
+) -> tuple[tuple[str, int], list[TraceStep]]:
     if dist.local_rank >= result.device_count:
         vis = result.visible
         because = f" ({vis.variable}={vis.raw!r})" if vis is not None and vis.variable else ""
@@ -194,8 +200,31 @@ def _rank_device(backend: Backend, result: ProbeResult, dist: DistributedContext
             f"{result.device_count} processes per node (--nproc_per_node={result.device_count}) "
             "or make more devices visible"
         )
-    return TraceStep(
-        "device",
-        f"{backend.name}:{dist.local_rank}: local rank {dist.local_rank} ({dist.local_rank_variable}) "
-        "picks its own device",
-    )
+    given = dist.accelerate_device
+    if given is not None and given.partition(":")[0] == backend.name and dist.seen:
+        why = f"ACCELERATE_TORCH_DEVICE={given!r} ({dist.launcher}): the device accelerate will use"
+        return (given, 1), [TraceStep("device", why)]
+    if not backend.indexed:
+        why = (
+            f"{backend.name}: local rank {dist.local_rank} ({dist.local_rank_variable}) owns one device, "
+            f"which is its current device; accelerate uses torch.device({backend.name!r}, current_device()) "
+            "and device_map stays on it"
+        )
+        return (backend.name, 1), [TraceStep("device", why)]
+    device = f"{backend.name}:{dist.local_rank}"
+    why = f"{device}: local rank {dist.local_rank} ({dist.local_rank_variable}) picks its own device"
+    return (device, 1), [TraceStep("device", why), *_accelerate_device_differs(backend, dist)]
+
+
+def _accelerate_device_differs(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
+    """A warning when ACCELERATE_TORCH_DEVICE will put the Trainer on another kind of device."""
+    given = dist.accelerate_device if dist is not None and dist.seen else None
+    if given is None or given.partition(":")[0] == backend.name:
+        return []
+    return [
+        TraceStep(
+            "warning",
+            f"ACCELERATE_TORCH_DEVICE={given!r}: accelerate will train on {given}, not on {backend.name}; "
+            f"pass device={given.partition(':')[0]!r} or unset ACCELERATE_TORCH_DEVICE",
+        )
+    ]

@@ -20,7 +20,12 @@ from whichdevice import probing
 from whichdevice.attention import choose_attention
 from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
 from whichdevice.detection import choose_backend, device_string
-from whichdevice.distributed import DistributedContext, detect_distributed, process_group_backend
+from whichdevice.distributed import (
+    DistributedContext,
+    check_training_launch,
+    detect_distributed,
+    process_group_backend,
+)
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.kernels_support import decide_kernels
 from whichdevice.memo import memo_key
@@ -110,10 +115,10 @@ class _Trace(list[TraceStep]):
 
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
-    dist = detect_distributed()
     trace = _Trace()
     request = trace.take(read_request(args.device))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
+    dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist))
     env_set = trace.take(_environment(backend, result))
     dtype = trace.take(_dtype(backend, result, args.dtype))
@@ -228,13 +233,43 @@ def _kernels(backend: Backend, result: ProbeResult, requested: Any) -> tuple[tup
     return decision, steps
 
 
+def _launch(backend: Backend, task: str) -> DistributedContext | None:
+    """The run this process belongs to, as accelerate will see it with this backend's training settings."""
+    # use_cpu=True (what whichdevice passes on the CPU) is the switch that makes accelerate read MPI's variables.
+    dist = detect_distributed(cpu=backend.name == "cpu")
+    if task == "training" and dist is not None and (not dist.seen or dist.scheduler is not None):
+        # A scheduler started the processes: without torch's variables each would train alone on the
+        # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
+        # launcher's or set by hand to try a rank, are checked by training_arguments().)
+        check_training_launch(dist)
+    return dist
+
+
 def _distributed(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
     if dist is None:
         return []
-    return [
+    where = f"rank {dist.rank} of {dist.world_size}, local rank {dist.local_rank} ({dist.local_rank_variable})"
+    if not dist.seen:
+        return [
+            TraceStep(
+                "distributed",
+                f"{dist.launcher}: {where}; transformers and accelerate do not see this run (they read "
+                f"torch's variables): no process group and no ddp_backend, and training is refused until "
+                f"you export {' '.join(dist.missing)}",
+            )
+        ]
+    steps = [
         TraceStep(
             "distributed",
-            f"{dist.launcher}: rank {dist.rank} of {dist.world_size}, "
-            f"local rank {dist.local_rank}; process group backend {process_group_backend(backend, dist)!r}",
+            f"{dist.launcher}: {where}; process group backend {process_group_backend(backend, dist)!r}",
         )
     ]
+    if dist.missing:
+        steps.append(
+            TraceStep(
+                "warning",
+                f"the process group cannot start without {', '.join(m.split('=')[0] for m in dist.missing)}: "
+                f"export {' '.join(dist.missing)} (TrainingArguments would fail inside torch without them)",
+            )
+        )
+    return steps

@@ -300,24 +300,35 @@ def _distributed_entries(env: Mapping[str, str], warnings: Warnings) -> list[dic
     except DeviceError as exc:
         dist, problem = None, str(exc)
         warnings.append(warning("environment", problem))
+    if dist is not None and not dist.seen:
+        warnings.append(
+            warning(
+                "environment",
+                f"{dist.launcher}: {dist.world_size} processes that transformers does not see; training is "
+                f"refused until you export {' '.join(dist.missing)} (see docs/distributed.md)",
+            )
+        )
     out = []
     for var in _DISTRIBUTED_VARS:
         value = env.get(var)
         if problem is not None and value is not None:
             effect = f"invalid: {problem}"
-        elif value is None and dist is not None:
+        elif value is None and dist is not None and dist.seen:
             effect = (
                 f"unset: taken as {dist.rank} (LOCAL_RANK)" if var == "RANK" else f"unset: taken as {dist.world_size}"
             )
         elif value is None:
             effect = "unset: a single process (torchrun and accelerate launch set it)"
         elif var == "LOCAL_RANK":
-            effect = f"local rank {value}: this process uses device index {value} of its backend"
+            launched = f" ({dist.launcher})" if dist is not None else ""
+            effect = f"local rank {value}{launched}: this process uses device index {value} of its backend"
         elif var == "RANK":
             effect = f"global rank {value}"
         else:
             effect = f"{value} process{'es' if value.strip() != '1' else ''} in the run"
-        if dist is None and problem is None and value is not None and var != "LOCAL_RANK":
+        if dist is not None and not dist.seen and value is not None:
+            effect += " (accelerate does not see the run without LOCAL_RANK)"
+        elif dist is None and problem is None and value is not None and var != "LOCAL_RANK":
             effect += " (no effect without LOCAL_RANK)"
         out.append(_entry(var, env, effect, "distributed"))
     return out
