@@ -348,7 +348,10 @@ def test_a_resolution_sent_to_another_process_registers_there(tmp_path):
     res = wd.resolve_device(model=path, dtype="bfloat16")
     assert res.attn_implementation == ATTENTION_NAME
     proc = subprocess.run(
-        [sys.executable, "-c", UNPICKLED, str(path), pickle.dumps(res).hex()], capture_output=True, text=True, timeout=240
+        [sys.executable, "-c", UNPICKLED, str(path), pickle.dumps(res).hex()],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"loaded with {ATTENTION_NAME}" in proc.stdout

@@ -12,7 +12,14 @@ if TYPE_CHECKING:
     from whichdevice.model_support import AttentionSupport
     from whichdevice.records import Backend, ProbeResult
 
-__all__ = ["AUTO_HUB", "AttentionChoice", "KNOWN_IMPLEMENTATIONS", "choose_attention", "flash_attention_package", "is_hub_kernel"]
+__all__ = [
+    "AUTO_HUB",
+    "KNOWN_IMPLEMENTATIONS",
+    "AttentionChoice",
+    "choose_attention",
+    "flash_attention_package",
+    "is_hub_kernel",
+]
 
 # Opt-in: like "auto", but when no FlashAttention package is usable, the Hub kernel transformers
 # swaps in for it (kernels-community/flash-attn2, ...) where one exists and can be had.
@@ -103,11 +110,15 @@ def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> A
     if support is None:
         if wanted is not None:
             why = f"{wanted} would fit ({why}), but without model= its support cannot be checked; pass model= to get it"
-        return AttentionChoice(None, False, f"left to transformers (sdpa where the model supports it, else eager): {why}")
+        return AttentionChoice(
+            None, False, f"left to transformers (sdpa where the model supports it, else eager): {why}"
+        )
     if support.unknown is not None:
         skipped = f"{wanted} not passed, " if wanted is not None else ""
         return AttentionChoice(
-            None, False, f"left to transformers: {skipped}the model's attention support is unknown ({support.unknown}); {why}"
+            None,
+            False,
+            f"left to transformers: {skipped}the model's attention support is unknown ({support.unknown}); {why}",
         )
     refusal = support.refusal(wanted) if wanted is not None else None
     if wanted is not None and refusal is None:
@@ -119,7 +130,9 @@ def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> A
         return AttentionChoice(
             None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}"
         )
-    return AttentionChoice(default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}")
+    return AttentionChoice(
+        default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}"
+    )
 
 
 def _defaults(support: AttentionSupport) -> str:
@@ -185,9 +198,7 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
     )
 
 
-def _without_flash(
-    backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str
-) -> tuple[str | None, str]:
+def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str) -> tuple[str | None, str]:
     """None (transformers' own choice), or on the CPU in bf16/fp16 for inference the decode attention
     (see decode_attention); and why, after ``no_flash``."""
     from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
@@ -201,7 +212,10 @@ def _without_flash(
     if model is None:
         return None, f"{no_flash}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
     if model_type is None:
-        return None, f"{no_flash}; {ATTENTION_NAME} needs the model's architecture, and model= has no readable model_type"
+        return (
+            None,
+            f"{no_flash}; {ATTENTION_NAME} needs the model's architecture, and model= has no readable model_type",
+        )
     if model_type not in VERIFIED_MODEL_TYPES:
         return None, f"{no_flash}; {ATTENTION_NAME} is not verified for model_type {model_type!r}"
     return ATTENTION_NAME, (

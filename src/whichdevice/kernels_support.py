@@ -235,7 +235,8 @@ def decide_kernels(
             TraceStep(
                 "kernels",
                 f"Hub kernels off (use_kernels={requested!r}, the default, as in transformers); "
-                "use_kernels='auto' turns them on where they can work: they download and run compiled code from the Hub",
+                "use_kernels='auto' turns them on where they can work (they download and run compiled code "
+                "from the Hub)",
             )
         )
         return False, key

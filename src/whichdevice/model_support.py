@@ -81,7 +81,8 @@ class AttentionSupport:
         if not lacking:
             return None
         verb = "has" if len(lacking) == 1 else "have"
-        return f"{self._names(lacking)} {verb} {support_flag(implementation)}=False on transformers {self.transformers_version}"
+        flag = support_flag(implementation)
+        return f"{self._names(lacking)} {verb} {flag}=False on transformers {self.transformers_version}"
 
 
 def transformers_default(support: AttentionSupport) -> str | None:
@@ -126,7 +127,9 @@ def attention_support(model: Any) -> AttentionSupport:
     if model_type is None and not names:
         return AttentionSupport(None, unknown="model= has no readable model_type or architectures")
     parts = tuple(sorted(_sub_configs(config)))
-    return _read_classes(model_type, names, parts)
+    from whichdevice.packages import package_version
+
+    return _read_classes(package_version("transformers"), model_type, names, parts)
 
 
 def _sub_configs(config: dict[str, Any]) -> set[tuple[str, str]]:
@@ -140,10 +143,12 @@ def _sub_configs(config: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 @lru_cache(maxsize=128)
-def _read_classes(model_type: str | None, architectures: tuple[str, ...], parts: tuple[tuple[str, str], ...]) -> AttentionSupport:
-    from whichdevice.packages import package_version
-
-    metadata_version = package_version("transformers")
+def _read_classes(
+    metadata_version: str | None,
+    model_type: str | None,
+    architectures: tuple[str, ...],
+    parts: tuple[tuple[str, str], ...],
+) -> AttentionSupport:
     if metadata_version is None:
         return AttentionSupport(model_type, unknown="transformers is not installed")
     try:
@@ -154,9 +159,7 @@ def _read_classes(model_type: str | None, architectures: tuple[str, ...], parts:
     version = str(transformers.__version__)
     if version != metadata_version:
         # testing.simulate(packages=...) changed the version: the installed classes would answer for another one
-        return AttentionSupport(
-            model_type, unknown=f"transformers {metadata_version} is not the importable {version}"
-        )
+        return AttentionSupport(model_type, unknown=f"transformers {metadata_version} is not the importable {version}")
     wanted = [(name, "") for name in architectures]
     if model_type is not None:
         wanted += [(name, "") for name in _mapped_classes(modeling_auto, model_type, every_head=True)]
@@ -173,7 +176,9 @@ def _read_classes(model_type: str | None, architectures: tuple[str, ...], parts:
             return AttentionSupport(model_type, unknown=f"{name} is not a class of transformers {version}")
         classes.append(ModelClass(name, part, flags))
     if not classes:
-        return AttentionSupport(model_type, unknown=f"transformers {version} has no class for model_type {model_type!r}")
+        return AttentionSupport(
+            model_type, unknown=f"transformers {version} has no class for model_type {model_type!r}"
+        )
     return AttentionSupport(model_type, tuple(classes), transformers_version=version)
 
 

@@ -137,8 +137,7 @@ def _headline(w: _Writer, report: Report) -> None:
         if r["ok"]:
             res = r["resolution"]
             summary.append(
-                f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, "
-                f"{_attention(res)})"
+                f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, {_attention(res)})"
             )
         else:
             summary.append(f"{r['task']}: {s('no usable device', 'red', 'bold')}")
