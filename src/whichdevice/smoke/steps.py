@@ -57,9 +57,7 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
     first = state[tasks[0]]
     state["where"] = f" on {first.device}"
     attention = first.attn_implementation or "attention left to transformers"
-    return f"{first.device}, {first.dtype_name}, {attention}" + (
-        " (SIMULATED)" if first.simulated else ""
-    )
+    return f"{first.device}, {first.dtype_name}, {attention}" + (" (SIMULATED)" if first.simulated else "")
 
 
 def _import_transformers(state: dict[str, Any]) -> None:
