@@ -692,7 +692,7 @@ def test_kernels_outside_the_range_transformers_accepts(
         with pytest.raises(DeviceError) as err:
             wd.resolve_device(use_kernels=True)
         check_error(err, ConfigConflictError, ("use_kernels=True cannot work here", "pip install 'kernels"))
-        res = wd.resolve_device()  # "auto" turns them off and says why
+        res = wd.resolve_device(use_kernels="auto")  # "auto" turns them off and says why
     assert not res.use_kernels
     assert "Hub kernels off" in res.explain() and "pip install 'kernels" in res.explain()
     if version is not None:

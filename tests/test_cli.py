@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+import whichdevice as wd
 from steering import ANSI
 from steering import STEERING as _BASE
 from whichdevice import cli, report
@@ -195,6 +196,16 @@ def test_help_and_usage_errors() -> None:
     proc = run("--task", "serving")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 2 and "--task" in proc.stderr
+
+
+def test_version() -> None:
+    from whichdevice.packages import package_version
+
+    proc = run("--version")
+    assert proc.returncode == 0 and proc.stdout == f"whichdevice {wd.__version__}\n" and not proc.stderr
+    # the installed distribution says the same as the package
+    assert package_version("whichdevice") in (None, wd.__version__)
+    assert cli.main(["--version"]) == 0
 
 
 def run_on_tty(*args: str, **env: str) -> tuple[int, str]:

@@ -227,9 +227,9 @@ def test_the_automatic_choice_follows_the_cpus_dtype(cpu_kind, tmp_path):
     assert res.attn_implementation == (ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa")
 
 
-def test_without_a_model_it_keeps_sdpa_and_says_how_to_get_it():
+def test_without_a_model_it_leaves_attention_to_transformers_and_says_how_to_get_it():
     res = wd.resolve_device(dtype="bfloat16")
-    assert res.attn_implementation == "sdpa"
+    assert res.attn_implementation is None and "attn_implementation" not in res.model_kwargs()
     line = next(s.message for s in res.trace if s.topic == "attention")
     assert f"pass model= to get {ATTENTION_NAME}" in line
 
@@ -301,7 +301,6 @@ import sys, torch, whichdevice as wd
 {before}
 res = wd.resolve_device(model=sys.argv[1], dtype="bfloat16")  # the half-precision path on any CPU
 assert res.attn_implementation == "{name}", res.attn_implementation
-print("transformers imported by resolve_device:", "transformers" in sys.modules and not {before_imports})
 from transformers import AutoModelForCausalLM
 kwargs = {kwargs}
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], **kwargs)
@@ -312,19 +311,47 @@ print("loaded with", model.config._attn_implementation)
 @pytest.mark.parametrize(
     ("before", "kwargs"),
     [
-        ("", "res.model_kwargs()"),  # model_kwargs() registers it
+        ("", "res.model_kwargs()"),
+        # the issue's case: resolved before transformers is imported, the name passed by hand
+        ("", "dict(dtype=res.dtype, attn_implementation=res.attn_implementation)"),
         ("import transformers", "dict(dtype=res.dtype, attn_implementation=res.attn_implementation)"),
     ],
-    ids=["model_kwargs", "attribute-after-importing-transformers"],
+    ids=["model_kwargs", "attribute-before-importing-transformers", "attribute-after-importing-transformers"],
 )
 def test_a_fresh_process_can_load_with_what_the_resolver_chose(before, kwargs, tmp_path):
     from tiny_models import save_tiny_llama
 
     path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
-    script = REGISTRATION.format(before=before, name=ATTENTION_NAME, before_imports=bool(before), kwargs=kwargs)
+    script = REGISTRATION.format(before=before, name=ATTENTION_NAME, kwargs=kwargs)
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), str(path)], capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "transformers imported by resolve_device: False" in proc.stdout
+    assert f"loaded with {ATTENTION_NAME}" in proc.stdout
+
+
+UNPICKLED = """
+import pickle, sys
+res = pickle.loads(bytes.fromhex(sys.argv[2]))  # another process: nothing registered there yet
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=res.dtype, attn_implementation=res.attn_implementation)
+print("loaded with", model.config._attn_implementation)
+"""
+
+
+def test_a_resolution_sent_to_another_process_registers_there(tmp_path):
+    import pickle
+
+    from tiny_models import save_tiny_llama
+
+    path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
+    res = wd.resolve_device(model=path, dtype="bfloat16")
+    assert res.attn_implementation == ATTENTION_NAME
+    proc = subprocess.run(
+        [sys.executable, "-c", UNPICKLED, str(path), pickle.dumps(res).hex()],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"loaded with {ATTENTION_NAME}" in proc.stdout

@@ -77,7 +77,7 @@ def test_installed_kernels_is_too_old_and_the_trace_says_exactly_that():
     assert not ok and why.startswith(expected) and f"pip install 'kernels>={low},<{high}'" in why
     for spec in ("cuda:1", "cpu"):
         with simulate(spec):
-            res = wd.resolve_device()
+            res = wd.resolve_device(use_kernels="auto")
         assert res.use_kernels is False and expected in _kernels_line(res)
         assert "use_kernels" not in res.model_kwargs()
     with simulate("cuda:1"), pytest.raises(wd.ConfigConflictError, match=re.escape(expected)):
@@ -117,7 +117,7 @@ KEYS = [
 @pytest.mark.parametrize(("spec", "key"), KEYS, ids=[k[0] for k in KEYS])
 def test_auto_kernels_per_backend_when_compatible(compatible_kernels, online, spec, key):
     with simulate(spec):
-        res = wd.resolve_device()
+        res = wd.resolve_device(use_kernels="auto")
     assert res.kernels_key == key
     data = json.loads(json.dumps(res.to_dict()))
     assert data["use_kernels"] is (key is not None) and data["kernels_key"] == key
@@ -133,6 +133,18 @@ def test_auto_kernels_per_backend_when_compatible(compatible_kernels, online, sp
         assert res.model_kwargs()["use_kernels"] is True
 
 
+@pytest.mark.parametrize("spec", ["cuda:1", "xpu:1", "mps"])
+def test_hub_kernels_are_off_unless_asked_for(compatible_kernels, online, spec):
+    """transformers' own default: nothing is downloaded from the Hub and run unless the user opts in."""
+    with simulate(spec):
+        res = wd.resolve_device()
+        asked = wd.resolve_device(use_kernels="auto")
+    assert res.use_kernels is False and "use_kernels" not in res.model_kwargs()
+    line = _kernels_line(res)
+    assert "the default, as in transformers" in line and "use_kernels='auto' turns them on" in line
+    assert asked.use_kernels is True and asked.model_kwargs()["use_kernels"] is True
+
+
 def test_use_kernels_false_and_bad_values(compatible_kernels):
     with simulate("cuda:1"):
         res = wd.resolve_device(use_kernels=False)
@@ -143,7 +155,7 @@ def test_use_kernels_false_and_bad_values(compatible_kernels):
 
 def test_offline_without_cached_kernels_is_off(compatible_kernels, offline_empty_cache):
     with simulate("cuda:1"):
-        res = wd.resolve_device()
+        res = wd.resolve_device(use_kernels="auto")
         assert res.use_kernels is False
         assert "HF_HUB_OFFLINE=1 and a kernels-community kernel is not in the cache" in _kernels_line(res)
         with pytest.raises(wd.ConfigConflictError, match="not in the cache"):
@@ -153,7 +165,7 @@ def test_offline_without_cached_kernels_is_off(compatible_kernels, offline_empty
 def test_offline_with_cached_kernels_is_on(compatible_kernels, offline_empty_cache):
     (offline_empty_cache / "models--kernels-community--activation").mkdir()
     with simulate("cuda:1"):
-        res = wd.resolve_device()
+        res = wd.resolve_device(use_kernels="auto")
     assert res.use_kernels is True and "in the cache" in _kernels_line(res)
 
 
@@ -178,7 +190,7 @@ def test_local_kernels(compatible_kernels, offline_empty_cache, monkeypatch):
         "kernels-community/x": "/opt/k/x",
     }
     with simulate("cuda:1"):
-        res = wd.resolve_device()
+        res = wd.resolve_device(use_kernels="auto")
     assert res.use_kernels is True and "LOCAL_KERNELS" in _kernels_line(res)
     ok, why = kernels_support.hub_access("kernels-community/flash-attn2")
     assert ok and "/opt/k/fa2" in why
@@ -192,7 +204,7 @@ def test_deciding_never_touches_the_network(compatible_kernels, online, monkeypa
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
     with simulate("cuda:1"):
-        res = wd.resolve_device(attn_implementation="auto-hub")
+        res = wd.resolve_device(attn_implementation="auto-hub", use_kernels="auto", model=llama_config())
     assert res.use_kernels is True and res.attn_implementation == "kernels-community/flash-attn2"
 
 
@@ -204,45 +216,75 @@ HUB_ATTENTION = [
     ("cuda:1,cc=9.0", "kernels-community/flash-attn2", None),
     ("cuda:2,variant=rocm", "kernels-community/aiter-flash-attn", None),
     ("xpu:1", "kernels-community/flash-attn2", None),
-    ("cuda:1,cc=7.5", "sdpa", "compute capability 8.0 or newer; this GPU has 7.5"),
-    ("npu:1", "sdpa", "no flash_attention_2 Hub kernel is built for npu"),
-    ("mps", "sdpa", "no flash_attention_2 Hub kernel is built for mps"),
-    ("neuron:2", "sdpa", "no flash_attention_2 Hub kernel is built for neuron"),
-    ("hpu:8", "sdpa", "no flash_attention_2 Hub kernel is built for hpu"),
-    ("cpu", "sdpa", "no flash_attention_2 Hub kernel is built for cpu"),
+    ("cuda:1,cc=7.5", None, "compute capability 8.0 or newer; this GPU has 7.5"),
+    ("npu:1", None, "no flash_attention_2 Hub kernel is built for npu"),
+    ("mps", None, "no flash_attention_2 Hub kernel is built for mps"),
+    ("neuron:2", None, "no flash_attention_2 Hub kernel is built for neuron"),
+    ("hpu:8", None, "no flash_attention_2 Hub kernel is built for hpu"),
+    ("cpu", None, "no flash_attention_2 Hub kernel is built for cpu"),
 ]
+
+
+def llama_config():
+    """A config whose classes (Llama*) support sdpa and FlashAttention on the installed transformers."""
+    from tiny_models import tiny_config
+
+    return tiny_config()
 
 
 @pytest.mark.parametrize(("spec", "impl", "why"), HUB_ATTENTION, ids=[h[0] for h in HUB_ATTENTION])
 def test_auto_hub_attention(compatible_kernels, online, spec, impl, why):
+    # fp32 on the CPU: in half precision it gets its decode attention (tests/test_decode_attention.py)
+    dtype = "float32" if spec == "cpu" else "auto"
     with simulate(spec):
-        res = wd.resolve_device(attn_implementation="auto-hub")
-        plain = wd.resolve_device()
-    assert res.attn_implementation == impl
-    assert res.model_kwargs()["attn_implementation"] == impl
+        res = wd.resolve_device(attn_implementation="auto-hub", model=llama_config(), dtype=dtype)
+        plain = wd.resolve_device(model=llama_config(), dtype=dtype)
     line = _attention_line(res)
-    if why is None:
+    if impl is not None:
+        assert res.attn_implementation == impl and res.model_kwargs()["attn_implementation"] == impl
         assert "auto-hub' opts in" in line and "download on first use" in line
+        assert "supported by LlamaForCausalLM" in line
     else:
+        # transformers' own choice for Llama, not passed
+        assert res.attn_implementation == "sdpa" and "attn_implementation" not in res.model_kwargs()
         assert why in line and "found no Hub kernel" in line
-    # never by surprise: plain "auto" keeps sdpa even where a Hub kernel would serve
-    assert plain.attn_implementation == "sdpa"
+    # never by surprise: plain "auto" leaves sdpa to transformers even where a Hub kernel would serve
+    assert plain.attn_implementation == "sdpa" and "attn_implementation" not in plain.model_kwargs()
+
+
+def test_auto_hub_without_a_model_is_not_passed(compatible_kernels, online):
+    """Without model= the architecture's FlashAttention support cannot be read: nothing is passed."""
+    with simulate("cuda:1"):
+        res = wd.resolve_device(attn_implementation="auto-hub")
+    assert res.attn_implementation is None and "attn_implementation" not in res.model_kwargs()
+    assert "kernels-community/flash-attn2 would fit" in _attention_line(res)
+    assert "pass model= to get it" in _attention_line(res)
+
+
+def test_auto_hub_for_a_model_without_flash_attention_support(compatible_kernels, online):
+    from transformers import BloomConfig
+
+    with simulate("cuda:1"):
+        res = wd.resolve_device(attn_implementation="auto-hub", model=BloomConfig(n_layer=2, hidden_size=64))
+    assert res.attn_implementation == "eager" and "attn_implementation" not in res.model_kwargs()
+    assert "kernels-community/flash-attn2 not passed: BloomForCausalLM" in _attention_line(res)
+    assert "_supports_flash_attn=False" in _attention_line(res)
 
 
 def test_auto_hub_needs_half_precision(compatible_kernels, online):
     with simulate("cuda:1"):
-        res = wd.resolve_device(attn_implementation="auto-hub", dtype="float32")
+        res = wd.resolve_device(attn_implementation="auto-hub", dtype="float32", model=llama_config())
     assert res.attn_implementation == "sdpa" and "needs fp16 or bf16" in _attention_line(res)
 
 
 def test_auto_hub_offline_uses_only_a_cached_kernel(compatible_kernels, offline_empty_cache):
     with simulate("cuda:1"):
-        res = wd.resolve_device(attn_implementation="auto-hub")
+        res = wd.resolve_device(attn_implementation="auto-hub", model=llama_config())
     assert res.attn_implementation == "sdpa"
     assert "kernels-community/flash-attn2 is not in the cache" in _attention_line(res)
     (offline_empty_cache / "models--kernels-community--flash-attn2").mkdir()
     with simulate("cuda:1"):
-        res = wd.resolve_device(attn_implementation="auto-hub")
+        res = wd.resolve_device(attn_implementation="auto-hub", model=llama_config())
     assert res.attn_implementation == "kernels-community/flash-attn2"
 
 
@@ -252,7 +294,7 @@ def test_auto_hub_with_the_installed_kernels_falls_back_to_sdpa(online):
     if import_utils.is_kernels_available():
         pytest.skip("the installed kernels is compatible here")
     with simulate("cuda:1"):
-        res = wd.resolve_device(attn_implementation="auto-hub")
+        res = wd.resolve_device(attn_implementation="auto-hub", model=llama_config())
     assert res.attn_implementation == "sdpa"
     installed = package_version("kernels")
     if installed is None:
@@ -263,7 +305,7 @@ def test_auto_hub_with_the_installed_kernels_falls_back_to_sdpa(online):
 
 def test_auto_hub_prefers_an_installed_flash_attn(compatible_kernels, online):
     with simulated_packages({"flash-attn": "2.8.3"}), simulate("cuda:1"):
-        res = wd.resolve_device(attn_implementation="auto-hub")
+        res = wd.resolve_device(attn_implementation="auto-hub", model=llama_config())
     assert res.attn_implementation == "flash_attention_2"
 
 

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "deciders",
         (
+            "model_support",
             "precision",
             "flash",
             "attention",

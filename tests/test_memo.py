@@ -51,9 +51,9 @@ def test_moving_the_hub_cache_through_huggingface_hub_cache_is_seen(compatible_k
     (filled / "models--kernels-community--activation").mkdir(parents=True)
     monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(filled))
     with simulate("cuda:1"):
-        assert wd.resolve_device().use_kernels is True
+        assert wd.resolve_device(use_kernels="auto").use_kernels is True
         monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "empty"))
-        moved = wd.resolve_device()
+        moved = wd.resolve_device(use_kernels="auto")
     assert moved.use_kernels is False
     line = next(s.message for s in moved.trace if s.topic == "kernels")
     assert "not in the cache" in line and str(tmp_path / "empty") in line

@@ -175,8 +175,9 @@ def test_progress_redraws_only_on_a_terminal() -> None:
 
 def test_verify_catches_a_model_in_the_wrong_place() -> None:
     import torch
+    from transformers import LlamaConfig
 
-    res = resolve_device(dtype="float32")
+    res = resolve_device(dtype="float32", model=LlamaConfig(num_hidden_layers=1))  # attention read: sdpa
     model = SimpleNamespace(
         device=torch.device("cpu"), dtype=torch.float32, config=SimpleNamespace(_attn_implementation="sdpa")
     )

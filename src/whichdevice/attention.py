@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.errors import ConfigConflictError, DeviceError
 from whichdevice.flash import FLASH, flash_attention_package, flash_fits
 
 if TYPE_CHECKING:
+    from whichdevice.model_support import AttentionSupport
     from whichdevice.records import Backend, ProbeResult
 
-__all__ = ["AUTO_HUB", "KNOWN_IMPLEMENTATIONS", "choose_attention", "flash_attention_package", "is_hub_kernel"]
+__all__ = [
+    "AUTO_HUB",
+    "KNOWN_IMPLEMENTATIONS",
+    "AttentionChoice",
+    "choose_attention",
+    "flash_attention_package",
+    "is_hub_kernel",
+]
 
 # Opt-in: like "auto", but when no FlashAttention package is usable, the Hub kernel transformers
 # swaps in for it (kernels-community/flash-attn2, ...) where one exists and can be had.
@@ -34,6 +42,14 @@ def is_hub_kernel(value: str) -> bool:
     return re.fullmatch(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?", value) is not None
 
 
+class AttentionChoice(NamedTuple):
+    """The attention decision: what the model runs with, whether model_kwargs() passes it, and why."""
+
+    name: str | None  # None: transformers decides, and whichdevice cannot tell what (no model= to read)
+    passed: bool
+    why: str
+
+
 def choose_attention(
     backend: Backend,
     result: ProbeResult,
@@ -42,11 +58,25 @@ def choose_attention(
     *,
     task: str = "inference",
     model: Any = None,
-) -> tuple[str, str]:
-    """The attention implementation and the reason: FlashAttention when installed and usable, else
-    sdpa, or on the CPU whichdevice's decode attention where it is faster and verified."""
+) -> AttentionChoice:
+    """Pass an implementation only when it beats what transformers picks by itself (FlashAttention,
+    a Hub FlashAttention kernel, the CPU decode attention) and every class ``model=`` loads as supports
+    it; an explicit request is passed as asked, and refused when the model's classes refuse it."""
+    from whichdevice.model_support import attention_support
+
+    support = attention_support(model) if model is not None else None
     if requested not in ("auto", AUTO_HUB):
-        return _as_requested(backend, result, dtype, requested)
+        name, why = _as_requested(backend, result, dtype, requested)
+        line = why if why.startswith(name) else f"{name}: {why}"
+        return AttentionChoice(name, True, line + _request_checked(name, support))
+    wanted, why = _wanted(backend, result, dtype, requested, task, model)
+    return _settle(wanted, why, support)
+
+
+def _wanted(
+    backend: Backend, result: ProbeResult, dtype: str | None, requested: str, task: str, model: Any
+) -> tuple[str | None, str]:
+    """The implementation whichdevice would pass on this hardware (None: transformers' own choice is best), and why."""
     for impl in ("flash_attention_3", "flash_attention_2"):
         version = flash_attention_package(impl)
         if version is None:
@@ -62,7 +92,7 @@ def choose_attention(
         have = f"{', '.join(installed)} installed but unusable here" if installed else "no FlashAttention package"
         if repo is not None:
             return repo, (
-                f"{repo}: {have}, so the Hub kernel transformers uses in its place "
+                f"{have}, so the Hub kernel transformers uses in its place "
                 f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
             )
         return _without_flash(
@@ -71,6 +101,63 @@ def choose_attention(
     if installed:
         return _without_flash(backend, dtype, task, model, f"{', '.join(installed)} installed but unusable here")
     return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed")
+
+
+def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> AttentionChoice:
+    """Pass ``wanted`` where the model's classes are read and support it; else leave it to transformers."""
+    from whichdevice.model_support import transformers_default
+
+    if support is None:
+        if wanted is not None:
+            why = f"{wanted} would fit ({why}), but without model= its support cannot be checked; pass model= to get it"
+        return AttentionChoice(
+            None, False, f"left to transformers (sdpa where the model supports it, else eager): {why}"
+        )
+    if support.unknown is not None:
+        skipped = f"{wanted} not passed, " if wanted is not None else ""
+        return AttentionChoice(
+            None,
+            False,
+            f"left to transformers: {skipped}the model's attention support is unknown ({support.unknown}); {why}",
+        )
+    refusal = support.refusal(wanted) if wanted is not None else None
+    if wanted is not None and refusal is None:
+        return AttentionChoice(wanted, True, f"{wanted}: {why}; supported by {support.checked()}")
+    if refusal is not None:
+        why = f"{wanted} not passed: {refusal}; {why}"
+    default = transformers_default(support)
+    if default is None:
+        return AttentionChoice(
+            None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}"
+        )
+    return AttentionChoice(
+        default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}"
+    )
+
+
+def _defaults(support: AttentionSupport) -> str:
+    eager = support.refusal("sdpa")
+    if eager is None:
+        return f"{support.checked()} support sdpa"
+    return f"{eager}, so transformers runs eager there (passing 'sdpa' would fail)"
+
+
+def _request_checked(name: str, support: AttentionSupport | None) -> str:
+    """Nothing to add, or the model's classes' support for an explicit request; raises when they refuse it."""
+    if support is None:
+        return ""
+    if support.unknown is not None:
+        return f"; not checked against the model: {support.unknown}"
+    refusal = support.refusal(name)
+    if refusal is not None:
+        from whichdevice.model_support import transformers_default
+
+        default = transformers_default(support) or "sdpa or eager per model part"
+        raise ConfigConflictError(
+            f"attn_implementation={name!r}: {refusal}, so from_pretrained would refuse it; leave "
+            f"attn_implementation='auto' (transformers then picks {default} itself) or pass 'eager'"
+        )
+    return f"; supported by {support.checked()}"
 
 
 def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requested: Any) -> tuple[str, str]:
@@ -111,24 +198,27 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
     )
 
 
-def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str) -> tuple[str, str]:
-    """sdpa, or on the CPU in bf16/fp16 for inference the decode attention (see decode_attention)."""
+def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str) -> tuple[str | None, str]:
+    """None (transformers' own choice), or on the CPU in bf16/fp16 for inference the decode attention
+    (see decode_attention); and why, after ``no_flash``."""
     from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
 
-    sdpa = f"sdpa (torch's fused attention): {no_flash}"
     # The decode attention is a fix for torch's fused CPU kernel: a fact about the CPU, not a capability.
     if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
-        return "sdpa", sdpa
+        return None, no_flash
     # Read only here: everywhere else the architecture does not change the answer.
     model_type = model_type_of(model)
     faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
     if model is None:
-        return "sdpa", f"{sdpa}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
+        return None, f"{no_flash}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
     if model_type is None:
-        return "sdpa", f"{sdpa}; {ATTENTION_NAME} needs the model's architecture, and model= has no readable model_type"
+        return (
+            None,
+            f"{no_flash}; {ATTENTION_NAME} needs the model's architecture, and model= has no readable model_type",
+        )
     if model_type not in VERIFIED_MODEL_TYPES:
-        return "sdpa", f"{sdpa}; {ATTENTION_NAME} is not verified for model_type {model_type!r}"
+        return None, f"{no_flash}; {ATTENTION_NAME} is not verified for model_type {model_type!r}"
     return ATTENTION_NAME, (
-        f"{ATTENTION_NAME}: sdpa for prompts and a plain matmul for one-token decode steps, since "
+        f"sdpa for prompts and a plain matmul for one-token decode steps, since "
         f"{faster}; verified for model_type {model_type!r}; {no_flash}"
     )

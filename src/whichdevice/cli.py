@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="exit codes: 0 fine, 1 the hardware cannot do it, 2 bad input",
     )
+    from whichdevice import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke}", parser_class=_Parser)
     sub.add_parser(
         "report",

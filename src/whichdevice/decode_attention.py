@@ -19,7 +19,6 @@ tests/test_decode_attention.py checks each of them against eager attention.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 __all__ = [
@@ -62,20 +61,10 @@ _REGISTERED: list[bool] = []
 def model_type_of(model: Any) -> str | None:
     """``model_type`` of a transformers config, or of the config.json in a local or cached model
     folder; None when it cannot be read (placement reports a bad ``model=`` with the reason)."""
-    if model is None:
-        return None
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        return str(model.model_type)
-    from whichdevice.errors import DeviceError
-    from whichdevice.sizing import resolve_model_path
+    from whichdevice.model_support import read_model_config
 
-    try:
-        path = resolve_model_path(model)
-        config_file = (path.parent if path.is_file() else path) / "config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (DeviceError, OSError, TypeError, ValueError):
-        return None
-    found = config.get("model_type") if isinstance(config, dict) else None
+    config = read_model_config(model)
+    found = config.get("model_type") if config is not None else None
     return found if isinstance(found, str) else None
 
 

@@ -224,12 +224,21 @@ def hub_flash_attention(
 def decide_kernels(
     backend: Backend, result: ProbeResult, requested: Any, trace: list[TraceStep]
 ) -> tuple[bool, str | None]:
-    """(use_kernels, kernels device key); explicit True raises when it cannot work."""
+    """(use_kernels, kernels device key): off unless asked ("auto": on where every check passes;
+    True: on, or ConfigConflictError with the reasons)."""
     from whichdevice.records import TraceStep
 
     key = kernels_key(backend, result)
     if requested in (False, None):
-        trace.append(TraceStep("kernels", "Hub kernels off (use_kernels=False)"))
+        # Off unless asked, as in transformers: on, transformers downloads compiled code from the Hub and runs it.
+        trace.append(
+            TraceStep(
+                "kernels",
+                f"Hub kernels off (use_kernels={requested!r}, the default, as in transformers); "
+                "use_kernels='auto' turns them on where they can work (they download and run compiled code "
+                "from the Hub)",
+            )
+        )
         return False, key
     if requested not in ("auto", True):
         raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False")

@@ -49,7 +49,7 @@ class Arguments(NamedTuple):
     device_map: Any = None
     max_memory: Mapping[int | str, Any] | None = None
     quantize: str | None = "auto"
-    use_kernels: Any = "auto"
+    use_kernels: Any = False
     torch_compile: bool = False
 
 

@@ -34,7 +34,7 @@ class Resolution:
     device_count: int
     device_map: str | dict[str, Any]
     dtype_name: str | None
-    attn_implementation: str
+    attn_implementation: str | None
     probe: ProbeResult = field(repr=False)
     max_memory: dict[int | str, str] | None = None
     distributed: DistributedContext | None = None
@@ -45,9 +45,19 @@ class Resolution:
     use_kernels: bool = False
     kernels_key: str | None = None
     torch_compile: bool = False
+    # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
+    attn_passed: bool = False
 
     def __str__(self) -> str:
         return self.device
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in another process (multiprocessing, a DataLoader worker): the decode attention
+        # must be registered there too before res.attn_implementation reaches from_pretrained.
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        if state.get("attn_implementation") == ATTENTION_NAME:
+            ensure_registered()
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -73,13 +83,18 @@ class Resolution:
     def model_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``AutoModel*.from_pretrained`` on the installed transformers.
 
+        ``attn_implementation`` is in them only when asked for, or when whichdevice chose something
+        better than transformers' own pick and checked that the model's classes support it
+        (``attn_passed``); otherwise transformers picks (sdpa where the class supports it, else eager).
+
         ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
         or tpu raises, since Accelerate's "auto" does not cover them).
         """
         kwargs: dict[str, Any] = {"device_map": self.device_map}
         if self.dtype_name is not None:
             kwargs[_dtype_keyword()] = self.dtype
-        kwargs["attn_implementation"] = self.attn_implementation
+        if self.attn_passed and self.attn_implementation is not None:
+            kwargs["attn_implementation"] = self.attn_implementation
         if self.attn_implementation == ATTENTION_NAME:
             ensure_registered()
         if self.max_memory:
@@ -143,6 +158,7 @@ class Resolution:
             "device_map": self.device_map,
             "dtype": self.dtype_name,
             "attn_implementation": self.attn_implementation,
+            "attn_implementation_passed": self.attn_passed,
             "max_memory": {str(k): v for k, v in self.max_memory.items()} if self.max_memory else None,
             "distributed": self.distributed.to_dict() if self.distributed else None,
             "distributed_backend": process_group_backend(self.backend, self.distributed),

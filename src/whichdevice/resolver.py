@@ -12,12 +12,11 @@ placement, quantization, kernels_support, distributed).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from whichdevice import probing
-from whichdevice.attention import choose_attention
+from whichdevice.attention import AttentionChoice, choose_attention
 from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
 from whichdevice.detection import choose_backend, device_string
 from whichdevice.distributed import (
@@ -56,7 +55,7 @@ def resolve_device(
     device_map: Any = None,
     max_memory: Mapping[int | str, Any] | None = None,
     quantize: str | None = "auto",
-    use_kernels: Any = "auto",
+    use_kernels: Any = False,
     torch_compile: bool = False,
     refresh: bool = False,
 ) -> Resolution:
@@ -64,7 +63,10 @@ def resolve_device(
 
     ``device`` (a string or ``torch.device``) beats ``WHICHDEVICE_DEVICE``, which beats detection.
     ``model`` (a local path, a cached model id or a config) lets placement and quantization know
-    the model's size; ``max_memory`` (from_pretrained's form) states the memory budget.
+    the model's size, and lets attention be checked against the model's classes (this imports
+    transformers); ``max_memory`` (from_pretrained's form) states the memory budget.
+    ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
+    insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
     """
     if refresh:
@@ -97,10 +99,11 @@ def resolve_device(
 
 def _attention_registered(res: Resolution) -> Resolution:
     # whichdevice's decode attention must be registered with transformers before a model is built
-    # with it. model_kwargs() does that; this covers a caller who passes res.attn_implementation
-    # themselves, as long as transformers is already imported (importing it here would cost every
-    # resolve_device() call the time of importing transformers).
-    if res.attn_implementation == ATTENTION_NAME and "transformers" in sys.modules:
+    # with it, or transformers says the name "is not supported". Registered here, so that a caller
+    # who passes res.attn_implementation by hand, before or after importing transformers, gets it.
+    # It costs nothing extra: the name is only chosen for a model= whose classes were read, which
+    # imported transformers already, or when asked for by name.
+    if res.attn_implementation == ATTENTION_NAME:
         ensure_registered()
     return res
 
@@ -122,7 +125,8 @@ def _resolve(args: Arguments) -> Resolution:
     device, count = trace.take(device_string(backend, result, request, dist))
     env_set = trace.take(_environment(backend, result))
     dtype = trace.take(_dtype(backend, result, args.dtype))
-    attention = trace.take(_attention(backend, result, dtype, args))
+    attention = _attention(backend, result, dtype, args)
+    trace.append(TraceStep("attention", attention.why))
     placed = trace.take(_placement(backend, result, device, dist, dtype, args))
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
@@ -134,7 +138,8 @@ def _resolve(args: Arguments) -> Resolution:
         device_count=count,
         device_map=placed.device_map,
         dtype_name=dtype,
-        attn_implementation=attention,
+        attn_implementation=attention.name,
+        attn_passed=attention.passed,
         probe=result,
         max_memory=placed.max_memory,
         distributed=dist,
@@ -172,11 +177,8 @@ def _dtype(backend: Backend, result: ProbeResult, dtype: Any) -> tuple[str | Non
     return chosen, [TraceStep("dtype", f"{chosen} as you asked{note}")]
 
 
-def _attention(
-    backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments
-) -> tuple[str, list[TraceStep]]:
-    attn, why = choose_attention(backend, result, dtype, args.attn_implementation, task=args.task, model=args.model)
-    return attn, [TraceStep("attention", f"{attn}: {why}" if not why.startswith(attn) else why)]
+def _attention(backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments) -> AttentionChoice:
+    return choose_attention(backend, result, dtype, args.attn_implementation, task=args.task, model=args.model)
 
 
 class _Placed(NamedTuple):

@@ -137,8 +137,7 @@ def _headline(w: _Writer, report: Report) -> None:
         if r["ok"]:
             res = r["resolution"]
             summary.append(
-                f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, "
-                f"{res['attn_implementation']})"
+                f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, {_attention(res)})"
             )
         else:
             summary.append(f"{r['task']}: {s('no usable device', 'red', 'bold')}")
@@ -240,13 +239,24 @@ def _resolutions(w: _Writer, resolutions: list[dict[str, Any]]) -> None:
                 w.line("  " + line, indent=17)
 
 
+def _attention(res: dict[str, Any]) -> str:
+    """The attention a resolution passes, or what transformers picks itself (not passed)."""
+    name = res.get("attn_implementation")
+    if res.get("attn_implementation_passed"):
+        return str(name)
+    return f"{name}, transformers' own pick" if name else "attention left to transformers"
+
+
 def _settings(w: _Writer, res: dict[str, Any]) -> None:
     settings = [
         f"device={res['device']!r}",
         f"device_map={res['device_map']!r}",
         f"dtype={res['dtype']}",
-        f"attn_implementation={res['attn_implementation']!r}",
     ]
+    if res.get("attn_implementation_passed"):
+        settings.append(f"attn_implementation={res['attn_implementation']!r}")
+    else:
+        settings.append(_attention(res))
     w.pair("from_pretrained", ", ".join(settings), 17)
     if res["training_kwargs"] is not None:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in res["training_kwargs"].items()) or "(nothing to add)"

@@ -56,9 +56,8 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
     state["device"] = device
     first = state[tasks[0]]
     state["where"] = f" on {first.device}"
-    return f"{first.device}, {first.dtype_name}, {first.attn_implementation}" + (
-        " (SIMULATED)" if first.simulated else ""
-    )
+    attention = first.attn_implementation or "attention left to transformers"
+    return f"{first.device}, {first.dtype_name}, {attention}" + (" (SIMULATED)" if first.simulated else "")
 
 
 def _import_transformers(state: dict[str, Any]) -> None:
