@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "deciders",
         (
             "precision",
+            "model_precision",
             "flash",
             "attention",
             "decode_attention",
