@@ -89,7 +89,9 @@ def test_simulated_gaudi_json() -> None:
     for entry in data["resolutions"]:
         res = entry["resolution"]
         assert res["device"] == "hpu"
-        assert res["dtype"] == "bfloat16"
+        # Training keeps fp32 weights under bf16 mixed precision (model_precision).
+        assert res["dtype"] == ("float32" if res["task"] == "training" else "bfloat16")
+        assert res["training_kwargs"] in (None, {"bf16": True, "fp16": False})
         assert "PT_ENABLE_INT64_SUPPORT" in [a["name"] for a in res["env_set"]]
 
 

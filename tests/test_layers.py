@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "model_support",
             "precision",
+            "model_precision",
             "flash",
             "attention",
             "decode_attention",

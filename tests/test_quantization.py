@@ -45,7 +45,8 @@ SUPPORTED = [
     ("hpu:8,gen=gaudi2", "hpu", "bfloat16"),
     ("hpu:8,gen=gaudi3", "hpu", "bfloat16"),
     ("npu:1", "npu:0", "bfloat16"),
-    ("mps", "mps", "float16"),
+    ("mps", "mps", "bfloat16"),  # macOS 14+: the bf16 checkpoint keeps its dtype (model_precision)
+    ("mps,macos=13.6", "mps", "float16"),
 ]
 
 

@@ -103,10 +103,12 @@ def test_simulated_gaudi_resolution_and_environment_restored() -> None:
     assert "SIMULATED" in data["simulation"]["notice"]
     for entry in data["resolutions"]:
         res = entry["resolution"]
-        assert res["device"] == "hpu" and res["dtype"] == "bfloat16" and res["simulated"] is True
+        # Training keeps fp32 weights under bf16 mixed precision (model_precision).
+        dtype = "float32" if res["task"] == "training" else "bfloat16"
+        assert res["device"] == "hpu" and res["dtype"] == dtype and res["simulated"] is True
         assert "PT_ENABLE_INT64_SUPPORT" in [a["name"] for a in res["env_set"]]
     training = data["resolutions"][1]["resolution"]
-    assert training["training_kwargs"] == {"bf16": True}
+    assert training["training_kwargs"] == {"bf16": True, "fp16": False}
     # The environment section shows what the user exported, and says whichdevice set it.
     int64 = env_entry(data, "PT_ENABLE_INT64_SUPPORT")
     assert int64["value"] is None and "whichdevice set it" in int64["effect"]

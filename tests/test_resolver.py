@@ -10,29 +10,32 @@ import torch
 import whichdevice as wd
 from whichdevice.testing import simulate
 
-# spec(s) -> (device, dtype, device_map, training kwargs in a single process)
+# spec(s) -> (device, inference dtype, device_map, training kwargs in a single process); training
+# always loads fp32 weights, under the mixed precision its flags name (model_precision).
 SINGLE = [
-    (("cpu,flags=avx512_bf16",), "cpu", "bfloat16", "cpu", {"use_cpu": True, "bf16": True}),
-    (("cpu,flags=",), "cpu", "float32", "cpu", {"use_cpu": True}),
-    (("cuda:8,cc=9.0,mem=141GiB,name=NVIDIA H200",), "cuda:0", "bfloat16", "cuda:0", {"bf16": True}),
-    (("cuda:1,cc=7.0,name=Tesla V100",), "cuda:0", "float16", "cuda:0", {"fp16": True}),
-    (("cuda:1,cc=7.5,name=Tesla T4",), "cuda:0", "float16", "cuda:0", {"fp16": True}),
-    (("cuda:1,cc=6.1,name=GTX 1080",), "cuda:0", "float32", "cuda:0", {}),
-    (("cuda:2,variant=rocm",), "cuda:0", "bfloat16", "cuda:0", {"bf16": True}),
-    (("hpu:8",), "hpu", "bfloat16", "hpu", {"bf16": True}),
-    (("hpu:8,gen=gaudi3",), "hpu", "bfloat16", "hpu", {"bf16": True}),
-    (("npu:8",), "npu:0", "bfloat16", "npu:0", {"bf16": True}),
-    (("npu:1,bf16=no",), "npu:0", "float16", "npu:0", {"fp16": True}),
-    (("neuron:2",), "neuron", "bfloat16", "neuron", {"bf16": True}),
-    (("tpu:4",), "tpu", "bfloat16", "tpu", {"bf16": True}),
-    (("xpu:2",), "xpu:0", "bfloat16", "xpu:0", {"bf16": True}),
-    (("xpu:1,bf16=no",), "xpu:0", "float16", "xpu:0", {"fp16": True}),
-    (("mps",), "mps", "float16", "mps", {}),
-    (("mlu:2",), "mlu:0", "bfloat16", "mlu:0", {"bf16": True}),
-    (("musa:2,bf16=no",), "musa:0", "float16", "musa:0", {"fp16": True}),
-    (("npu:8", "cuda:8"), "npu:0", "bfloat16", "npu:0", {"bf16": True}),
-    (("neuron:2", "cuda:8"), "neuron", "bfloat16", "neuron", {"bf16": True}),
-    (("hpu:8", "cuda:8"), "hpu", "bfloat16", "hpu", {"bf16": True}),
+    (("cpu,flags=avx512_bf16",), "cpu", "bfloat16", "cpu", {"use_cpu": True, "bf16": True, "fp16": False}),
+    (("cpu,flags=",), "cpu", "float32", "cpu", {"use_cpu": True, "bf16": False, "fp16": False}),
+    (("cuda:8,cc=9.0,mem=141GiB,name=NVIDIA H200",), "cuda:0", "bfloat16", "cuda:0", {"bf16": True, "fp16": False}),
+    (("cuda:1,cc=7.0,name=Tesla V100",), "cuda:0", "float16", "cuda:0", {"bf16": False, "fp16": True}),
+    (("cuda:1,cc=7.5,name=Tesla T4",), "cuda:0", "float16", "cuda:0", {"bf16": False, "fp16": True}),
+    (("cuda:1,cc=6.1,name=GTX 1080",), "cuda:0", "float16", "cuda:0", {"bf16": False, "fp16": True}),
+    (("cuda:1,cc=6.0,name=Tesla P100",), "cuda:0", "float16", "cuda:0", {"bf16": False, "fp16": True}),
+    (("cuda:1,cc=5.2,name=GTX 980",), "cuda:0", "float32", "cuda:0", {"bf16": False, "fp16": False}),
+    (("cuda:2,variant=rocm",), "cuda:0", "bfloat16", "cuda:0", {"bf16": True, "fp16": False}),
+    (("hpu:8",), "hpu", "bfloat16", "hpu", {"bf16": True, "fp16": False}),
+    (("hpu:8,gen=gaudi3",), "hpu", "bfloat16", "hpu", {"bf16": True, "fp16": False}),
+    (("npu:8",), "npu:0", "bfloat16", "npu:0", {"bf16": True, "fp16": False}),
+    (("npu:1,bf16=no",), "npu:0", "float16", "npu:0", {"bf16": False, "fp16": True}),
+    (("neuron:2",), "neuron", "bfloat16", "neuron", {"bf16": True, "fp16": False}),
+    (("tpu:4",), "tpu", "bfloat16", "tpu", {"bf16": True, "fp16": False}),
+    (("xpu:2",), "xpu:0", "bfloat16", "xpu:0", {"bf16": True, "fp16": False}),
+    (("xpu:1,bf16=no",), "xpu:0", "float16", "xpu:0", {"bf16": False, "fp16": True}),
+    (("mps",), "mps", "float16", "mps", {"bf16": False, "fp16": False}),
+    (("mlu:2",), "mlu:0", "bfloat16", "mlu:0", {"bf16": True, "fp16": False}),
+    (("musa:2,bf16=no",), "musa:0", "float16", "musa:0", {"bf16": False, "fp16": True}),
+    (("npu:8", "cuda:8"), "npu:0", "bfloat16", "npu:0", {"bf16": True, "fp16": False}),
+    (("neuron:2", "cuda:8"), "neuron", "bfloat16", "neuron", {"bf16": True, "fp16": False}),
+    (("hpu:8", "cuda:8"), "hpu", "bfloat16", "hpu", {"bf16": True, "fp16": False}),
 ]
 
 
@@ -48,6 +51,7 @@ def test_single_process_scenarios(specs, device, dtype, device_map, train):
     # Training and inference agree on the backend, and TrainingArguments gets what fits it.
     assert training.backend is inference.backend
     assert training.training_kwargs() == train
+    assert training.dtype == torch.float32
     assert "ddp_backend" not in training.training_kwargs()
 
 

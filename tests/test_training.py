@@ -28,8 +28,9 @@ def test_training_arguments_on_this_machine(tmp_path, cpu_kind):
     args = wd.training_arguments(output_dir=str(tmp_path), report_to=[])
     assert str(args.device) == res.device == "cpu"
     assert args.use_cpu is True
-    assert res.dtype_name == cpu_kind.dtype
-    # bf16 mixed precision exactly where the probe says bf16 is native; never fp16 on a CPU
+    # fp32 weights under bf16 mixed precision exactly where the probe says bf16 is native; never fp16 on a CPU
+    assert res.dtype_name == "float32"
+    assert res.training_kwargs()["bf16"] is (cpu_kind.dtype == "bfloat16")
     assert args.bf16 is (cpu_kind.dtype == "bfloat16")
     assert args.fp16 is False
     assert args.ddp_backend is None

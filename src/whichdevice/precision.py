@@ -60,7 +60,16 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
         cc_text = f"{cc[0]}.{cc[1]}"
         if dtype == "bfloat16":
             return cc >= (8, 0), f"bf16 needs compute capability 8.0 (Ampere) or newer; this GPU has {cc_text}"
-        return cc >= (7, 0), f"fast fp16 needs compute capability 7.0 (Volta) or newer; this GPU has {cc_text}"
+        if cc >= (7, 0):
+            return True, f"fp16 tensor cores from compute capability 7.0 (Volta); this GPU has {cc_text}"
+        if cc >= (5, 3):
+            # The project's rule (bf16 on Ampere or newer, fp16 on older GPUs), followed without a
+            # Pascal/Maxwell GPU here to time: fp16 halves weight memory and runs there, tensor cores or not.
+            return True, (
+                f"fp16 on compute capability {cc_text}: no tensor cores before 7.0, but fp16 runs from 5.3 and "
+                "whichdevice follows its rule for GPUs older than Ampere (not timed on such a GPU)"
+            )
+        return False, f"fp16 arithmetic needs compute capability 5.3 or newer; this GPU has {cc_text}"
     if name == "hpu":
         gen = next((d.generation for d in result.devices if d.generation), None)
         if dtype == "float16" and gen == "gaudi1":

@@ -47,6 +47,8 @@ class Resolution:
     torch_compile: bool = False
     # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
     attn_passed: bool = False
+    # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
+    mixed_precision: str | None = None
 
     def __str__(self) -> str:
         return self.device
@@ -126,11 +128,12 @@ class Resolution:
         return kwargs
 
     def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
-        """Keyword arguments for ``TrainingArguments``: device, precision, ddp and compile settings."""
+        """Keyword arguments for ``TrainingArguments`` (or a subclass such as TRL's SFTConfig): device,
+        ddp and compile settings, and both precision flags, ``bf16`` and ``fp16``, stated either way."""
         from whichdevice.training_settings import training_kwargs_for
 
         compile_ = self.torch_compile if torch_compile is None else torch_compile
-        return training_kwargs_for(self.backend, self.probe, self.dtype_name, self.distributed, torch_compile=compile_)
+        return training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
 
     # --------------------------------------------------------------------------- explanation
 

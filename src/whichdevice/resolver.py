@@ -28,8 +28,8 @@ from whichdevice.distributed import (
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.kernels_support import decide_kernels
 from whichdevice.memo import memo_key
+from whichdevice.model_precision import Precision, decide_precision
 from whichdevice.packages import transformers_problem
-from whichdevice.precision import choose_dtype, parse_dtype, supports
 from whichdevice.quantization import finish_quantization
 from whichdevice.records import Backend, ProbeResult, TraceStep
 from whichdevice.request import ENV_DEVICE, TASKS, Arguments, check_arguments, parse_device, read_request
@@ -124,8 +124,9 @@ def _resolve(args: Arguments) -> Resolution:
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist))
     env_set = trace.take(_environment(backend, result))
-    dtype = trace.take(_dtype(backend, result, args.dtype))
-    attention = _attention(backend, result, dtype, args)
+    precision = trace.take(_dtype(backend, result, args))
+    dtype = precision.weights
+    attention = _attention(backend, result, _computes_in(precision, args.task), args)
     trace.append(TraceStep("attention", attention.why))
     placed = trace.take(_placement(backend, result, device, dist, dtype, args))
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
@@ -138,6 +139,7 @@ def _resolve(args: Arguments) -> Resolution:
         device_count=count,
         device_map=placed.device_map,
         dtype_name=dtype,
+        mixed_precision=precision.mixed,
         attn_implementation=attention.name,
         attn_passed=attention.passed,
         probe=result,
@@ -165,16 +167,21 @@ def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction
     return env_set, steps
 
 
-def _dtype(backend: Backend, result: ProbeResult, dtype: Any) -> tuple[str | None, list[TraceStep]]:
-    if dtype is None:
-        return None, [TraceStep("dtype", "dtype=None: left to transformers (the checkpoint's own dtype)")]
-    if isinstance(dtype, str) and dtype == "auto":
-        chosen, why = choose_dtype(backend, result)
-        return chosen, [TraceStep("dtype", f"{chosen}: {why}")]
-    chosen = parse_dtype(dtype)
-    ok, why = supports(backend, result, chosen)
-    note = "" if ok else f" (slow or unsupported here: {why})"
-    return chosen, [TraceStep("dtype", f"{chosen} as you asked{note}")]
+def _dtype(backend: Backend, result: ProbeResult, args: Arguments) -> tuple[Precision, list[TraceStep]]:
+    """The weights' dtype and, for training, the mixed precision that agrees with it (model_precision)."""
+    checkpoint = None
+    if args.model is not None:
+        from whichdevice.sizing import checkpoint_dtype
+
+        checkpoint = checkpoint_dtype(args.model)
+    return decide_precision(backend, result, args.dtype, args.task, checkpoint)
+
+
+def _computes_in(precision: Precision, task: str) -> str | None:
+    # Under mixed precision the layers compute in the autocast dtype, not the fp32 weights' dtype.
+    if task == "training" and precision.mixed is not None:
+        return {"bf16": "bfloat16", "fp16": "float16"}[precision.mixed]
+    return precision.weights
 
 
 def _attention(backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments) -> AttentionChoice:

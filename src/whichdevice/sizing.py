@@ -21,8 +21,10 @@ from whichdevice.errors import DeviceError
 __all__ = [
     "FIT_FRACTION",
     "SPLIT_FRACTION",
+    "CheckpointDtype",
     "ModelSize",
     "Placement",
+    "checkpoint_dtype",
     "estimate_model_size",
     "format_bytes",
     "parse_size",
@@ -139,14 +141,19 @@ def _is_linear(name: str, shape: list[int]) -> bool:
     )
 
 
+def _header(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        if length > 100 * 1024**2:
+            raise DeviceError(f"{path}: safetensors header of {length} bytes; the file looks corrupt")
+        header: dict[str, Any] = json.loads(fh.read(length))
+    return header
+
+
 def _from_safetensors(files: list[Path]) -> ModelSize:
     float_params = linear = other = 0
     for path in files:
-        with open(path, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            if length > 100 * 1024**2:
-                raise DeviceError(f"{path}: safetensors header of {length} bytes; the file looks corrupt")
-            header = json.loads(fh.read(length))
+        header = _header(path)
         for name, info in header.items():
             if name == "__metadata__":
                 continue
@@ -282,3 +289,52 @@ def plan_placement(
         else f"{device} ({format_bytes(first * fraction)} usable)"
     )
     return Placement(device, None, f"the weights ({need}) do not fit {where}", fits=False)
+
+
+_DTYPE_CODES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class CheckpointDtype:
+    """The dtype a checkpoint's weights are stored in, its architecture, and where they were read."""
+
+    dtype: str | None  # "bfloat16", "float16", "float32"; None when not stated (or another dtype)
+    model_type: str | None
+    source: str
+
+
+def _canonical(value: Any) -> str | None:
+    name = str(value).removeprefix("torch.") if value is not None else ""
+    return name if name in _ITEMSIZE else None
+
+
+def checkpoint_dtype(model: Any) -> CheckpointDtype | None:
+    """What ``model`` says about its own dtype, as vLLM reads it: the config's ``dtype`` (or
+    ``torch_dtype``), else the dtype most safetensors weights are stored in. None when ``model``
+    cannot be read here (placement then says why)."""
+    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        stated = getattr(model, "dtype", None) or getattr(model, "torch_dtype", None)
+        where = f"the config's dtype {stated}" if stated is not None else "the config, which states no dtype"
+        return CheckpointDtype(_canonical(stated), getattr(model, "model_type", None) or None, where)
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    try:
+        path = resolve_model_path(model)
+        folder = path if path.is_dir() else path.parent
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        model_type = config.get("model_type") or None
+        stated = config.get("dtype") or config.get("torch_dtype")
+        if _canonical(stated):
+            return CheckpointDtype(_canonical(stated), model_type, f"config.json's dtype {stated!r}")
+        files = [path] if path.is_file() else sorted(folder.glob("*.safetensors"))
+        counts: dict[str, int] = {}
+        for file in files:
+            for name, info in _header(file).items():
+                if name != "__metadata__" and info["dtype"] in _FLOAT_CODES:
+                    counts[info["dtype"]] = counts.get(info["dtype"], 0) + math.prod(int(d) for d in info["shape"])
+    except (OSError, ValueError, KeyError, TypeError, struct.error, DeviceError):
+        return None
+    if not counts:
+        return CheckpointDtype(None, model_type, "neither config.json nor safetensors headers state a dtype")
+    code = max(counts, key=lambda c: counts[c])
+    return CheckpointDtype(_DTYPE_CODES.get(code), model_type, f"the safetensors headers: most weights are {code}")

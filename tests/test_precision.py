@@ -1,0 +1,225 @@
+"""Training precision that trains: the weights' dtype and the mixed-precision flags agree, every flag is
+stated, a checkpoint's own dtype is read, and architectures that overflow in fp16 never run in it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import whichdevice as wd
+from tiny_models import save_tiny_llama
+from whichdevice.model_precision import FP16_UNSAFE
+from whichdevice.sizing import checkpoint_dtype
+from whichdevice.testing import simulate
+from whichdevice.training_settings import check_precision_flag, precision_conflicts
+
+T4 = "cuda:1,cc=7.5,mem=16GiB,name=Tesla T4"
+H100 = "cuda:1,cc=9.0,mem=80GiB,name=NVIDIA H100"
+
+
+@pytest.fixture(autouse=True)
+def _restore_accelerate_variables():
+    # TrainingArguments (inside TRL's configs) exports ACCELERATE_* variables by design.
+    before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+    yield
+    for name in [k for k in os.environ if k.startswith("ACCELERATE_")]:
+        if name not in before:
+            del os.environ[name]
+    os.environ.update(before)
+
+
+def _messages(res: wd.Resolution) -> str:
+    return "\n".join(step.message for step in res.trace)
+
+
+def _config_only(tmp_path, name, **config):
+    """A checkpoint folder with just config.json: enough for the dtype and architecture."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def _one_scaled_step(model: torch.nn.Module, fp16: bool) -> float:
+    """One optimizer step as Trainer takes it under fp16=True: autocast, GradScaler, unscale (for
+    gradient clipping), step. On the CPU, since torch's GradScaler accepts the CPU device."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=fp16)
+    ids = torch.randint(0, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+        loss = model(input_ids=ids, labels=ids).loss
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return float(loss.detach())
+
+
+@pytest.mark.slow
+def test_t4_training_resolution_takes_a_gradscaler_step(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny_llama(tmp_path / "tiny", tokenizer=False)
+    with simulate(T4):
+        res = wd.resolve_device(task="training", model=str(path))
+    train = res.training_kwargs()
+    assert train == {"bf16": False, "fp16": True}
+    dtype = {k: v for k, v in res.model_kwargs().items() if k in ("dtype", "torch_dtype")}
+    assert list(dtype.values()) == [torch.float32]
+    model = AutoModelForCausalLM.from_pretrained(path, **dtype)  # loaded on the CPU: the T4 is simulated
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = _one_scaled_step(model, fp16=train["fp16"])
+    assert torch.isfinite(torch.tensor(loss))
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert "GradScaler unscales only fp32 gradients" in _messages(res)
+
+
+@pytest.mark.slow
+def test_fp16_weights_under_fp16_mixed_precision_cannot_step(tmp_path):
+    # What resolve_device handed over before: fp16 weights with fp16=True.
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny_llama(tmp_path / "tiny", tokenizer=False)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16)
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        _one_scaled_step(model, fp16=True)
+
+
+@pytest.mark.parametrize("spec", ["cpu,flags=", "cpu,flags=avx512_bf16", H100, T4, "mps,macos=13.6"])
+def test_training_states_both_flags_and_fp32_weights(spec):
+    with simulate(spec):
+        res = wd.resolve_device(task="training")
+    kwargs = res.training_kwargs()
+    assert isinstance(kwargs["bf16"], bool) and isinstance(kwargs["fp16"], bool)
+    assert not (kwargs["bf16"] and kwargs["fp16"])
+    assert res.dtype == torch.float32
+    if kwargs["bf16"]:
+        assert "float32 weights with bf16 mixed precision" in _messages(res)
+        assert "not pure bf16 weights" in _messages(res)
+
+
+def test_trl_config_gets_whichdevices_precision(tmp_path):
+    trl = pytest.importorskip("trl")
+    with simulate("cpu,flags="):
+        kwargs = wd.resolve_device(task="training").training_kwargs()
+    # SFTConfig defaults to bf16=True; the stated bf16=False wins.
+    config = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], **kwargs)
+    assert config.bf16 is False and config.fp16 is False
+
+
+def test_pascal_gpus_get_fp16_by_the_rule_and_say_it_was_not_timed():
+    with simulate("cuda:1,cc=6.0,mem=16GiB,name=Tesla P100"):
+        res = wd.resolve_device(task="training")
+        inference = wd.resolve_device()
+    assert res.training_kwargs() == {"bf16": False, "fp16": True}
+    assert inference.dtype == torch.float16
+    assert "not timed on such a GPU" in _messages(inference)
+    assert check_precision_flag(res.backend, res.probe, res.device, "fp16").verdict == "ok"
+
+
+def test_user_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost():
+    with simulate("cpu,flags="):
+        res = wd.resolve_device(task="training")
+    check = check_precision_flag(res.backend, res.probe, res.device, "bf16")
+    assert check.verdict == "warn"
+    assert "0.30x" in check.message and "0.63x" in check.message
+    assert precision_conflicts(res.backend, res.probe, res.device, {"bf16": True}) == [check.message]
+
+
+def test_precision_flags_that_cannot_run_are_refused():
+    with simulate("mps,macos=13.6"):
+        mps = wd.resolve_device(task="training")
+    with pytest.raises(wd.ConfigConflictError, match="macOS 14"):
+        precision_conflicts(mps.backend, mps.probe, mps.device, {"bf16": True})
+    with simulate("tpu:4"):
+        tpu = wd.resolve_device(task="training")
+    check = check_precision_flag(tpu.backend, tpu.probe, tpu.device, "fp16")
+    assert check.verdict == "refuse" and "bf16=True" in check.message
+    with simulate("cpu,flags=avx512_bf16"):
+        cpu = wd.resolve_device(task="training")
+    assert check_precision_flag(cpu.backend, cpu.probe, cpu.device, "bf16").verdict == "ok"
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"), [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "bfloat16")]
+)
+def test_inference_keeps_a_supported_half_checkpoint_and_downcasts_fp32(tmp_path, stored, expected):
+    path = _config_only(tmp_path, "llama", model_type="llama", dtype=stored)
+    with simulate(H100):
+        res = wd.resolve_device(model=path, max_memory={0: "10GiB"}, device_map="cuda:0")
+    assert res.dtype_name == expected
+    assert f"config.json's dtype '{stored}'" in _messages(res)
+
+
+def test_checkpoint_dtype_from_safetensors_headers(tmp_path):
+    path = save_tiny_llama(tmp_path / "tiny", dtype=torch.bfloat16, tokenizer=False)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (path / "config.json").write_text(json.dumps(config))
+    read = checkpoint_dtype(str(path))
+    assert read is not None and read.dtype == "bfloat16" and read.model_type == "llama"
+    assert "safetensors headers" in read.source
+
+
+def test_bf16_checkpoint_on_a_t4_is_cast_to_fp16_with_a_warning(tmp_path):
+    path = _config_only(tmp_path, "llama", model_type="llama", dtype="bfloat16")
+    with simulate(T4):
+        res = wd.resolve_device(model=path, device_map="cuda:0")
+    assert res.dtype_name == "float16"
+    warnings = [s.message for s in res.trace if s.topic == "warning"]
+    assert any("checkpoint is bf16, cast to fp16" in w for w in warnings)
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "t5"])
+def test_fp16_unsafe_architectures_never_compute_in_fp16(tmp_path, model_type):
+    path = _config_only(tmp_path, model_type, model_type=model_type, dtype="bfloat16")
+    with simulate(T4):
+        inference = wd.resolve_device(model=path, device_map="cuda:0")
+        training = wd.resolve_device(model=path, device_map="cuda:0", task="training")
+    assert inference.dtype_name == "float32"
+    assert f"{model_type!r} is unsafe in fp16" in _messages(inference)
+    assert training.dtype_name == "float32"
+    assert training.training_kwargs() == {"bf16": False, "fp16": False}
+    with simulate("mps,macos=14.5"):
+        # Apple's GPUs prefer fp16, but these architectures get bf16 where the OS has it.
+        assert wd.resolve_device(model=path).dtype_name == "bfloat16"
+
+
+def test_every_fp16_unsafe_architecture_names_its_source():
+    from transformers import CONFIG_MAPPING
+
+    for model_type, source in FP16_UNSAFE.items():
+        assert "#" in source or "vllm/config/model.py" in source, model_type
+    # plamo2 is remote code; every other entry is an architecture the installed transformers knows.
+    assert set(FP16_UNSAFE) - set(CONFIG_MAPPING) <= {"plamo2"}
+
+
+def test_explicit_fp16_weights_for_training_turn_fp16_mixed_precision_off():
+    with simulate(T4):
+        res = wd.resolve_device(task="training", dtype="float16")
+    assert res.dtype == torch.float16
+    assert res.training_kwargs() == {"bf16": False, "fp16": False}
+    assert "Attempting to unscale FP16 gradients" in _messages(res)
+
+
+def test_explicit_bf16_weights_for_training_are_pure_bf16_and_said_so():
+    with simulate(H100):
+        res = wd.resolve_device(task="training", dtype="bfloat16")
+    assert res.dtype == torch.bfloat16
+    assert res.training_kwargs() == {"bf16": True, "fp16": False}
+    assert "pure bf16 weights as you asked" in _messages(res)
+
+
+def test_weights_left_to_transformers_never_get_fp16_mixed_precision_blind(tmp_path):
+    with simulate(T4):
+        unknown = wd.resolve_device(task="training", dtype=None)
+        fp32 = wd.resolve_device(
+            task="training", dtype=None, model=_config_only(tmp_path, "m", model_type="llama", dtype="float32")
+        )
+    assert unknown.training_kwargs() == {"bf16": False, "fp16": False}
+    assert fp32.training_kwargs() == {"bf16": False, "fp16": True}
