@@ -534,7 +534,7 @@ CONFLICTS = [
     pytest.param(
         Conflict(
             ("cuda:1",),
-            lambda out: wd.training_arguments(out, use_cpu=True),
+            lambda out: wd.training_arguments(out, device="cuda:0", use_cpu=True),
             ConfigConflictError,
             ("use_cpu=True contradicts", "device='cpu'"),
         ),
