@@ -160,12 +160,16 @@ def settings_steps(settings: AccelerateSettings, task: str, backend: Backend, pr
             steps.append(TraceStep("accelerate", f"{said}: the same mixed precision whichdevice chose"))
         else:
             chose = f"{precision} mixed precision" if precision else "fp32"
+            follows = (
+                f"training_arguments() follows it where {asked} runs on {backend.name} and refuses it where not"
+                if asked in ("bf16", "fp16")
+                else f"training_arguments() leaves {asked} to accelerate (whichdevice does not check it)"
+            )
             steps.append(
                 TraceStep(
                     "warning",
-                    f"{said} asks accelerate for {asked} while whichdevice chose {chose}: "
-                    f"training_arguments() follows the variable (checked against {backend.name}); "
-                    f"training_kwargs() passed by hand overrides it with its own flags",
+                    f"{said} asks accelerate for {asked} while whichdevice chose {chose}: {follows}; "
+                    "TrainingArguments(**res.training_kwargs()) overrides it with whichdevice's flags",
                 )
             )
     if settings.config:
@@ -220,7 +224,7 @@ def trainer_device_steps(
 
     Raises :class:`ConfigConflictError` for a device index that Trainer would not use.
     """
-    if backend.shared_device or not backend.indexed:
+    if backend.shared_device or not _launchable(backend):
         return []
     count = result.device_count
     if dist is not None:
@@ -250,8 +254,14 @@ def trainer_device_steps(
             "(TrainingArguments.n_gpu = torch.cuda.device_count()), which is slower than one process per GPU"
         )
     else:
-        what = f"Trainer in one process trains on {backend.name}:0 only and leaves the other {count - 1} idle"
+        others = "the other device" if count == 2 else f"the other {count - 1}"
+        what = f"Trainer in one process trains on {backend.name}:0 only and leaves {others} idle"
     return [TraceStep("warning", f"{what}; launch one process per device: `{launch}` (res.launch_command)")]
+
+
+def _launchable(backend: Backend) -> bool:
+    # A backend with no process group runs one process (mps); torch_xla starts its own processes.
+    return backend.distributed_backend not in (None, "xla")
 
 
 def launch_command(
@@ -267,6 +277,15 @@ def launch_command(
     A visible-devices variable set in this environment is written into the command, so that it
     selects the same devices from any shell: ``["env", "CUDA_VISIBLE_DEVICES=2,3", "torchrun", ...]``.
     """
+    if not _launchable(backend):
+        raise DeviceError(
+            f"no launch command for {backend.name}: "
+            + (
+                f"{backend.hardware} runs one process"
+                if backend.distributed_backend is None
+                else "torch_xla starts the processes of a TPU run itself (see torch_xla's documentation)"
+            )
+        )
     if launcher not in LAUNCHERS:
         raise DeviceError(f"launcher={launcher!r}: use {' or '.join(repr(x) for x in LAUNCHERS)}")
     args = [script] if isinstance(script, str) else [str(a) for a in script]

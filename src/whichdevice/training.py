@@ -177,9 +177,9 @@ def _precision_flags(res: Resolution, filled: dict[str, Any], settings: Accelera
             _conflicts(res, {asked: True})
         except ConfigConflictError as exc:
             raise ConfigConflictError(
-                f"{ENV_MIXED_PRECISION}={settings.mixed_precision!r} (`accelerate launch` exports it from its "
-                f"config file, {settings.config_path}, or its --mixed_precision flag): {exc}; unset it, or "
-                "pass bf16=/fp16= to training_arguments()"
+                f"{ENV_MIXED_PRECISION}={settings.mixed_precision!r} asks for {asked}, and {exc}. Unset "
+                f"{ENV_MIXED_PRECISION} (`accelerate launch` exports it from --mixed_precision or from "
+                f"mixed_precision in {settings.config_path}), or pass bf16=/fp16= to training_arguments()"
             ) from None
         return {"bf16": asked == "bf16", "fp16": asked == "fp16"}
     if asked is not None:
