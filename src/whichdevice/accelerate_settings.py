@@ -93,7 +93,7 @@ class AccelerateSettings:
         return value if value in PRECISIONS and value != "no" else None
 
     def problems(self) -> list[str]:
-        """What accelerate itself would refuse in these settings."""
+        """What accelerate itself would refuse in the two variables (the config file's problem is apart)."""
         out = []
         if self.use_cpu is not None and truth(self.use_cpu) is None:
             out.append(
@@ -106,8 +106,6 @@ class AccelerateSettings:
                 f"{ENV_MIXED_PRECISION}={self.mixed_precision!r} is not one of {', '.join(PRECISIONS)}: "
                 "accelerate's Accelerator raises on it; fix or unset it"
             )
-        if self.config_problem:
-            out.append(self.config_problem)
         return out
 
 
@@ -142,7 +140,8 @@ def settings_steps(settings: AccelerateSettings, task: str, backend: Backend, pr
 
     ``precision`` is the mixed precision whichdevice chose for training ("bf16", "fp16", None).
     """
-    steps = [TraceStep("warning", problem) for problem in settings.problems()]
+    problems = [*settings.problems(), *([settings.config_problem] if settings.config_problem else [])]
+    steps = [TraceStep("warning", problem) for problem in problems]
     if settings.cpu_forced:
         steps.append(
             TraceStep(

@@ -108,6 +108,9 @@ def training_arguments(
     from whichdevice.resolver import resolve_device
 
     settings = read_accelerate_settings()
+    problems = settings.problems()
+    if problems:  # TrainingArguments or the Trainer's Accelerator would raise later, with less to go on
+        raise ConfigConflictError("; ".join(problems))
     if device is None and resolution is None and kwargs.get("use_cpu"):
         device = "cpu"  # TrainingArguments' own switch for the CPU: resolve for it, not against it
     res = (

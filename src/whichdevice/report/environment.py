@@ -225,7 +225,7 @@ def _accelerate_entries(
         _entry(
             ENV_MIXED_PRECISION,
             env,
-            _mixed_precision_effect(settings, warnings) + _from_config(settings, "mixed_precision"),
+            _mixed_precision_effect(settings) + _from_config(settings, "mixed_precision"),
         ),
         _entry("ACCELERATE_TORCH_DEVICE", env, _torch_device_effect(env, warnings)),
     ]
@@ -238,13 +238,12 @@ def _from_config(settings: AccelerateSettings, key: str) -> str:
     return f"; `accelerate launch` sets it from {settings.config_path} ({key}: {settings.config[key]})"
 
 
-def _mixed_precision_effect(settings: AccelerateSettings, warnings: Warnings) -> str:
+def _mixed_precision_effect(settings: AccelerateSettings) -> str:
     raw = settings.mixed_precision
     if raw is None:
         return "unset: Trainer trains in the precision training_arguments() passes (bf16=/fp16=)"
     problems = [p for p in settings.problems() if p.startswith(ENV_MIXED_PRECISION)]
-    if problems:
-        warnings.append(warning("environment", problems[0]))
+    if problems:  # the resolutions' traces carry the warning
         return f"invalid: {problems[0]}"
     asked = settings.precision
     if asked is None:
@@ -259,9 +258,8 @@ def _use_cpu_effect(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]
         return "unset: accelerate and Trainer use the accelerator they find"
     truth = _truth(use_cpu)
     if truth is None:
-        effect = f"invalid: accelerate and TrainingArguments raise ValueError on {use_cpu!r} (use 1 or 0)"
-        warnings.append(warning("environment", f"ACCELERATE_USE_CPU={use_cpu!r} is not a truth value; {effect}"))
-        return effect
+        # the resolutions' traces carry the warning
+        return f"invalid: accelerate and TrainingArguments raise ValueError on {use_cpu!r} (use 1 or 0)"
     if not truth:
         return "false: no effect"
     others = sorted({r["resolution"]["backend"] for r in resolutions if r["ok"]} - {"cpu"})
@@ -269,8 +267,9 @@ def _use_cpu_effect(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]
         warnings.append(
             warning(
                 "environment",
-                f"ACCELERATE_USE_CPU={use_cpu!r} makes accelerate and Trainer use the CPU, while whichdevice "
-                f"resolved {', '.join(others)}; unset ACCELERATE_USE_CPU to train on the accelerator",
+                f"ACCELERATE_USE_CPU={use_cpu!r} makes accelerate and Trainer train on the CPU (whichdevice's "
+                f"training resolution follows it) although this machine has {', '.join(others)}; unset "
+                "ACCELERATE_USE_CPU to train on the accelerator",
             )
         )
     return "accelerate and Trainer run on the CPU whatever accelerator is present"
