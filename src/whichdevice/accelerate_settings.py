@@ -242,7 +242,7 @@ def trainer_device_steps(
             f"{backend.name}:0 (it calls set_device({backend.name}:0)), and the visible-devices variable "
             f"cannot change once torch has initialised {backend.name}. Start the program with that device alone "
             f"visible: {_only(backend, result, index)} python train.py (it is {backend.name}:0 there), or "
-            f"train on all {count} with `{' '.join(launch_command(backend, result, ['train.py']))}`"
+            f"run one process per device with `{' '.join(launch_command(backend, result, ['train.py']))}`"
         )
     if count < 2:
         return []
