@@ -92,6 +92,12 @@ class AccelerateSettings:
         value = (self.mixed_precision or "").strip().lower()
         return value if value in PRECISIONS and value != "no" else None
 
+    def launch_exports(self, key: str) -> str:
+        """ "; `accelerate launch` sets it from <file> (key: value)", or "" when the file has no ``key``."""
+        if not self.config or key not in self.config:
+            return ""
+        return f"; `accelerate launch` sets it from {self.config_path} ({key}: {self.config[key]})"
+
     def problems(self) -> list[str]:
         """What accelerate itself would refuse in the two variables (the config file's problem is apart)."""
         out = []

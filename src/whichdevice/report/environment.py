@@ -221,21 +221,14 @@ def _accelerate_entries(
     if settings.config_problem:
         warnings.append(warning("accelerate", settings.config_problem))
     return [
-        _entry(ENV_USE_CPU, env, _use_cpu_effect(env, resolutions, warnings) + _from_config(settings, "use_cpu")),
+        _entry(ENV_USE_CPU, env, _use_cpu_effect(env, resolutions, warnings) + settings.launch_exports("use_cpu")),
         _entry(
             ENV_MIXED_PRECISION,
             env,
-            _mixed_precision_effect(settings) + _from_config(settings, "mixed_precision"),
+            _mixed_precision_effect(settings) + settings.launch_exports("mixed_precision"),
         ),
         _entry("ACCELERATE_TORCH_DEVICE", env, _torch_device_effect(env, warnings)),
     ]
-
-
-def _from_config(settings: AccelerateSettings, key: str) -> str:
-    """What `accelerate launch` would export from the default config file, said beside the variable."""
-    if not settings.config or key not in settings.config:
-        return ""
-    return f"; `accelerate launch` sets it from {settings.config_path} ({key}: {settings.config[key]})"
 
 
 def _mixed_precision_effect(settings: AccelerateSettings) -> str:
