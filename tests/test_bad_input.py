@@ -470,30 +470,21 @@ class Conflict(NamedTuple):
 CONFLICTS = [
     pytest.param(
         Conflict(
-            ("cuda:1,cc=7.5,name=Tesla T4",),
+            ("mps,macos=13.6",),
             lambda out: wd.training_arguments(out, bf16=True),
             ConfigConflictError,
-            ("bf16=True does not work on cuda:0", "compute capability 8.0", "pass fp16=True"),
+            ("bf16=True does not work on mps", "macOS 14"),
         ),
-        id="bf16-on-fp16-only-gpu",
+        id="bf16-on-mps-before-macos-14",
     ),
     pytest.param(
         Conflict(
-            ("cpu,flags=avx512_bf16",),
+            ("neuron:2",),
             lambda out: wd.training_arguments(out, fp16=True),
             ConfigConflictError,
-            ("fp16=True does not work on cpu", "pass bf16=True"),
+            ("fp16=True does not work on neuron", "pass bf16=True"),
         ),
-        id="fp16-on-cpu",
-    ),
-    pytest.param(
-        Conflict(
-            ("cpu,flags=",),
-            lambda out: wd.training_arguments(out, fp16=True),
-            ConfigConflictError,
-            ("fp16=True does not work on cpu", "neither (fp32)"),
-        ),
-        id="fp16-on-cpu-without-bf16",
+        id="fp16-on-neuron",
     ),
     pytest.param(
         Conflict(
@@ -534,7 +525,7 @@ CONFLICTS = [
     pytest.param(
         Conflict(
             ("cuda:1",),
-            lambda out: wd.training_arguments(out, use_cpu=True),
+            lambda out: wd.training_arguments(out, device="cuda:0", use_cpu=True),
             ConfigConflictError,
             ("use_cpu=True contradicts", "device='cpu'"),
         ),

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "placement",
             "distributed",
             "training_settings",
+            "accelerate_settings",
             "request",
             "detection",
             "memo",

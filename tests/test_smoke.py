@@ -24,6 +24,7 @@ STEERING = {
     *(var for b in backends() for var in b.visible_devices_env),
     "WHICHDEVICE_DEVICE",
     "ACCELERATE_USE_CPU",
+    "ACCELERATE_MIXED_PRECISION",
     "ACCELERATE_TORCH_DEVICE",
     "LOCAL_RANK",
     "RANK",

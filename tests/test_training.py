@@ -42,9 +42,29 @@ def test_user_kwargs_are_never_overridden(tmp_path):
     assert args.learning_rate == 1e-3
 
 
-def test_cpu_without_native_bf16_refuses_bf16(tmp_path):
-    with simulate("cpu,flags="), pytest.raises(wd.ConfigConflictError, match="lacks native bf16"):
-        wd.training_arguments(output_dir=str(tmp_path), bf16=True)
+def test_bf16_on_a_cpu_without_native_bf16_runs_with_a_warning(tmp_path):
+    """It works, slowly: the user's choice is kept and the measured cost is said, not refused."""
+    with simulate("cpu,flags="), pytest.warns(UserWarning, match="runs, slowly.*0.30x"):
+        args = wd.training_arguments(output_dir=str(tmp_path), bf16=True, report_to=[])
+    assert args.bf16 is True and args.fp16 is False
+
+
+@pytest.mark.parametrize(
+    ("spec", "flag", "match"),
+    [
+        ("cuda:1,cc=7.5,name=Tesla T4", "bf16", "runs emulated and slowly"),
+        ("cpu,flags=avx512_bf16", "fp16", "no loss scaler on the CPU"),
+        ("cpu,flags=", "fp16", "no loss scaler on the CPU"),
+    ],
+)
+def test_precision_that_runs_at_a_cost_is_warned_not_refused(tmp_path, spec, flag, match):
+    from whichdevice.resolver import resolve_device
+    from whichdevice.training_settings import precision_conflicts
+
+    with simulate(spec):
+        res = resolve_device(task="training")
+        (message,) = precision_conflicts(res.backend, res.probe, res.device, {flag: True})
+    assert match in message
 
 
 def test_accelerate_state_is_kept_when_configured(tmp_path):
@@ -85,3 +105,194 @@ def test_trainer_runs_real_steps(tmp_path):
     assert result.global_step == 3
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
+
+
+# ------------------------------------------------------------------ the device Trainer really uses
+
+
+def test_use_cpu_true_on_a_gpu_machine_trains_on_the_cpu(tmp_path):
+    with simulate("cuda:2"):
+        args = wd.training_arguments(str(tmp_path), use_cpu=True, report_to=[])
+        assert wd.resolve_device(task="training").device == "cuda:0"  # without use_cpu: the GPU
+    assert args.use_cpu is True and str(args.device) == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("spec", "visible", "device", "fix"),
+    [
+        ("cuda:2", None, "cuda:1", "CUDA_VISIBLE_DEVICES=1 python train.py"),
+        ("cuda:4", ("CUDA_VISIBLE_DEVICES", "2,3"), "cuda:1", "CUDA_VISIBLE_DEVICES=3 python train.py"),
+        ("cuda:2,variant=rocm", None, "cuda:1", "CUDA_VISIBLE_DEVICES=1 python train.py"),
+        ("xpu:2", None, "xpu:1", "ZE_AFFINITY_MASK=1 python train.py"),
+    ],
+)
+def test_a_device_index_trainer_would_not_use_is_refused(tmp_path, monkeypatch, spec, visible, device, fix):
+    """TrainingArguments in one process always set_device(<name>:0) (transformers 5.24
+    _setup_devices), so cuda:1 would silently train on cuda:0: refused, with the launch that works."""
+    if visible:
+        monkeypatch.setenv(*visible)
+    with simulate(spec):
+        assert wd.resolve_device(device).device == device  # inference places a model there itself
+        with pytest.raises(wd.ConfigConflictError) as err:
+            wd.resolve_device(device, task="training")
+        with pytest.raises(wd.ConfigConflictError):
+            wd.training_arguments(str(tmp_path), device=device)
+    text = str(err.value)
+    assert fix in text and "always trains on" in text and "--nproc-per-node=" in text
+
+
+def test_in_a_torchrun_run_the_device_is_the_local_ranks(monkeypatch):
+    for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with simulate("cuda:2"):
+        with pytest.raises(wd.ConfigConflictError, match="LOCAL_RANK=0 -> cuda:0"):
+            wd.resolve_device("cuda:1", task="training")
+        assert wd.resolve_device("cuda:0", task="training").device == "cuda:0"
+        # one process of several: no DataParallel warning
+        assert "DataParallel" not in wd.resolve_device(task="training").explain()
+
+
+def test_one_process_on_several_gpus_warns_and_gives_the_launch_command():
+    with simulate("cuda:4"):
+        res = wd.resolve_device(task="training")
+        inference = wd.resolve_device()
+        from whichdevice import report
+
+        data = report.gather(simulate=["cuda:4"])
+    warning = next(s.message for s in res.trace if s.topic == "warning" and "DataParallel" in s.message)
+    assert "over all 4 visible GPUs" in warning and "`torchrun --nproc-per-node=4 train.py`" in warning
+    assert "DataParallel" not in inference.explain()  # inference places the model, no wrapping
+    assert any("DataParallel" in w["message"] for w in data["warnings"] if w["source"] == "resolution:training")
+    assert res.launch_command(["train.py", "--lr", "1e-4"]) == [
+        "torchrun",
+        "--nproc-per-node=4",
+        "train.py",
+        "--lr",
+        "1e-4",
+    ]
+    assert res.launch_command("train.py", launcher="accelerate", nproc=2) == [
+        "accelerate",
+        "launch",
+        "--num_processes",
+        "2",
+        "train.py",
+    ]
+    with pytest.raises(wd.DeviceError, match="'torchrun' or 'accelerate'"):
+        res.launch_command(["train.py"], launcher="deepspeed")
+    with pytest.raises(wd.DeviceError, match="1 or more"):
+        res.launch_command(["train.py"], nproc=0)
+
+
+def test_the_launch_command_carries_the_visible_devices_variable(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    with simulate("cuda:4"):
+        res = wd.resolve_device(task="training")
+    assert res.launch_command(["train.py"]) == [
+        "env",
+        "CUDA_VISIBLE_DEVICES=1,3",
+        "torchrun",
+        "--nproc-per-node=2",
+        "train.py",
+    ]
+
+
+@pytest.mark.parametrize(("spec", "idle"), [("hpu:8", "the other 7"), ("xpu:2", "the other device")])
+def test_other_backends_leave_devices_idle(spec, idle):
+    with simulate(spec):
+        trace = wd.resolve_device(task="training").explain()
+    assert f"leaves {idle} idle" in trace and "torchrun --nproc-per-node=" in trace
+
+
+def test_no_launch_command_where_one_process_is_all(tmp_path):
+    with simulate("mps"), pytest.raises(wd.DeviceError, match="runs one process"):
+        wd.resolve_device(task="training").launch_command(["train.py"])
+    with simulate("cuda:1"):
+        assert "DataParallel" not in wd.resolve_device(task="training").explain()
+
+
+# ------------------------------------------------------------------ accelerate's own settings
+
+
+def test_accelerate_use_cpu_is_followed_for_training_and_explained(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    with simulate("cuda:2"):
+        training = wd.resolve_device(task="training")
+        inference = wd.resolve_device()
+        args = wd.training_arguments(str(tmp_path), report_to=[])
+        with pytest.raises(wd.ConfigConflictError, match="unset ACCELERATE_USE_CPU"):
+            wd.resolve_device("cuda:0", task="training")
+    assert training.device == "cpu" and training.source == "ACCELERATE_USE_CPU"
+    assert "ACCELERATE_USE_CPU='1': training on the CPU" in training.explain()
+    assert inference.device == "cuda:0" and "ACCELERATE_USE_CPU='1'" in inference.explain()
+    assert str(args.device) == "cpu"
+
+
+def test_an_invalid_accelerate_use_cpu_is_refused_before_transformers_raises(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "maybe")
+    assert "not a truth value" in wd.resolve_device(task="training").explain()
+    with pytest.raises(wd.ConfigConflictError, match="set it to 1 or 0"):
+        wd.training_arguments(str(tmp_path))
+
+
+def test_accelerate_mixed_precision_is_followed_where_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with simulate("cuda:1"):  # an A100: whichdevice's own choice is bf16
+        res = wd.resolve_device(task="training")
+        args = wd.training_arguments(str(tmp_path), report_to=[])
+    assert "ACCELERATE_MIXED_PRECISION='fp16' asks accelerate for fp16 while whichdevice chose bf16" in res.explain()
+    assert args.fp16 is True and args.bf16 is False and args.mixed_precision == "fp16"
+
+
+def test_accelerate_mixed_precision_that_cannot_run_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with simulate("neuron:2"), pytest.raises(wd.ConfigConflictError) as err:
+        wd.training_arguments(str(tmp_path))
+    text = str(err.value)
+    assert "ACCELERATE_MIXED_PRECISION='fp16'" in text and "fp16=True does not work on neuron" in text
+    assert "Unset ACCELERATE_MIXED_PRECISION" in text and "default_config.yaml" in text
+
+
+def test_accelerate_mixed_precision_no_is_accelerates_default(tmp_path, monkeypatch, cpu_kind):
+    """ "no" is what accelerate launch exports when nothing names a precision: whichdevice's choice stands."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    args = wd.training_arguments(str(tmp_path), report_to=[])
+    native = cpu_kind.dtype == "bfloat16"
+    assert args.bf16 is native and args.mixed_precision == ("bf16" if native else "no")
+
+
+def test_accelerate_mixed_precision_fp8_is_left_to_accelerate(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    with simulate("cuda:1"):
+        res = wd.resolve_device(task="training")
+        args = wd.training_arguments(str(tmp_path), report_to=[])
+    # neither flag: TrainingArguments takes the variable, and accelerate checks fp8 itself
+    assert args.bf16 is False and args.fp16 is False and args.mixed_precision == "fp8"
+    assert "leaves fp8 to accelerate" in res.explain()
+
+
+def test_the_config_accelerate_launch_reads_is_reported(tmp_path, monkeypatch):
+    from whichdevice import report
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    config = tmp_path / "accelerate" / "default_config.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\nuse_cpu: false\n"
+    )
+    trace = wd.resolve_device(task="training").explain()
+    assert str(config) in trace and "mixed_precision: bf16" in trace and "plain `python` ignores it" in trace
+    entries = {e["name"]: e for e in report.gather()["environment"]}
+    assert (
+        f"`accelerate launch` sets it from {config} (mixed_precision: bf16)"
+        in entries["ACCELERATE_MIXED_PRECISION"]["effect"]
+    )
+    config.write_text("mixed_precision: [bf16\n")
+    data = report.gather()
+    assert any("cannot read" in w["message"] and str(config) in w["message"] for w in data["warnings"])
+
+
+def test_a_changed_accelerate_variable_is_a_new_resolution(monkeypatch):
+    first = wd.resolve_device(task="training")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    second = wd.resolve_device(task="training")
+    assert second is not first and "fp8" in second.explain()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,21 @@ class Resolution:
 
         compile_ = self.torch_compile if torch_compile is None else torch_compile
         return training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
+
+    def launch_command(
+        self, script: Sequence[str], *, launcher: str = "torchrun", nproc: int | None = None
+    ) -> list[str]:
+        """The argument list that runs ``script`` once per device of this machine.
+
+        ``res.launch_command(["train.py", "--lr", "1e-4"])`` is ``["torchrun", "--nproc-per-node=4",
+        "train.py", "--lr", "1e-4"]`` on a machine with four GPUs; ``launcher="accelerate"`` gives
+        ``accelerate launch --num_processes 4`` instead. A visible-devices variable set here is
+        written in front (``["env", "CUDA_VISIBLE_DEVICES=2,3", ...]``) so that any shell selects the
+        same devices. ``nproc`` overrides the count. Pass it to ``subprocess.run``.
+        """
+        from whichdevice.accelerate_settings import launch_command
+
+        return launch_command(self.backend, self.probe, script, launcher=launcher, nproc=nproc)
 
     # --------------------------------------------------------------------------- explanation
 

@@ -16,6 +16,14 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from whichdevice import probing
+from whichdevice.accelerate_settings import (
+    ENV_USE_CPU,
+    AccelerateSettings,
+    check_cpu_request,
+    read_accelerate_settings,
+    settings_steps,
+    trainer_device_steps,
+)
 from whichdevice.attention import AttentionChoice, choose_attention
 from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
 from whichdevice.detection import choose_backend, device_string
@@ -32,7 +40,15 @@ from whichdevice.model_precision import Precision, decide_precision
 from whichdevice.packages import transformers_problem
 from whichdevice.quantization import finish_quantization
 from whichdevice.records import Backend, ProbeResult, TraceStep
-from whichdevice.request import ENV_DEVICE, TASKS, Arguments, check_arguments, parse_device, read_request
+from whichdevice.request import (
+    ENV_DEVICE,
+    TASKS,
+    Arguments,
+    DeviceRequest,
+    check_arguments,
+    parse_device,
+    read_request,
+)
 from whichdevice.resolution import Resolution, check_device_map
 
 if TYPE_CHECKING:
@@ -119,10 +135,13 @@ class _Trace(list[TraceStep]):
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
     trace = _Trace()
-    request = trace.take(read_request(args.device))
+    accelerate = read_accelerate_settings()
+    request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist))
+    if args.task == "training":
+        trace.extend(trainer_device_steps(backend, result, request.index, dist))
     env_set = trace.take(_environment(backend, result))
     precision = trace.take(_dtype(backend, result, args))
     dtype = precision.weights
@@ -132,6 +151,7 @@ def _resolve(args: Arguments) -> Resolution:
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
+    trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
         device=device,
         backend=backend,
@@ -153,6 +173,23 @@ def _resolve(args: Arguments) -> Resolution:
         kernels_key=kernels_key,
         torch_compile=args.torch_compile,
     )
+
+
+def _training_request(
+    request: DeviceRequest, task: str, settings: AccelerateSettings
+) -> tuple[DeviceRequest, list[TraceStep]]:
+    """ACCELERATE_USE_CPU puts TrainingArguments and accelerate on the CPU: training follows it."""
+    if task != "training" or not settings.cpu_forced:
+        return request, []
+    if not request.detect:
+        check_cpu_request(settings, request.name, request.asked or request.name, request.source)
+        return request, []
+    step = TraceStep(
+        "request",
+        f"{ENV_USE_CPU}={settings.use_cpu!r}: training on the CPU, where accelerate and Trainer "
+        "will run (beats detection)",
+    )
+    return DeviceRequest(ENV_USE_CPU, "cpu", "cpu"), [step]
 
 
 def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:

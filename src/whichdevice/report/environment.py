@@ -13,6 +13,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from whichdevice.accelerate_settings import (
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    AccelerateSettings,
+    read_accelerate_settings,
+)
 from whichdevice.distributed import detect_distributed
 from whichdevice.errors import DeviceError
 from whichdevice.records import Backend, EnvDefault, ProbeResult, Visibility
@@ -211,21 +217,42 @@ def _offline_effect(env: Mapping[str, str]) -> str:
 def _accelerate_entries(
     env: Mapping[str, str], resolutions: Sequence[dict[str, Any]], warnings: Warnings
 ) -> list[dict[str, Any]]:
+    settings = read_accelerate_settings(env)
+    if settings.config_problem:
+        warnings.append(warning("accelerate", settings.config_problem))
     return [
-        _entry("ACCELERATE_USE_CPU", env, _use_cpu_effect(env, resolutions, warnings)),
+        _entry(ENV_USE_CPU, env, _use_cpu_effect(env, resolutions, warnings) + settings.launch_exports("use_cpu")),
+        _entry(
+            ENV_MIXED_PRECISION,
+            env,
+            _mixed_precision_effect(settings) + settings.launch_exports("mixed_precision"),
+        ),
         _entry("ACCELERATE_TORCH_DEVICE", env, _torch_device_effect(env, warnings)),
     ]
 
 
+def _mixed_precision_effect(settings: AccelerateSettings) -> str:
+    raw = settings.mixed_precision
+    if raw is None:
+        return "unset: Trainer trains in the precision training_arguments() passes (bf16=/fp16=)"
+    problems = [p for p in settings.problems() if p.startswith(ENV_MIXED_PRECISION)]
+    if problems:  # the resolutions' traces carry the warning
+        return f"invalid: {problems[0]}"
+    asked = settings.precision
+    if asked is None:
+        return "no: accelerate's default; bf16=True or fp16=True passed to TrainingArguments overrides it"
+    # A precision other than whichdevice's is a warning of the training resolution's trace.
+    return f"Trainer trains in {asked} unless bf16=True or fp16=True is passed; training_arguments() follows it"
+
+
 def _use_cpu_effect(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]], warnings: Warnings) -> str:
-    use_cpu = env.get("ACCELERATE_USE_CPU")
+    use_cpu = env.get(ENV_USE_CPU)
     if use_cpu is None:
         return "unset: accelerate and Trainer use the accelerator they find"
     truth = _truth(use_cpu)
     if truth is None:
-        effect = f"invalid: accelerate and TrainingArguments raise ValueError on {use_cpu!r} (use 1 or 0)"
-        warnings.append(warning("environment", f"ACCELERATE_USE_CPU={use_cpu!r} is not a truth value; {effect}"))
-        return effect
+        # the resolutions' traces carry the warning
+        return f"invalid: accelerate and TrainingArguments raise ValueError on {use_cpu!r} (use 1 or 0)"
     if not truth:
         return "false: no effect"
     others = sorted({r["resolution"]["backend"] for r in resolutions if r["ok"]} - {"cpu"})
@@ -233,8 +260,9 @@ def _use_cpu_effect(env: Mapping[str, str], resolutions: Sequence[dict[str, Any]
         warnings.append(
             warning(
                 "environment",
-                f"ACCELERATE_USE_CPU={use_cpu!r} makes accelerate and Trainer use the CPU, while whichdevice "
-                f"resolved {', '.join(others)}; unset ACCELERATE_USE_CPU to train on the accelerator",
+                f"ACCELERATE_USE_CPU={use_cpu!r} makes accelerate and Trainer train on the CPU (whichdevice's "
+                f"training resolution follows it) although this machine has {', '.join(others)}; unset "
+                "ACCELERATE_USE_CPU to train on the accelerator",
             )
         )
     return "accelerate and Trainer run on the CPU whatever accelerator is present"
