@@ -87,3 +87,16 @@ def cpu_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
             yield CpuKind(kind)
     else:
         yield CpuKind(kind)
+
+
+@pytest.fixture
+def restore_accelerate_variables() -> Iterator[None]:
+    """TrainingArguments exports ACCELERATE_* variables for the Accelerator it creates later
+    (ACCELERATE_MIXED_PRECISION, ...). That is transformers' doing, by design, so put them back
+    rather than let the leak check blame whichdevice."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+    yield
+    for name in [k for k in os.environ if k.startswith("ACCELERATE_")]:
+        if name not in before:
+            del os.environ[name]
+    os.environ.update(before)

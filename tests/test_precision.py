@@ -4,7 +4,6 @@ stated, a checkpoint's own dtype is read, and architectures that overflow in fp1
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -20,15 +19,8 @@ T4 = "cuda:1,cc=7.5,mem=16GiB,name=Tesla T4"
 H100 = "cuda:1,cc=9.0,mem=80GiB,name=NVIDIA H100"
 
 
-@pytest.fixture(autouse=True)
-def _restore_accelerate_variables():
-    # TrainingArguments (inside TRL's configs) exports ACCELERATE_* variables by design.
-    before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
-    yield
-    for name in [k for k in os.environ if k.startswith("ACCELERATE_")]:
-        if name not in before:
-            del os.environ[name]
-    os.environ.update(before)
+# TrainingArguments exports ACCELERATE_* variables by design (see conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_accelerate_variables")
 
 
 def _messages(res: wd.Resolution) -> str:

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import whichdevice as wd
 from whichdevice.testing import simulate
 
-
-@pytest.fixture(autouse=True)
-def _restore_accelerate_variables():
-    """TrainingArguments exports ACCELERATE_* variables for the Accelerator it creates later
-    (transformers 4.57: ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_IPEX). That is transformers'
-    doing, by design, so put them back rather than let the leak check blame whichdevice."""
-    before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
-    yield
-    for name in [k for k in os.environ if k.startswith("ACCELERATE_")]:
-        if name not in before:
-            del os.environ[name]
-    os.environ.update(before)
+# TrainingArguments exports ACCELERATE_* variables by design (see conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_accelerate_variables")
 
 
 def test_training_arguments_on_this_machine(tmp_path, cpu_kind):

@@ -14,16 +14,8 @@ import whichdevice as wd
 from whichdevice.testing import simulate
 from whichdevice.training import ArgumentsClassError
 
-
-@pytest.fixture(autouse=True)
-def _restore_accelerate_variables():
-    """TrainingArguments exports ACCELERATE_* variables by design; put them back (see test_training.py)."""
-    before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
-    yield
-    for name in [k for k in os.environ if k.startswith("ACCELERATE_")]:
-        if name not in before:
-            del os.environ[name]
-    os.environ.update(before)
+# TrainingArguments exports ACCELERATE_* variables by design (see conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_accelerate_variables")
 
 
 @dataclasses.dataclass
