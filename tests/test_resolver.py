@@ -307,3 +307,16 @@ def test_simulated_hardware_details_follow_the_real_rules():
         assert "slow or unsupported" not in wd.resolve_device(dtype="bfloat16").explain()
     with simulate("hpu:8,gen=gaudi3"):
         assert wd.probe("hpu").devices[0].name == "GAUDI3"
+
+
+@pytest.mark.parametrize("name", ["batch_size", "max_length"])
+@pytest.mark.parametrize("value", [0, -1, 2.0, "4", True])
+def test_workload_sizes_must_be_whole_numbers(name: str, value: object) -> None:
+    with pytest.raises(wd.DeviceError, match=rf"{name}=.*whole number of 1 or more"):
+        wd.resolve_device("cpu", **{name: value})
+
+
+def test_workload_sizes_are_part_of_the_memo_key() -> None:
+    one = wd.resolve_device("cpu", batch_size=1, max_length=64)
+    assert wd.resolve_device("cpu", batch_size=1, max_length=64) is one
+    assert wd.resolve_device("cpu", batch_size=4, max_length=64) is not one

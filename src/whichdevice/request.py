@@ -25,6 +25,7 @@ __all__ = [
     "Arguments",
     "DeviceRequest",
     "check_arguments",
+    "check_count",
     "device_names",
     "parse_device",
     "read_request",
@@ -51,6 +52,8 @@ class Arguments(NamedTuple):
     quantize: str | None = "auto"
     use_kernels: Any = False
     torch_compile: bool = False
+    batch_size: int | None = None
+    max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,16 @@ def check_arguments(args: Arguments) -> None:
     if args.task not in TASKS:
         raise DeviceError(f"task={args.task!r}: use 'inference' or 'training'")
     check_quantize(args.quantize)
+    for name in ("batch_size", "max_length"):
+        check_count(getattr(args, name), name)
+
+
+def check_count(value: Any, name: str) -> None:
+    """``value`` is None or a positive whole number (a workload size: sequences, tokens)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DeviceError(f"{name}={value!r}: give a whole number of 1 or more, or leave it out (None)")
 
 
 def read_request(device: Any) -> tuple[DeviceRequest, list[TraceStep]]:

@@ -73,6 +73,8 @@ def resolve_device(
     quantize: str | None = "auto",
     use_kernels: Any = False,
     torch_compile: bool = False,
+    batch_size: int | None = None,
+    max_length: int | None = None,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -81,6 +83,8 @@ def resolve_device(
     ``model`` (a local path, a cached model id or a config) lets placement and quantization know
     the model's size, and lets attention be checked against the model's classes (this imports
     transformers); ``max_memory`` (from_pretrained's form) states the memory budget.
+    ``batch_size`` (sequences run together) and ``max_length`` (tokens per sequence, prompt
+    included, as ``generate(max_length=)``) describe the job, where the caller knows them.
     ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
@@ -100,6 +104,8 @@ def resolve_device(
         quantize,
         use_kernels,
         torch_compile,
+        batch_size,
+        max_length,
     )
     key = memo_key(args)
     store = probing.current_store()
