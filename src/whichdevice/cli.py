@@ -25,7 +25,14 @@ TASK_CHOICES = ("inference", "training", "all")
 
 # The defaults of the common options, filled in after parsing: the options are declared with
 # SUPPRESS so that a subparser does not overwrite a value given before the subcommand name.
-_DEFAULTS: dict[str, Any] = {"json": False, "task": None, "device": None, "simulate": [], "debug": False}
+_DEFAULTS: dict[str, Any] = {
+    "json": False,
+    "task": None,
+    "device": None,
+    "simulate": [],
+    "simulate_report": None,
+    "debug": False,
+}
 
 
 class _UsageError(Exception):
@@ -80,6 +87,12 @@ def _common_options() -> _Parser:
         action="append",
         default=argparse.SUPPRESS,
         help="pretend this hardware is here, e.g. hpu:8 or 'cuda:8,cc=9.0' (repeatable); the output says SIMULATED",
+    )
+    group.add_argument(
+        "--simulate-report",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="replay the machine that wrote FILE (whichdevice --json > FILE there); the output says SIMULATED",
     )
     group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     return common
@@ -199,7 +212,12 @@ def _tasks(task: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
 def _cmd_report(args: argparse.Namespace) -> int:
     from whichdevice.report import gather, render_text, terminal_width, use_color
 
-    report = gather(tasks=_tasks(args.task, ("inference", "training")), device=args.device, simulate=args.simulate)
+    report = gather(
+        tasks=_tasks(args.task, ("inference", "training")),
+        device=args.device,
+        simulate=args.simulate,
+        simulate_report=args.simulate_report,
+    )
     if args.json:
         _json(report)
     else:
@@ -225,7 +243,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if device is not None:
         parse_device(device, "DEVICE")
     tasks = _tasks(args.task, ("inference",))
-    result = check(device, tasks=tasks, min_devices=args.min_devices, simulate=args.simulate)
+    result = check(
+        device, tasks=tasks, min_devices=args.min_devices, simulate=args.simulate, simulate_report=args.simulate_report
+    )
     code: int = result["exit_code"]
     if args.json:
         _json(result)
@@ -241,6 +261,8 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
     if args.simulate:
         raise DeviceError(SMOKE_REFUSAL)
+    if args.simulate_report:
+        raise DeviceError("smoke runs real hardware; --simulate-report only changes the report and check")
 
     result = run_smoke(
         tasks=_tasks(args.task, ("inference", "training")),

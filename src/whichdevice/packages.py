@@ -22,6 +22,7 @@ __all__ = [
     "MIN_TRANSFORMERS",
     "cache_clear",
     "generation",
+    "known_versions",
     "package_version",
     "simulated_packages",
     "transformers_problem",
@@ -108,6 +109,16 @@ def package_version(name: str) -> str | None:
     with _lock:
         _cache[name] = version
     return version
+
+
+def known_versions() -> dict[str, str | None]:
+    """Every version ``package_version`` has answered so far in this process, simulated ones
+    included (the innermost simulation's win): what a report records for its replay."""
+    with _lock:
+        out = dict(_cache)
+    for layer in _simulated:
+        out.update(layer)
+    return out
 
 
 def cache_clear() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from whichdevice.errors import DeviceError
 from whichdevice.records import ProbeResult
-from whichdevice.report.gather import SCHEMA_VERSION, exit_code_for, simulation, simulation_dict
+from whichdevice.report.gather import SCHEMA_VERSION, Replayable, exit_code_for, simulation, simulation_dict
 from whichdevice.report.rows import device_summary
 from whichdevice.resolver import resolve_device
 
@@ -20,6 +20,7 @@ def check(
     tasks: Sequence[str] = ("inference",),
     min_devices: int = 1,
     simulate: Sequence[str] = (),
+    simulate_report: Replayable | None = None,
 ) -> dict[str, Any]:
     """Resolve ``device`` for each task and count its devices; the ``check`` object of the schema.
 
@@ -38,13 +39,15 @@ def check(
         "backend": None,
         "device_count": None,
         "message": "",
-        "simulated": bool(simulate),
-        "simulation": simulation_dict(simulate),
+        "simulated": bool(simulate) or simulate_report is not None,
+        "simulation": simulation_dict(simulate, simulate_report),
     }
-    with simulation(simulate):
+    with simulation(simulate, simulate_report):
         code, message = _check_tasks(result, device, tasks, min_devices)
     if simulate:
         message = f"SIMULATED ({' '.join(simulate)}): {message}"
+    elif simulate_report is not None:
+        message = f"SIMULATED ({result['simulation']['report']}): {message}"
     result.update(ok=code == 0, exit_code=code, message=message)
     return result
 

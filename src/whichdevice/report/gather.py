@@ -13,11 +13,11 @@ import os
 import platform
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypeAlias
 
 from whichdevice import probing
 from whichdevice.errors import DeviceError, DeviceUnavailableError, DoesNotFitError
-from whichdevice.packages import package_version
+from whichdevice.packages import known_versions, package_version
 from whichdevice.registry import backends
 from whichdevice.report.environment import environment
 from whichdevice.report.findings import other_warnings
@@ -38,12 +38,17 @@ __all__ = [
 ]
 
 # Major: a field removed or changed meaning (consumers must adapt); minor: fields added.
-SCHEMA_VERSION = "1.0"
+# 1.1: the report's ``replay`` section and ``simulation.report`` (whichdevice --simulate-report).
+SCHEMA_VERSION = "1.1"
 
 # The packages whose versions decide how a Transformers program picks its device.
 VERSION_PACKAGES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels")
 
+# A report to replay: the path of a ``whichdevice --json`` file, or its parsed dict.
+Replayable: TypeAlias = "str | os.PathLike[str] | Mapping[str, Any]"
+
 SIMULATED_NOTICE = "SIMULATED hardware: this report describes the machine given by --simulate, not this one"
+REPLAY_NOTICE = "SIMULATED hardware: this report replays the machine that wrote the --simulate-report file, not this one"
 
 
 def load_schema() -> dict[str, Any]:
@@ -55,7 +60,7 @@ def load_schema() -> dict[str, Any]:
 
 def package_versions() -> dict[str, str | None]:
     """python plus the packages that steer device choice, from metadata (nothing is imported)."""
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": _platform()["python"]}
     for name in VERSION_PACKAGES:
         out[name] = package_version(name)
     out["whichdevice"] = package_version("whichdevice")
@@ -77,20 +82,44 @@ def error_dict(exc: BaseException) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def simulation(specs: Sequence[str]) -> Iterator[Any]:
-    """``whichdevice.testing.simulate(*specs)`` when specs are given, else nothing."""
-    if not specs:
+def simulation(specs: Sequence[str], report: Replayable | None = None) -> Iterator[Any]:
+    """``whichdevice.testing.simulate(*specs)`` (or ``simulate(report=report)``) when given, else nothing."""
+    if not specs and report is None:
         yield None
         return
     from whichdevice.testing import simulate
 
-    with simulate(*specs) as sim:
+    with simulate(*specs, report=report) as sim:
         yield sim
 
 
-def simulation_dict(specs: Sequence[str]) -> dict[str, Any] | None:
-    """The ``simulation`` object of a ``--json`` output: the specs and the notice, or None."""
+def simulation_dict(specs: Sequence[str], report: Replayable | None = None) -> dict[str, Any] | None:
+    """The ``simulation`` object of a ``--json`` output: the specs (or replayed report) and the notice, or None."""
+    if report is not None:
+        source = os.fspath(report) if isinstance(report, (str, os.PathLike)) else "the report given"
+        return {"specs": list(specs), "report": source, "notice": REPLAY_NOTICE}
     return {"specs": list(specs), "notice": SIMULATED_NOTICE} if specs else None
+
+
+def _platform() -> dict[str, str]:
+    from whichdevice.testing.replay import replaying
+
+    machine = replaying()
+    if machine is not None and machine.platform:
+        return dict(machine.platform)
+    return {
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
+def replay_section(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``replay`` object: what ``--simulate-report`` needs besides the backend rows."""
+    from whichdevice.testing.replay import recorded_environment
+
+    return {"environ": recorded_environment(env), "packages": dict(sorted(known_versions().items()))}
 
 
 def gather(
@@ -99,11 +128,12 @@ def gather(
     device: str | None = None,
     simulate: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
+    simulate_report: Replayable | None = None,
 ) -> dict[str, Any]:
     """The whole report as a JSON-safe dict (see ``report_schema.json``).
 
     ``device`` is resolved as ``resolve_device(device)`` would; ``simulate`` specs go to
-    ``whichdevice.testing.simulate``. Resolution failures are part of the report (the rest of
+    ``whichdevice.testing.simulate``, ``simulate_report`` (a report's path or dict) to its ``report=``. Resolution failures are part of the report (the rest of
     it is what a person needs to understand them); an invalid ``device`` string raises.
     """
     for task in tasks:
@@ -114,31 +144,31 @@ def gather(
     # The user's environment as it was before any probe ran: env-setup hooks (Gaudi's
     # PT_ENABLE_INT64_SUPPORT) may set variables while probing, and the report must show
     # what the user exported, with what whichdevice added said separately.
-    env = dict(os.environ if environ is None else environ)
-    with simulation(simulate):
+    # (A replay sets the recorded machine's variables on entering, so the snapshot comes after it.)
+    with simulation(simulate, simulate_report):
+        env = dict(os.environ if environ is None or simulate_report is not None else environ)
         results = probing.probe_all()
         resolutions = [_resolve(task, device) for task in tasks]
+        versions = package_versions()
+        machine = _platform()
+        replay = replay_section(env)
     rows = [backend_row(b, r) for b, r in zip(backends(), results, strict=True)]
-    versions = package_versions()
     entries, env_warnings = environment(env, {r.backend: r for r in results}, resolutions, device)
+    simulated = bool(simulate) or simulate_report is not None
     return {
         "kind": "report",
         "schema_version": SCHEMA_VERSION,
-        "simulated": bool(simulate),
-        "simulation": simulation_dict(simulate),
+        "simulated": simulated,
+        "simulation": simulation_dict(simulate, simulate_report),
         "request": {"tasks": list(tasks), "device": device},
-        "platform": {
-            "system": platform.system(),
-            "release": platform.release(),
-            "machine": platform.machine(),
-            "python": platform.python_version(),
-        },
+        "platform": machine,
         "versions": versions,
         "backends": rows,
         "environment": entries,
         "warnings": env_warnings + other_warnings(env, results, resolutions, versions),
         "resolutions": resolutions,
         "exit_code": max((r["error"]["exit_code"] for r in resolutions if r["error"]), default=0),
+        "replay": replay,
     }
 
 

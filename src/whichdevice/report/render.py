@@ -111,7 +111,9 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     """The report as text: sections for backends, environment, warnings, resolution, versions."""
     w = _Writer(Style(color), width)
     if report["simulated"]:
-        _banner(w, f"SIMULATED: --simulate {' '.join(report['simulation']['specs'])}")
+        sim = report["simulation"]
+        given = f"--simulate-report {sim['report']}" if sim.get("report") else f"--simulate {' '.join(sim['specs'])}"
+        _banner(w, f"SIMULATED: {given}")
         w.line(w.style(report["simulation"]["notice"], "bold"))
         w.line()
     _headline(w, report)

@@ -16,8 +16,9 @@ backend), the env hooks and the whole resolver run for real. Spec strings::
 The count is the number of *physical* devices; visible-devices variables in the environment then
 select among them, as the runtime would. Backends no spec names are simulated absent (``cpu`` is
 probed for real) unless ``others="real"``. ``packages={"accelerate": "1.4.0", "kernels": None}``
-answers package-version questions for the duration. Nothing turns a simulation on from the
-environment.
+answers package-version questions for the duration. ``simulate(report="machine.json")`` replays the
+machine a ``whichdevice --json`` report describes (see :mod:`whichdevice.testing.replay`). Nothing
+turns a simulation on from the environment.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from whichdevice import probing as _probe
 from whichdevice.envhooks import _forget
@@ -36,9 +38,10 @@ from whichdevice.probes import interpret, not_installed
 from whichdevice.records import Backend, ProbeResult
 from whichdevice.registry import backend_names, get_backend
 from whichdevice.testing.readings import simulated_readings
+from whichdevice.testing.replay import RecordedMachine, load_report, replay_environment, replaying
 from whichdevice.testing.spec import SimulatedDevice, parse_spec
 
-__all__ = ["SimulatedDevice", "active", "parse_spec", "simulate", "simulated_readings"]
+__all__ = ["RecordedMachine", "SimulatedDevice", "active", "load_report", "parse_spec", "replaying", "simulate", "simulated_readings"]
 
 
 class _SimulatedStore(_probe._Store):
@@ -48,14 +51,18 @@ class _SimulatedStore(_probe._Store):
         others: str,
         packages: Mapping[str, str | None],
         release: threading.Event,
+        recorded: RecordedMachine | None = None,
     ):
         super().__init__()
         self.specs = specs
         self.others = others
         self.packages = packages
         self.release = release
+        self.recorded = recorded
 
     def function(self, backend: Backend) -> Callable[[Backend], ProbeResult]:
+        if self.recorded is not None:
+            return self.recorded.probe_function(backend) or _absent
         spec = self.specs.get(backend.name)
         if spec is None:
             if self.others == "real" or backend.name == "cpu":
@@ -95,11 +102,26 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
     probed for real); ``others="real"`` probes them for real. ``packages`` maps distribution names
     to the versions ``whichdevice.packages.package_version`` reports (None: not installed). Nests;
     restores everything on exit, including variables the env-setup hooks set while it was on.
+
+    ``report`` (a ``whichdevice --json`` file's path, or its parsed dict) replays the machine that
+    wrote it instead of specs: its probe results, the steering variables it had set (the others are
+    unset for the duration) and the package versions it reported; ``packages`` still wins.
     """
 
-    def __init__(self, *specs: str, others: str = "absent", packages: Mapping[str, str | None] | None = None) -> None:
+    def __init__(
+        self,
+        *specs: str,
+        others: str = "absent",
+        packages: Mapping[str, str | None] | None = None,
+        report: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    ) -> None:
         if others not in ("absent", "real"):
             raise DeviceError(f"simulate(others={others!r}): use 'absent' or 'real'")
+        if report is not None and specs:
+            raise DeviceError(
+                "simulate: give specs or report=, not both (a report already describes every backend of its machine)"
+            )
+        self.recorded = load_report(report) if report is not None else None
         parsed: dict[str, SimulatedDevice] = {}
         for spec in specs:
             for piece in _split_specs(spec):
@@ -114,13 +136,17 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
 
     def __enter__(self) -> simulate:
         release = threading.Event()
-        store = _SimulatedStore(self.specs, self.others, self.packages, release)
+        store = _SimulatedStore(self.specs, self.others, self.packages, release, self.recorded)
+        stack = contextlib.ExitStack()
+        packages = dict(self.packages)
+        if self.recorded is not None:
+            stack.enter_context(replay_environment(self.recorded.environ))
+            packages = {**self.recorded.packages, **packages}
         env_before = {
             d.name: os.environ.get(d.name) for name in backend_names() for d in get_backend(name).env_defaults
         }
-        stack = contextlib.ExitStack()
-        if self.packages:
-            stack.enter_context(simulated_packages(self.packages))
+        if packages:
+            stack.enter_context(simulated_packages(packages))
         self._frames.append((store, env_before, stack))
         _probe._simulations.append(store)
         return self
@@ -130,7 +156,6 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
         store.release.set()
         if store in _probe._simulations:
             _probe._simulations.remove(store)
-        stack.close()
         for name, old in env_before.items():
             if os.environ.get(name) != old:
                 if old is None:
@@ -138,9 +163,12 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
                 else:
                     os.environ[name] = old
                 _forget(name)
+        stack.close()  # after the hooks' variables: a replay's environment was set before them
 
     @property
     def description(self) -> str:
+        if self.recorded is not None:
+            return f"report {self.recorded.source}"
         return ", ".join(f"{s.backend}:{s.count}" + (f" ({s.mode})" if s.mode else "") for s in self.specs.values())
 
 
