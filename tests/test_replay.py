@@ -110,10 +110,11 @@ def test_a_file_report_replays_with_the_file_named(tmp_path: Path) -> None:
 
 
 def test_a_report_from_schema_1_0_still_replays() -> None:
-    with probing_timeout():
-        original = _json_round_trip(report.gather(simulate=["cuda:2", "npu:1"]))
+    original = _json_round_trip(report.gather(simulate=["cuda:2", "npu:1"]))
     old = {k: v for k, v in original.items() if k != "replay"} | {"schema_version": "1.0"}
-    _same(old, {k: v for k, v in report.gather(simulate_report=old).items() if k != "replay"})
+    replayed = report.gather(simulate_report=old)
+    assert replayed["schema_version"] == report.SCHEMA_VERSION
+    _same(old | {"schema_version": replayed["schema_version"]}, {k: v for k, v in replayed.items() if k != "replay"})
 
 
 class probing_timeout:  # noqa: N801 - a small context manager
@@ -234,7 +235,17 @@ def _damaged_capability() -> dict[str, Any]:
         (lambda tmp: _damaged_capability(), ["backend 'cuda'.devices[0].capability", "damaged"]),
         (lambda tmp: 42, ["give the path of a `whichdevice --json` report or its parsed dict"]),
     ],
-    ids=["missing", "cut-short", "not-an-object", "check-output", "newer-major", "no-backends", "unknown", "damaged", "int"],
+    ids=[
+        "missing",
+        "cut-short",
+        "not-an-object",
+        "check-output",
+        "newer-major",
+        "no-backends",
+        "unknown",
+        "damaged",
+        "int",
+    ],
 )
 def test_a_bad_report_names_the_problem(tmp_path: Path, make: Any, says: list[str]) -> None:
     with pytest.raises(DeviceError) as info:

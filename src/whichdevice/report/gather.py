@@ -48,7 +48,9 @@ VERSION_PACKAGES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes
 Replayable: TypeAlias = "str | os.PathLike[str] | Mapping[str, Any]"
 
 SIMULATED_NOTICE = "SIMULATED hardware: this report describes the machine given by --simulate, not this one"
-REPLAY_NOTICE = "SIMULATED hardware: this report replays the machine that wrote the --simulate-report file, not this one"
+REPLAY_NOTICE = (
+    "SIMULATED hardware: this report replays the machine that wrote the --simulate-report file, not this one"
+)
 
 
 def load_schema() -> dict[str, Any]:
@@ -133,8 +135,9 @@ def gather(
     """The whole report as a JSON-safe dict (see ``report_schema.json``).
 
     ``device`` is resolved as ``resolve_device(device)`` would; ``simulate`` specs go to
-    ``whichdevice.testing.simulate``, ``simulate_report`` (a report's path or dict) to its ``report=``. Resolution failures are part of the report (the rest of
-    it is what a person needs to understand them); an invalid ``device`` string raises.
+    ``whichdevice.testing.simulate``, ``simulate_report`` (a report's path or dict) to its ``report=``.
+    Resolution failures are part of the report (the rest of it is what a person needs to understand
+    them); an invalid ``device`` string raises.
     """
     for task in tasks:
         if task not in TASKS:

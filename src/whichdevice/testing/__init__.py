@@ -41,7 +41,16 @@ from whichdevice.testing.readings import simulated_readings
 from whichdevice.testing.replay import RecordedMachine, load_report, replay_environment, replaying
 from whichdevice.testing.spec import SimulatedDevice, parse_spec
 
-__all__ = ["RecordedMachine", "SimulatedDevice", "active", "load_report", "parse_spec", "replaying", "simulate", "simulated_readings"]
+__all__ = [
+    "RecordedMachine",
+    "SimulatedDevice",
+    "active",
+    "load_report",
+    "parse_spec",
+    "replaying",
+    "simulate",
+    "simulated_readings",
+]
 
 
 class _SimulatedStore(_probe._Store):

@@ -35,6 +35,7 @@ __all__ = [
     "RecordedMachine",
     "comparable",
     "decode",
+    "differences",
     "first_difference",
     "load_report",
     "recorded_environment",
@@ -304,27 +305,28 @@ def comparable(data: Any) -> Any:
     return data
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+def first_difference(a: Any, b: Any) -> str | None:
     """The first field where ``a`` and ``b`` differ, as "path: a != b" (None: they are equal).
 
     Objects are walked key by key in ``a``'s order (then ``b``'s extra keys), lists item by item,
     so the answer names the field ("backends[6].devices[0].capability"), not just "different".
     """
+    return next(differences(a, b), None)
+
+
+def differences(a: Any, b: Any, path: str = "") -> Iterator[str]:
+    """Every field where ``a`` and ``b`` differ, in the order :func:`first_difference` walks them."""
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         for key in dict.fromkeys([*a, *b]):
             where = f"{path}.{key}" if path else str(key)
             if key not in a or key not in b:
-                return f"{where}: only in {'the second' if key not in a else 'the first'}"
-            found = first_difference(a[key], b[key], where)
-            if found:
-                return found
-        return None
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+                yield f"{where}: only in {'the second' if key not in a else 'the first'}"
+            else:
+                yield from differences(a[key], b[key], where)
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            found = first_difference(x, y, f"{path}[{i}]")
-            if found:
-                return found
+            yield from differences(x, y, f"{path}[{i}]")
         if len(a) != len(b):
-            return f"{path}: {len(a)} items != {len(b)} items"
-        return None
-    return None if a == b else f"{path or '(top)'}: {a!r} != {b!r}"
+            yield f"{path}: {len(a)} items != {len(b)} items"
+    elif a != b:
+        yield f"{path or '(top)'}: {a!r} != {b!r}"
