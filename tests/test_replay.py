@@ -107,6 +107,9 @@ def test_a_file_report_replays_with_the_file_named(tmp_path: Path) -> None:
     assert "--simulate-report " + str(path) in report.render_text(replayed)
     checked = report.check("cuda", min_devices=2, simulate_report=path)
     assert checked["exit_code"] == 0 and checked["message"].startswith(f"SIMULATED ({path}): ok: cuda:0")
+    jsonschema.Draft202012Validator(report.load_schema()).validate(checked)
+    too_few = report.check("cuda", min_devices=4, simulate_report=path)
+    assert too_few["exit_code"] == 1 and "fewer than --min-devices 4" in too_few["message"]
 
 
 def test_a_report_from_schema_1_0_still_replays() -> None:
@@ -115,6 +118,14 @@ def test_a_report_from_schema_1_0_still_replays() -> None:
     replayed = report.gather(simulate_report=old)
     assert replayed["schema_version"] == report.SCHEMA_VERSION
     _same(old | {"schema_version": replayed["schema_version"]}, {k: v for k, v in replayed.items() if k != "replay"})
+
+
+def test_a_newer_minor_version_replays_and_its_new_fields_are_ignored() -> None:
+    original = _good()
+    newer = original | {"schema_version": "1.9", "something_new": {"x": 1}}
+    newer["backends"] = [row | {"new_probe_field": [1, 2]} for row in original["backends"]]
+    replayed = report.gather(simulate_report=newer)
+    _same(original, replayed | {"schema_version": original["schema_version"]})
 
 
 class probing_timeout:  # noqa: N801 - a small context manager
