@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from whichdevice import probes
+from whichdevice import probes, probing
 from whichdevice.envhooks import _forget, apply_env_defaults
 from whichdevice.errors import DeviceError
 from whichdevice.memo import memo_variables
@@ -63,8 +63,6 @@ VOLATILE_KEYS = frozenset({"seconds", "simulated", "simulation"})
 
 def replaying() -> RecordedMachine | None:
     """The machine the innermost simulation replays from a report (None: not a replay)."""
-    from whichdevice import probing
-
     store = probing._simulations[-1] if probing._simulations else None
     return getattr(store, "recorded", None)
 
@@ -124,8 +122,14 @@ def load_report(report: str | os.PathLike[str] | Mapping[str, Any]) -> RecordedM
     section = data.get("replay")
     if section is None:
         # A 1.0 report has no replay section: its ENVIRONMENT entries and versions are what it recorded.
-        environ = {e["name"]: e["value"] for e in data.get("environment", []) if e.get("set")}
-        packages = {k: v for k, v in data["versions"].items() if k != "python"}
+        entries = data.get("environment")
+        entries = entries if isinstance(entries, list) else []
+        environ = {e["name"]: e["value"] for e in entries if isinstance(e, Mapping) and e.get("set")}
+        environ = decode(dict[str, str], environ, f"{source}: environment")
+        packages = decode(dict[str, str | None], data["versions"], f"{source}: versions")
+        packages.pop("python", None)
+    elif not isinstance(section, Mapping):
+        raise DeviceError(f"{source}: the report's 'replay' section is damaged; give the unchanged report")
     else:
         environ = decode(dict[str, str], section.get("environ", {}), f"{source}: replay.environ")
         packages = decode(dict[str, str | None], section.get("packages", {}), f"{source}: replay.packages")
