@@ -185,8 +185,8 @@ def parse_index_list(value: str, variable: str) -> tuple[str, ...]:
         entry = entry.strip()
         if not entry.isdigit() or not entry.isascii():
             raise DeviceError(
-                f"{variable}={value!r}: {entry!r} is not a device index; use comma-separated indices: "
-                f"{_fix(variable, value, _well_formed(value))}"
+                f"{variable}={value!r}: {entry!r} is not a device index; use comma-separated indices "
+                f"such as {variable}=0,1: {_fix(variable, value, _well_formed(value))}"
             )
         index = str(_index(entry, variable, value))
         if index in out:
