@@ -471,3 +471,11 @@ def test_rocm_mismatch_is_a_wrong_setting_for_check(env: dict[str, str], monkeyp
         assert not isinstance(raised.value, DeviceUnavailableError)
         assert "ROCR_VISIBLE_DEVICES" in str(raised.value) and "write" in str(raised.value)
     assert cli.main(["--simulate", "cuda:4,variant=rocm", "check", "cuda"]) == 2
+
+
+def test_misread_values_name_the_value_to_write_too() -> None:
+    uuid = "GPU-00000000-0000-0000-0000-000000000001"
+    vis = parse_cuda({"CUDA_VISIBLE_DEVICES": f"{uuid},{uuid}"})
+    assert vis.ids == () and any(f"write CUDA_VISIBLE_DEVICES={uuid}" in w for w in vis.warnings)
+    vis = parse_cuda({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}, rocm=True)
+    assert any("unset CUDA_VISIBLE_DEVICES" in w for w in vis.warnings)

@@ -81,7 +81,10 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
             rocr_prefix = _parse_cuda_value(rocr, "ROCR_VISIBLE_DEVICES", warnings)
         if hip is not None:
             if value is not None:
-                warnings.append("both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins")
+                warnings.append(
+                    "both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins: "
+                    "unset CUDA_VISIBLE_DEVICES"
+                )
             variable, value = "HIP_VISIBLE_DEVICES", hip
         if value is None and rocr is not None:
             return Visibility("ROCR_VISIBLE_DEVICES", rocr, rocr_prefix, tuple(warnings))
@@ -125,9 +128,10 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
             for entry in text.split(","):
                 entry = entry.strip()
                 if entry in uuids:
+                    once = ",".join(dict.fromkeys(e.strip() for e in text.split(",")))
                     warnings.append(
                         f"{variable}={value!r} repeats {entry}; the runtime then shows no GPU at all: "
-                        "list each GPU once"
+                        f"list each GPU once (write {variable}={once})"
                     )
                     return ()
                 if not entry.startswith(prefix):
