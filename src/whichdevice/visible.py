@@ -169,11 +169,7 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
 
 def _fixed(variable: str, text: str) -> str:
     """The fix for a misread list: its well-formed indices, each once (what was most likely meant)."""
-    meant: list[str] = []
-    for entry in text.split(","):
-        entry = entry.strip()
-        if entry.isascii() and entry.isdigit() and len(entry.lstrip("0")) <= 7 and str(int(entry)) not in meant:
-            meant.append(str(int(entry)))
+    meant = _well_formed(text)
     if meant:
         return f"write {variable}={','.join(meant)}"
     return f"unset {variable} or list GPU indices such as {variable}=0,1"
