@@ -454,3 +454,32 @@ def test_ray_train(tmp_path):
     _launch_together(tmp_path, lambda port: [command], timeout=400)
     reports = _trained_together(tmp_path, "Ray Train")
     assert {r["args_device"] for r in reports} == {"cpu"}  # Ray's ACCELERATE_TORCH_DEVICE
+
+
+# --------------------------------------------------------------- leftovers (issue 16, class 9)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OMPI_COMM_WORLD_SIZE": "4"},
+        {"PMI_SIZE": "4"},
+        {"MV2_COMM_WORLD_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "0"},
+        {"SLURM_STEP_NUM_TASKS": "4"},
+        {"SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"},
+    ],
+    ids=str,
+)
+def test_a_scheduler_count_without_its_rank_is_not_a_run(env):
+    # Every scheduler sets the rank in each process it starts: a count alone is a leftover.
+    assert detect_distributed(env) is None
+
+
+def test_torch_variables_by_hand_name_both_fixes(monkeypatch):
+    env = {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DeviceError) as err:
+        check_training_launch(detect_distributed())
+    text = str(err.value)
+    assert "export RANK=<rank>" in text and "`unset LOCAL_RANK WORLD_SIZE`" in text

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "quantization",
             "placement",
             "distributed",
+            "launch_leftovers",
             "training_settings",
             "accelerate_settings",
             "request",

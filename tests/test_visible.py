@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import whichdevice as wd
 from whichdevice.errors import DeviceError
+from whichdevice.testing import simulate
 from whichdevice.visible import (
     Visibility,
     parse_cuda,
@@ -169,10 +171,9 @@ def test_rocm_hip_longer_than_rocr_raises() -> None:
         parse_cuda({"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0,1"}, rocm=True)
 
 
-def test_rocm_hip_index_beyond_rocr_is_dropped_with_a_warning() -> None:
-    vis = parse_cuda({"ROCR_VISIBLE_DEVICES": "4,5", "HIP_VISIBLE_DEVICES": "3"}, rocm=True)
-    assert vis.ids == ()
-    assert any("ROCR_VISIBLE_DEVICES" in w for w in vis.warnings)
+def test_rocm_hip_index_beyond_rocr_is_a_wrong_setting() -> None:
+    with pytest.raises(DeviceError, match=r"ROCR_VISIBLE_DEVICES='4,5' leaves only 2.*write HIP_VISIBLE_DEVICES=0,1"):
+        parse_cuda({"ROCR_VISIBLE_DEVICES": "4,5", "HIP_VISIBLE_DEVICES": "3"}, rocm=True)
 
 
 def test_rocr_ignored_on_nvidia_builds() -> None:
@@ -393,3 +394,88 @@ def test_valid_index_lists_round_trip(indices: list[int]) -> None:
 def test_neuron_range_round_trip(lo: int, width: int) -> None:
     hi = lo + width
     assert parse_ranges(f"{lo}-{hi}", "NEURON_RT_VISIBLE_CORES") == tuple(str(i) for i in range(lo, hi + 1))
+
+
+# ------------------------------------------------------------- every error names the value to write
+
+# (backend, variant, environment, the fix the error must name)
+_WRONG_SETTINGS = [
+    ("npu", None, {"ASCEND_RT_VISIBLE_DEVICES": "1,1"}, "write ASCEND_RT_VISIBLE_DEVICES=1"),
+    ("npu", None, {"ASCEND_RT_VISIBLE_DEVICES": "0,2,0"}, "write ASCEND_RT_VISIBLE_DEVICES=0,2"),
+    ("mlu", None, {"MLU_VISIBLE_DEVICES": "0,x"}, "write MLU_VISIBLE_DEVICES=0"),
+    ("musa", None, {"MUSA_VISIBLE_DEVICES": "a"}, "unset MUSA_VISIBLE_DEVICES"),
+    ("tpu", None, {"TPU_VISIBLE_CHIPS": "0," + "9" * 40}, "write TPU_VISIBLE_CHIPS=0"),
+    ("hpu", None, {"HABANA_VISIBLE_MODULES": "2,2"}, "write HABANA_VISIBLE_MODULES=2"),
+    ("hpu", None, {"HABANA_VISIBLE_DEVICES": "0,-1"}, "write HABANA_VISIBLE_DEVICES=0"),
+    ("neuron", None, {"NEURON_RT_VISIBLE_CORES": "0-3,1"}, "write NEURON_RT_VISIBLE_CORES=0-3"),
+    ("neuron", None, {"NEURON_RT_VISIBLE_CORES": "0,2,2,4-5"}, "write NEURON_RT_VISIBLE_CORES=0,2,4-5"),
+    ("neuron", None, {"NEURON_RT_VISIBLE_CORES": "0-99999"}, "unset NEURON_RT_VISIBLE_CORES"),
+    ("neuron", None, {"NEURON_RT_VISIBLE_CORES": "3-1"}, "write 1-3"),
+    ("neuron", None, {"NEURON_RT_VISIBLE_CORES": "x"}, "unset NEURON_RT_VISIBLE_CORES"),
+    ("xpu", None, {"ZE_AFFINITY_MASK": "0.1,0.1"}, "write ZE_AFFINITY_MASK=0.1"),
+    ("xpu", None, {"ZE_AFFINITY_MASK": "0:1"}, "unset ZE_AFFINITY_MASK"),
+    ("cuda", "rocm", {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0,1"}, "write HIP_VISIBLE_DEVICES=0"),
+    ("cuda", "rocm", {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2"}, "write HIP_VISIBLE_DEVICES=0,1"),
+    ("cuda", "rocm", {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1,2"}, "write HIP_VISIBLE_DEVICES=1"),
+    ("cuda", "rocm", {"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "0,1,2"}, "CUDA_VISIBLE_DEVICES=0,1"),
+    ("cuda", "rocm", {"ROCR_VISIBLE_DEVICES": "x"}, "ROCR_VISIBLE_DEVICES"),
+]
+
+
+@pytest.mark.parametrize(("backend", "variant", "env", "fix"), _WRONG_SETTINGS, ids=str)
+def test_visible_devices_errors_name_the_value_to_write(
+    backend: str, variant: str | None, env: dict[str, str], fix: str
+) -> None:
+    from whichdevice.visible import visibility_error
+
+    try:
+        vis = visible_devices(backend, env, variant=variant)
+    except DeviceError as exc:
+        assert fix in str(exc)
+        assert visibility_error(backend, env, variant=variant) is not None
+    else:  # a value the runtime reads its own way: the warning names the fix
+        assert any(fix in w for w in vis.warnings), vis.warnings
+
+
+def test_a_failed_probe_finds_the_rocm_setting_that_stopped_it() -> None:
+    from whichdevice.visible import visibility_error
+
+    env = {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0,1"}
+    with pytest.raises(DeviceError) as raised:
+        visible_devices("cuda", env, variant="rocm")
+    # The failed probe no longer knows its build; the reason it recorded picks the right one.
+    found = visibility_error("cuda", env, reason=f"cuda: {raised.value}")
+    assert found is not None and str(found) == str(raised.value)
+    assert visibility_error("cuda", env, reason="cuda: something else") is None
+    assert visibility_error("cuda", {}, reason="cuda: anything") is None
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0,1"},
+        {"ROCR_VISIBLE_DEVICES": "4,5", "HIP_VISIBLE_DEVICES": "3"},
+        {"ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0,1"},
+    ],
+    ids=str,
+)
+def test_rocm_mismatch_is_a_wrong_setting_for_check(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from whichdevice import cli
+    from whichdevice.errors import DeviceUnavailableError
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with simulate("cuda:4,variant=rocm"):
+        with pytest.raises(DeviceError) as raised:
+            wd.resolve_device("cuda")
+        assert not isinstance(raised.value, DeviceUnavailableError)
+        assert "ROCR_VISIBLE_DEVICES" in str(raised.value) and "write" in str(raised.value)
+    assert cli.main(["--simulate", "cuda:4,variant=rocm", "check", "cuda"]) == 2
+
+
+def test_misread_values_name_the_value_to_write_too() -> None:
+    uuid = "GPU-00000000-0000-0000-0000-000000000001"
+    vis = parse_cuda({"CUDA_VISIBLE_DEVICES": f"{uuid},{uuid}"})
+    assert vis.ids == () and any(f"write CUDA_VISIBLE_DEVICES={uuid}" in w for w in vis.warnings)
+    vis = parse_cuda({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}, rocm=True)
+    assert any("unset CUDA_VISIBLE_DEVICES" in w for w in vis.warnings)

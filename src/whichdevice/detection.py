@@ -131,13 +131,9 @@ def _visibility_error(backend: Backend, result: ProbeResult) -> DeviceError | No
     """The error of a malformed visible-devices variable when that is what stopped the probe."""
     if not result.installed or result.available or result.visible is not None:
         return None
-    from whichdevice.visible import visible_devices
+    from whichdevice.visible import visibility_error
 
-    try:
-        visible_devices(backend.name, variant=result.variant)
-    except DeviceError as exc:
-        return exc
-    return None
+    return visibility_error(backend.name, variant=result.variant, reason=result.reason)
 
 
 def _index_error(asked: str, backend: Backend, result: ProbeResult, index: int, source: str) -> DeviceError:

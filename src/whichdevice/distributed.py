@@ -8,6 +8,13 @@ process. Its process group starts from torch's ``env://`` variables (``RANK``, `
 Scheduler variables (a SLURM step, Open MPI, PMI, MVAPICH) that count several processes are
 evidence of intent, not a launch: when transformers would not see the run, or its process group
 could not start, training is refused with the exports to add.
+
+Variables no launcher left together are leftovers, not a launch (``launch_leftovers``): a
+``LOCAL_RANK`` without ``MASTER_ADDR``/``MASTER_PORT``/``TORCHELASTIC_RUN_ID`` and without a second
+process (every torch launcher sets those), an MPI size without its rank (mpirun sets both), a
+SLURM task count without a step (srun sets ``SLURM_STEP_ID``; the batch script is one process).
+Training is refused, before TrainingArguments is built, when transformers would read them;
+otherwise they are ignored with a warning in the trace.
 """
 
 from __future__ import annotations
@@ -83,6 +90,10 @@ _MARKERS = (
     ("DeepSpeed launcher", ("CROSS_RANK", "LOCAL_SIZE")),  # deepspeed/launcher/launch.py
 )
 _OTHER = ("MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_ID", "SLURM_NTASKS")
+# What every torch launcher (torchrun, accelerate launch, DeepSpeed's, Ray Train) sets in each worker
+# beside the ranks: without any of them, and without a second process, the ranks are left over.
+_LAUNCHED = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_BY_HAND = "torch's variables, set by hand"
 # The variables this module reads (the memo key holds them; see whichdevice.memo).
 ENV_VARIABLES = tuple(
     dict.fromkeys([*TORCH, *_OTHER, *(v for s in SCHEDULERS for v in s.names), *(v for _, m in _MARKERS for v in m)])
@@ -155,6 +166,8 @@ def _first(env: Mapping[str, str], names: tuple[str, ...], minimum: int) -> tupl
 def _scheduler(env: Mapping[str, str]) -> tuple[Scheduler, int, str] | None:
     """The scheduler whose variables count more than one process here: it, the count, the count's variable."""
     for scheduler in SCHEDULERS:
+        if env.get(scheduler.names.rank) is None:
+            continue  # its launcher sets the rank in every process: a size alone is left over
         size_var = scheduler.names.world_size
         size = _int(env, size_var, 1)
         if size is None and scheduler.name == "SLURM" and env.get("SLURM_STEP_ID") is not None:
@@ -170,7 +183,7 @@ def _launcher(env: Mapping[str, str], scheduler: Scheduler | None) -> str:
         if all(env.get(v) is not None for v in marker):
             return name if scheduler is None else f"{name} in a {scheduler.name} job"
     if scheduler is None:
-        return "torch's variables, set by hand"
+        return _BY_HAND
     by_hand = env.get(TORCH.local_rank) is not None or env.get(TORCH.world_size) is not None
     return f"{scheduler.name} ({scheduler.start})" + (", torch's variables set by hand" if by_hand else "")
 
@@ -305,10 +318,13 @@ def check_training_launch(context: DistributedContext | None) -> None:
         return
     exports = " ".join(context.missing)
     if context.seen:
+        by_hand = [v for v in TORCH if os.environ.get(v) is not None] if context.launcher == _BY_HAND else []
+        stray = f"; or, if {' '.join(by_hand)} are left over from an earlier export, `unset {' '.join(by_hand)}`"
         raise DeviceError(
             f"{context.launcher}: rank {context.rank} of {context.world_size}, but its process group cannot "
             f"start without {', '.join(m.split('=')[0] for m in context.missing)} (torch's env:// rendezvous "
             f"reads them). Set them in each process: `export {exports}`; torchrun and accelerate launch set them"
+            + (stray if by_hand else "")
         )
     n = context.world_size
     if context.scheduler is None:

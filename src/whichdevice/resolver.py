@@ -35,6 +35,7 @@ from whichdevice.distributed import (
 )
 from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.kernels_support import decide_kernels
+from whichdevice.launch_leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.memo import memo_key
 from whichdevice.model_precision import Precision, decide_precision
 from whichdevice.packages import transformers_problem
@@ -289,6 +290,10 @@ def _launch(backend: Backend, task: str) -> DistributedContext | None:
     """The run this process belongs to, as accelerate will see it with this backend's training settings."""
     # use_cpu=True (what whichdevice passes on the CPU) is the switch that makes accelerate read MPI's variables.
     dist = detect_distributed(cpu=backend.name == "cpu")
+    if task == "training":
+        # Variables no launcher left together, which transformers would read: refused here, before
+        # TrainingArguments fails on them (see whichdevice.launch_leftovers).
+        refuse_leftovers(launch_leftovers(cpu=backend.name == "cpu"))
     if task == "training" and dist is not None and (not dist.seen or dist.scheduler is not None):
         # A scheduler started the processes: without torch's variables each would train alone on the
         # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
@@ -298,6 +303,11 @@ def _launch(backend: Backend, task: str) -> DistributedContext | None:
 
 
 def _distributed(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
+    leftovers = [TraceStep("warning", f.message) for f in launch_leftovers(cpu=backend.name == "cpu")]
+    return leftovers + _launch_steps(backend, dist)
+
+
+def _launch_steps(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
     if dist is None:
         return []
     where = f"rank {dist.rank} of {dist.world_size}, local rank {dist.local_rank} ({dist.local_rank_variable})"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
 from whichdevice.distributed import check_training_launch
 from whichdevice.errors import ConfigConflictError, DeviceUnavailableError, PackageVersionError
+from whichdevice.launch_leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.training_settings import precision_conflicts, training_kwargs_for
 
@@ -105,6 +106,7 @@ def training_arguments(
         if resolution is not None
         else resolve_device(device, task="training", torch_compile=bool(kwargs.get("torch_compile")))
     )
+    refuse_leftovers(launch_leftovers(cpu=res.backend.name == "cpu"))  # also for a resolution made for inference
     check_training_launch(res.distributed)
     _conflicts(res, kwargs)
     filled = dict(res.training_kwargs(torch_compile=bool(kwargs.get("torch_compile"))))

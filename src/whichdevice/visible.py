@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from whichdevice.errors import DeviceError
 from whichdevice.records import Visibility
 
-__all__ = ["Visibility", "parse_cuda", "parse_index_list", "visible_devices"]
+__all__ = ["Visibility", "parse_cuda", "parse_index_list", "visibility_error", "visible_devices"]
 
 
 # More devices than any runtime numbers; also keeps int() away from its 4300-digit limit.
@@ -35,8 +35,33 @@ def _strtoul(text: str) -> int:
 
 def _index(entry: str, variable: str, value: str) -> int:
     if len(entry.lstrip("0")) > 7 or int(entry) > _MAX_INDEX:
-        raise DeviceError(f"{variable}={value!r}: {entry[:20]!r} is too large to be a device index")
+        raise DeviceError(
+            f"{variable}={value!r}: {entry[:20]!r} is too large to be a device index; "
+            f"{_fix(variable, value, _well_formed(value))}"
+        )
     return int(entry)
+
+
+def _well_formed(value: str, pattern: str = r"[0-9]+") -> list[str]:
+    """The entries of ``value`` a runtime reads as written, each once (what was most likely meant)."""
+    meant: list[str] = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if re.fullmatch(pattern, entry) and entry.isascii():
+            if entry.isdigit():
+                if len(entry.lstrip("0")) > 7:
+                    continue
+                entry = str(int(entry))
+            if entry not in meant:
+                meant.append(entry)
+    return meant
+
+
+def _fix(variable: str, value: str, meant: list[str], example: str = "0,1") -> str:
+    """The value to write instead of ``value``: its well-formed entries, or an example and unset."""
+    if meant and ",".join(meant) != value.strip():
+        return f"write {variable}={','.join(meant)}"
+    return f"write e.g. {variable}={example}, or unset {variable} to see every device"
 
 
 def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) -> Visibility:
@@ -56,15 +81,20 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
             rocr_prefix = _parse_cuda_value(rocr, "ROCR_VISIBLE_DEVICES", warnings)
         if hip is not None:
             if value is not None:
-                warnings.append("both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins")
+                warnings.append(
+                    "both HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are set; HIP_VISIBLE_DEVICES wins: "
+                    "unset CUDA_VISIBLE_DEVICES"
+                )
             variable, value = "HIP_VISIBLE_DEVICES", hip
         if value is None and rocr is not None:
             return Visibility("ROCR_VISIBLE_DEVICES", rocr, rocr_prefix, tuple(warnings))
         if rocr_prefix is not None and value is not None and len(value.split(",")) > len(rocr_prefix):
+            # A wrong setting (exit 2), not missing hardware: HIP counts within what ROCR left.
+            keep = ",".join(str(i) for i in range(len(rocr_prefix))) or "''"
             raise DeviceError(
                 f"{variable}={value!r} names more GPUs than ROCR_VISIBLE_DEVICES={rocr!r} leaves "
-                f"visible; HIP selects among the GPUs ROCR shows, so unset one of them or shorten "
-                f"{variable}"
+                f"visible ({len(rocr_prefix)}); HIP numbers the GPUs ROCR shows from 0, so write "
+                f"{variable}={keep}, or unset {variable} and choose the GPUs with ROCR_VISIBLE_DEVICES alone"
             )
     if value is None:
         return Visibility(None, None, None, tuple(warnings))
@@ -73,11 +103,15 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
         # HIP indices count within the ROCR selection.
         beyond = [i for i in ids if int(i) >= len(rocr_prefix)]
         if beyond:
-            warnings.append(
-                f"{variable}={value!r} names index {', '.join(beyond)} but ROCR_VISIBLE_DEVICES="
-                f"{rocr!r} leaves only {len(rocr_prefix)} GPU(s) visible; the runtime ignores it"
+            # The two variables disagree: a wrong setting (exit 2), whatever the runtime then shows.
+            within = [i for i in ids if int(i) < len(rocr_prefix)]
+            keep = ",".join(within or (str(i) for i in range(len(rocr_prefix)))) or "''"
+            raise DeviceError(
+                f"{variable}={value!r} names GPU {', '.join(beyond)} but ROCR_VISIBLE_DEVICES={rocr!r} leaves "
+                f"only {len(rocr_prefix)} GPU(s) visible, which HIP numbers from 0: write {variable}={keep}, "
+                f"or unset {variable} and choose the GPUs with ROCR_VISIBLE_DEVICES alone"
             )
-        ids = tuple(rocr_prefix[int(i)] for i in ids if int(i) < len(rocr_prefix))
+        ids = tuple(rocr_prefix[int(i)] for i in ids)
     return Visibility(variable, value, ids, tuple(warnings))
 
 
@@ -94,9 +128,10 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
             for entry in text.split(","):
                 entry = entry.strip()
                 if entry in uuids:
+                    once = ",".join(dict.fromkeys(e.strip() for e in text.split(",")))
                     warnings.append(
                         f"{variable}={value!r} repeats {entry}; the runtime then shows no GPU at all: "
-                        "list each GPU once"
+                        f"list each GPU once (write {variable}={once})"
                     )
                     return ()
                 if not entry.startswith(prefix):
@@ -134,11 +169,7 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
 
 def _fixed(variable: str, text: str) -> str:
     """The fix for a misread list: its well-formed indices, each once (what was most likely meant)."""
-    meant: list[str] = []
-    for entry in text.split(","):
-        entry = entry.strip()
-        if entry.isascii() and entry.isdigit() and len(entry.lstrip("0")) <= 7 and str(int(entry)) not in meant:
-            meant.append(str(int(entry)))
+    meant = _well_formed(text)
     if meant:
         return f"write {variable}={','.join(meant)}"
     return f"unset {variable} or list GPU indices such as {variable}=0,1"
@@ -154,12 +185,15 @@ def parse_index_list(value: str, variable: str) -> tuple[str, ...]:
         entry = entry.strip()
         if not entry.isdigit() or not entry.isascii():
             raise DeviceError(
-                f"{variable}={value!r}: {entry!r} is not a device index; "
-                f"use comma-separated indices such as {variable}=0,1"
+                f"{variable}={value!r}: {entry!r} is not a device index; use comma-separated indices "
+                f"such as {variable}=0,1: {_fix(variable, value, _well_formed(value))}"
             )
         index = str(_index(entry, variable, value))
         if index in out:
-            raise DeviceError(f"{variable}={value!r} names device {entry} twice; list each device once")
+            raise DeviceError(
+                f"{variable}={value!r} names device {entry} twice; list each device once: "
+                f"{_fix(variable, value, _well_formed(value))}"
+            )
         out.append(index)
     return tuple(out)
 
@@ -178,22 +212,46 @@ def parse_ranges(value: str, variable: str) -> tuple[str, ...]:
         if not match:
             raise DeviceError(
                 f"{variable}={value!r}: {entry!r} is not a core index or range; "
-                f"use e.g. {variable}=0-1 or {variable}=0,1"
+                f"write e.g. {variable}=0-1 or {variable}=0,1, or unset {variable} to use every core"
             )
         lo = _index(match.group(1), variable, value)
         hi = _index(match.group(2), variable, value) if match.group(2) else lo
         if hi < lo:
-            raise DeviceError(f"{variable}={value!r}: range {entry!r} runs backwards; write {hi}-{lo}")
+            raise DeviceError(f"{variable}={value!r}: range {entry!r} runs backwards; write {hi}-{lo} (low-high)")
         if len(seen) + hi - lo + 1 > _MAX_CORES:
             raise DeviceError(
-                f"{variable}={value!r} names more than {_MAX_CORES} cores; no Neuron machine has that many"
+                f"{variable}={value!r} names more than {_MAX_CORES} cores; no Neuron machine has that many: "
+                f"name the cores this process should use, e.g. {variable}=0-1 (`neuron-ls` lists them), "
+                f"or unset {variable} to use every core"
             )
         for i in range(lo, hi + 1):
             if i in seen:
-                raise DeviceError(f"{variable}={value!r} names core {i} twice")
+                raise DeviceError(
+                    f"{variable}={value!r} names core {i} twice; name each core once: "
+                    f"write {variable}={_core_ranges(value)}"
+                )
             seen.add(i)
             out.append(str(i))
     return tuple(out)
+
+
+def _core_ranges(value: str) -> str:
+    """``value``'s cores, each once, as the shortest list of ranges ("0-3,6")."""
+    cores: set[int] = set()
+    for entry in value.split(","):
+        match = re.fullmatch(r"([0-9]{1,7})(?:-([0-9]{1,7}))?", entry.strip())
+        if match:
+            lo = int(match.group(1))
+            hi = int(match.group(2) or lo)
+            cores.update(range(lo, min(hi, lo + _MAX_CORES) + 1))
+    out: list[str] = []
+    for i in sorted(cores):
+        if out and i - 1 in cores:
+            start = out[-1].split("-")[0]
+            out[-1] = f"{start}-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)
 
 
 def parse_ze_affinity_mask(value: str, variable: str = "ZE_AFFINITY_MASK") -> tuple[str, ...]:
@@ -207,10 +265,13 @@ def parse_ze_affinity_mask(value: str, variable: str = "ZE_AFFINITY_MASK") -> tu
         if not re.fullmatch(r"\d+(\.\d+)?", entry) or not entry.isascii():
             raise DeviceError(
                 f"{variable}={value!r}: {entry!r} is neither a device index nor device.tile; "
-                f"use e.g. {variable}=0,1 or {variable}=0.0,0.1"
+                f"write e.g. {variable}=0,1 or {variable}=0.0,0.1, or unset {variable} to see every device"
             )
         if entry in out:
-            raise DeviceError(f"{variable}={value!r} names {entry} twice")
+            meant = _well_formed(value, r"\d+(\.\d+)?")
+            raise DeviceError(
+                f"{variable}={value!r} names {entry} twice; list each once: write {variable}={','.join(meant)}"
+            )
         out.append(entry)
     return tuple(out)
 
@@ -280,3 +341,26 @@ def visible_devices(
         variable = record.visible_devices_env[0]
         return _single_variable(variable, _FORMATS.get(variable, parse_index_list))(env)
     return Visibility()
+
+
+# The builds of one row whose runtimes read its variables differently (the ROCm build of torch reads
+# HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES, which the CUDA build ignores).
+_BUILDS: dict[str, tuple[str | None, ...]] = {"cuda": (None, "rocm")}
+
+
+def visibility_error(
+    backend: str, environ: Mapping[str, str] | None = None, *, variant: str | None = None, reason: str | None = None
+) -> DeviceError | None:
+    """The error a malformed visible-devices setting gives ``backend``, or None when it parses.
+
+    A probe that failed on such a setting no longer knows its build (``variant`` None): then each
+    build's reading is tried and the error is the one ``reason`` (the failed probe's) quotes.
+    """
+    builds = (variant,) if variant is not None else _BUILDS.get(backend, (None,))
+    for build in builds:
+        try:
+            visible_devices(backend, environ, variant=build)
+        except DeviceError as exc:
+            if variant is not None or reason is None or str(exc) in reason:
+                return exc
+    return None

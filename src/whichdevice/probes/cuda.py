@@ -42,6 +42,9 @@ __all__ = [
 
 ENV_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
+# The builds of torch this probe tells apart (its result's ``variant``): NVIDIA's CUDA and AMD's ROCm.
+VARIANTS = ("cuda", "rocm")
+
 
 @dataclass(frozen=True)
 class CudaReadings(RuntimeReadings):
@@ -124,7 +127,7 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
             versions=readings.versions,
         )
     raise_import_error(readings)
-    variant = "rocm" if readings.hip_version else "cuda"
+    variant = VARIANTS[1] if readings.hip_version else VARIANTS[0]
     vis = visible_devices("cuda", readings.env, variant=variant)
     inventory = readings.inventory
     warnings = absent_warnings(vis, lambda pid: listed(readings, pid)) if inventory else []

@@ -45,6 +45,9 @@ ENV_VARIABLES = ("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES")
 # Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis.
 GAUDI_GROUP_SIZES = (2, 4)
 
+# The generations gaudi_generation() reads from a device name; a new one is added here.
+GAUDI_GENERATIONS = ("gaudi1", "gaudi2", "gaudi3")
+
 # transformers' and accelerate's is_torch_hpu_available() is False before this accelerate.
 _MIN_ACCELERATE = "1.5.0"
 

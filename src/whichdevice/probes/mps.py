@@ -23,6 +23,10 @@ ENV_VARIABLES: tuple[str, ...] = ()
 
 # MPS runs bf16 from this macOS on.
 MPS_BF16_MACOS = "14"
+# torch's MPS backend needs this macOS; before it torch.backends.mps.is_available() is False.
+MPS_MIN_MACOS = "12.3"
+# The macOS releases that run on Apple Silicon (after 15 the numbering jumped to the year: 26).
+MACOS_RELEASES = (11, 12, 13, 14, 15, 26)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def interpret_mps(backend: Backend, readings: MpsReadings) -> ProbeResult:
             backend,
             [],
             os_version=mac,
-            unavailable_reason=f"MPS is built into torch but not available (macOS {mac}; needs 12.3+)",
+            unavailable_reason=f"MPS is built into torch but not available (macOS {mac}; needs {MPS_MIN_MACOS}+)",
             versions=readings.versions,
         )
     chip = readings.devices[0] if readings.devices else DeviceReading()

@@ -27,7 +27,7 @@ from whichdevice.probes.vendor import VendorReadings
 from whichdevice.probes.xpu import XpuReadings
 from whichdevice.records import Backend
 from whichdevice.registry import get_backend
-from whichdevice.testing.spec import SimulatedDevice, family, parse_spec
+from whichdevice.testing.spec import SimulatedDevice, family, gpu_details, parse_spec
 from whichdevice.visible import visible_devices
 
 __all__ = ["DEFAULTS", "simulated_readings"]
@@ -137,7 +137,9 @@ def _cpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Re
 def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
     rocm = sim.variant == "rocm"
     defaults = DEFAULTS["rocm" if rocm else "cuda"]
-    gpu = replace(_details(sim, defaults), capability=sim.capability or defaults["cc"])
+    # name, memory and cc of one model: what the spec gives, the rest from the model it describes
+    name, memory, cc = gpu_details(sim.name, sim.variant or cuda.VARIANTS[0], sim.capability, sim.memory)
+    gpu = replace(_details(sim, defaults, name), memory=memory, capability=cc)
     # NVML's list: every GPU with its UUID; the simulated machine has no MIG instances.
     inventory = tuple(replace(gpu, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}") for i in range(sim.count))
     readings = CudaReadings(inventory=inventory or None, mig_uuids=())

@@ -3,23 +3,37 @@
 A spec names a backend, its number of physical devices, the details its runtime would report and,
 optionally, a mode. Each detail is something one backend's runtime reports (``cc`` the CUDA
 compute capability, ``macos`` the macOS version, ...); a key no reading of that backend takes is
-an error, not a silent no-op.
+an error, not a silent no-op. Every value is checked against what that runtime can report (the
+probes' own tables: Gaudi generations, macOS releases, torch builds, oneDNN ISAs), and the error
+names the values it accepts. A GPU's name, compute capability and memory describe one model: a
+known model's name fills in what the spec leaves out, and a spec that contradicts it is refused.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from whichdevice.errors import DeviceError
-from whichdevice.probes.hpu import gaudi_generation
+from whichdevice.probes.cpu import ONEDNN_ISAS
+from whichdevice.probes.cuda import VARIANTS
+from whichdevice.probes.hpu import GAUDI_GENERATIONS, gaudi_generation
+from whichdevice.probes.mps import MACOS_RELEASES, MPS_MIN_MACOS
 from whichdevice.registry import backend_names, unknown_name_message
-from whichdevice.sizing import parse_size
+from whichdevice.sizing import format_bytes, parse_size
+from whichdevice.testing.gpus import capabilities, gpu_details, name_conflict
 
-__all__ = ["MODES", "SimulatedDevice", "family", "parse_spec"]
+__all__ = ["MAX_COUNT", "MODES", "SimulatedDevice", "family", "gpu_details", "parse_spec"]
 
 MODES = frozenset({"broken", "hangs", "missing", "unavailable"})
+
+# More devices than one machine has (a trn2 shows 128 NeuronCores); also keeps int() from long digits.
+MAX_COUNT = 1024
+_MIN_MEMORY = 1024  # a bare "mem=16" is 16 bytes: below this the unit was forgotten
+_MAX_MEMORY = 64 * 1024**4
+_MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE: no runtime reports a longer name
 
 # Which readings a backend's probe takes; out-of-tree device modules (npu, mlu, musa, neuron and
 # third-party backends) share the "module" readings.
@@ -35,6 +49,8 @@ _DETAIL_KEYS = {
     "flags": ("flags", {"cpu"}),
     "isa": ("isa", {"cpu"}),
 }
+# Keys every backend takes: spec key -> field of SimulatedDevice
+_COMMON_KEYS = {"name": "name", "mem": "memory"}
 _ALIASES = {"memory": "mem", "generation": "gen"}
 
 
@@ -64,45 +80,139 @@ class SimulatedDevice:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+def _quote(text: str, limit: int = 40) -> str:
+    """``text`` for an error message: a 5000-digit value is not echoed back whole."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
+
+
+def _bad(key: str, text: str, what: str, accepted: str) -> DeviceError:
+    return DeviceError(f"simulate: {key}={_quote(text)} is not {what}; {key}= takes {accepted}")
+
+
 def _parse_bool(key: str, text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "yes", "true", "on"):
         return True
     if low in ("0", "no", "false", "off"):
         return False
-    raise DeviceError(f"simulate: {key}={text!r} is not yes/no")
+    raise DeviceError(f"simulate: {key}={_quote(text)} is not yes/no; {key}= takes yes, no, true, false, 1 or 0")
+
+
+def _parse_cc(key: str, text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"([0-9]{1,2})\.([0-9]{1,2})", text.strip())
+    if not match:
+        raise DeviceError(f"simulate: {key}={_quote(text)} is not a compute capability like 8.0 (major.minor)")
+    return (int(match.group(1)), int(match.group(2)))
+
+
+def _parse_memory(key: str, text: str) -> int:
+    digits = re.match(r"\s*0*([0-9]*)", text)
+    if digits is not None and len(digits.group(1)) > 20:  # past float's range for a size: no device has it
+        raise DeviceError(f"simulate: {key}={_quote(text)} is more than any device has; give e.g. {key}=80GiB")
+    size = parse_size(text, f"simulate: {key}")
+    if size == 0:
+        raise DeviceError(
+            f"simulate: {key}={_quote(text)} is no memory at all; give the device's memory, e.g. {key}=16GiB"
+        )
+    if size < _MIN_MEMORY:
+        raise DeviceError(
+            f"simulate: {key}={_quote(text)} is {size} bytes; write the unit, e.g. {key}={text.strip()}GiB"
+        )
+    if size > _MAX_MEMORY:
+        raise DeviceError(
+            f"simulate: {key}={_quote(text)} is more than any device has; give at most {format_bytes(_MAX_MEMORY)}"
+        )
+    return size
+
+
+def _parse_name(key: str, text: str) -> str:
+    name = text.strip()
+    if not name or not name.isprintable() or len(name) > _MAX_NAME:
+        raise _bad(key, text, "a device name", f"the name its runtime reports: printable, 1 to {_MAX_NAME} characters")
+    return name
+
+
+def _choice(what: str, accepted: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(key: str, text: str) -> str:
+        value = text.strip().lower()
+        if value not in accepted:
+            raise DeviceError(
+                f"simulate: {key}={_quote(text)} is not {what}: use {' or '.join(f'{key}={a}' for a in accepted)}"
+            )
+        return value
+
+    return parse
+
+
+def _parse_macos(key: str, text: str) -> str:
+    value = text.strip()
+    match = re.fullmatch(r"([0-9]{1,3})(\.[0-9]{1,2}){0,2}", value)
+    if not match or int(match.group(1)) not in MACOS_RELEASES:
+        releases = ", ".join(str(r) for r in MACOS_RELEASES)
+        raise _bad(
+            key, text, "a macOS release of Apple Silicon Macs", f"a version with major {releases}, e.g. {key}=14.5"
+        )
+    return value
+
+
+def _parse_flags(key: str, text: str) -> frozenset[str]:
+    flags = [f for f in re.split(r"[+ ]", text.strip().lower()) if f]
+    wrong = [f for f in flags if not re.fullmatch(r"[a-z0-9_]+", f)]
+    if wrong:
+        raise _bad(
+            key, text, "a list of CPU flags", "/proc/cpuinfo flags joined by '+' (avx512_bf16+amx_bf16), or nothing"
+        )
+    return frozenset(flags)
+
+
+def _parse_isa(key: str, text: str) -> str:
+    value = text.strip().upper()
+    if value not in ONEDNN_ISAS:
+        raise _bad(key, text, "a oneDNN ISA", "a value of ONEDNN_MAX_CPU_ISA: " + ", ".join(sorted(ONEDNN_ISAS)))
+    return value
+
+
+# spec key -> its parser: (key, text) -> value, raising DeviceError that names what is accepted
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "name": _parse_name,
+    "mem": _parse_memory,
+    "cc": _parse_cc,
+    "variant": _choice("a build of torch", VARIANTS),
+    "gen": _choice("a Gaudi generation", GAUDI_GENERATIONS),
+    "bf16": _parse_bool,
+    "macos": _parse_macos,
+    "flags": _parse_flags,
+    "isa": _parse_isa,
+}
 
 
 def _parse_value(key: str, value: str) -> Any:
-    if key == "cc":
-        match = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
-        if not match:
-            raise DeviceError(f"simulate: cc={value!r} is not a compute capability like 8.0")
-        return (int(match.group(1)), int(match.group(2)))
-    if key == "mem":
-        return parse_size(value, "simulate: mem")
-    if key in ("variant", "gen"):
-        return value.strip().lower()
-    if key == "bf16":
-        return _parse_bool(key, value)
-    if key == "flags":
-        return frozenset(f for f in re.split(r"[+ ]", value.strip()) if f)
-    if key == "isa":
-        return value.strip().upper()
-    return value.strip()
+    parser = _PARSERS.get(key)
+    return parser(key, value) if parser is not None else value.strip()
 
 
 def _head(spec: str, head: str) -> dict[str, Any]:
-    name, _, count_text = head.partition(":")
+    name, colon, count_text = head.partition(":")
     name = name.strip().lower()
     if name not in backend_names():
         raise DeviceError("simulate: " + unknown_name_message(name))
     count = 1
-    if count_text:
-        if not (count_text.isascii() and count_text.isdigit()):
-            raise DeviceError(f"simulate: {head!r}: the count after ':' must be a number, e.g. {name}:4")
-        count = int(count_text)
+    if colon:
+        text = count_text.strip()
+        if not (text.isascii() and text.isdigit()):
+            raise DeviceError(
+                f"simulate: {head[:40]!r}: the count after ':' must be a number from 0 to {MAX_COUNT}, e.g. {name}:4"
+            )
+        if len(text.lstrip("0")) > len(str(MAX_COUNT)) or int(text) > MAX_COUNT:
+            raise DeviceError(
+                f"simulate: {head[:40]!r}: no machine has that many {name} devices; give a count from 0 to {MAX_COUNT}"
+            )
+        count = int(text)
     return {"backend": name, "count": count}
+
+
+def _keys() -> list[str]:
+    return [*_COMMON_KEYS, *_DETAIL_KEYS]
 
 
 def parse_spec(spec: str) -> SimulatedDevice:
@@ -112,28 +222,49 @@ def parse_spec(spec: str) -> SimulatedDevice:
     head, *rest = [p.strip() for p in spec.split(",")]
     fields = _head(spec, head)
     extra: list[str] = []
+    given: set[str] = set()
     for item in rest:
         if not item:
             continue
         key, eq, value = item.partition("=")
         key = key.strip().lower()
         key = _ALIASES.get(key, key)
+        if key in given:
+            raise DeviceError(f"simulate: {key[:40]} is given twice in {_quote(spec, 80)}; give each key and flag once")
+        given.add(key)
         if not eq:
             if key not in MODES:
-                raise DeviceError(f"simulate: unknown flag {key!r} in {spec!r}; flags are {', '.join(sorted(MODES))}")
+                raise DeviceError(
+                    f"simulate: unknown flag {_quote(key)} in {_quote(spec, 80)}; flags are {', '.join(sorted(MODES))}"
+                )
+            if "mode" in fields:
+                raise DeviceError(
+                    f"simulate: {_quote(spec, 80)} gives two modes, {fields['mode']!r} and {key!r}; a device is in "
+                    f"at most one of {', '.join(sorted(MODES))}"
+                )
             fields["mode"] = key
-        elif key in ("name", "mem") or key in _DETAIL_KEYS:
-            fields["memory" if key == "mem" else _DETAIL_KEYS.get(key, (key,))[0]] = _parse_value(key, value)
+        elif key in _COMMON_KEYS or key in _DETAIL_KEYS:
+            attr = _COMMON_KEYS.get(key) or _DETAIL_KEYS[key][0]
+            fields[attr] = _parse_value(key, value)
         else:
-            extra.append(key)
+            extra.append(_quote(key))
     if extra:
         raise DeviceError(
-            f"simulate: unknown key(s) {', '.join(sorted(extra))} in {spec!r}; keys are "
-            "cc, mem, name, variant, gen, bf16, macos, flags, isa"
+            f"simulate: unknown key(s) {', '.join(sorted(extra))} in {_quote(spec, 80)}; keys are {', '.join(_keys())}"
         )
     device = SimulatedDevice(**fields)
     _check(spec, device)
+    if device.macos is not None and device.mode is None and _before(device.macos, MPS_MIN_MACOS):
+        # What torch does on such a Mac: MPS is built in but not available.
+        device = SimulatedDevice(**{**fields, "mode": "unavailable"})
     return device
+
+
+def _before(version: str, minimum: str) -> bool:
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split("."))
+
+    return parts(version) < parts(minimum)
 
 
 def _check(spec: str, device: SimulatedDevice) -> None:
@@ -142,22 +273,42 @@ def _check(spec: str, device: SimulatedDevice) -> None:
         if getattr(device, attr) is not None and kind not in families:
             takers = sorted(n for n in backend_names() if family(n) in families)
             raise DeviceError(
-                f"simulate: {key}= in {spec!r} is not something the {device.backend} runtime reports; "
+                f"simulate: {key}= in {_quote(spec, 80)} is not something the {device.backend} runtime reports; "
                 f"{key}= applies to {', '.join(takers)}"
             )
-    if device.variant not in (None, "cuda", "rocm"):
-        raise DeviceError(f"simulate: variant={device.variant!r} in {spec!r}: use variant=cuda or variant=rocm")
     if kind == "mps" and device.count > 1:
-        raise DeviceError(f"simulate: {spec!r}: a Mac has one MPS device; write 'mps' (or 'mps:0' for none)")
+        raise DeviceError(f"simulate: {_quote(spec, 80)}: a Mac has one MPS device; write 'mps' (or 'mps:0' for none)")
     if kind == "cpu" and device.mode not in (None, "hangs"):
         raise DeviceError(f"simulate: the CPU is always there; {device.mode!r} applies to the other backends")
+    if kind == "cpu" and device.count != 1:
+        raise DeviceError(
+            f"simulate: {_quote(spec, 80)}: torch has one CPU device; write 'cpu' (flags=, mem=, name= describe it)"
+        )
+    if kind == "cuda":
+        _check_gpu(spec, device)
     if device.generation is not None:
         # The probe reads the generation from the device name ("GAUDI3"): the two must agree.
-        if gaudi_generation(device.generation.upper()) != device.generation:
-            raise DeviceError(f"simulate: gen={device.generation!r} is not a Gaudi generation (gaudi1, gaudi2, gaudi3)")
         named = gaudi_generation(device.name) if device.name is not None else device.generation
         if named != device.generation:
             raise DeviceError(
                 f"simulate: name={device.name!r} reads as {named or 'no Gaudi generation'}, but "
                 f"gen={device.generation!r}; the generation comes from the name, so give one of them"
             )
+    elif kind == "hpu" and gaudi_generation(device.name) not in (None, *GAUDI_GENERATIONS):
+        raise DeviceError(
+            f"simulate: name={device.name!r} names no Gaudi generation the probe knows "
+            f"({', '.join(GAUDI_GENERATIONS)}); name it like 'Intel Gaudi 3' or give gen= instead"
+        )
+
+
+def _check_gpu(spec: str, device: SimulatedDevice) -> None:
+    variant = device.variant or VARIANTS[0]
+    if device.capability is not None and device.capability not in capabilities(variant):
+        accepted = ", ".join(f"{a}.{b}" for a, b in capabilities(variant))
+        raise DeviceError(
+            f"simulate: cc={device.capability[0]}.{device.capability[1]} in {_quote(spec, 80)} is not a compute "
+            f"capability of a {variant} GPU; cc= takes {accepted}"
+        )
+    conflict = name_conflict(device.name, variant, device.capability, device.memory)
+    if conflict is not None:
+        raise DeviceError(f"simulate: {_quote(spec, 80)}: {conflict}")
