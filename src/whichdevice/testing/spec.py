@@ -61,6 +61,9 @@ class SimulatedDevice:
     # not turned to emulated bf16 by the shell's value
     isa: str | None = None
     mode: str | None = None
+    # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
+    # applies to every device, and devices past the list are idle (free = total).
+    free: tuple[int, ...] | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -81,6 +84,8 @@ def _parse_value(key: str, value: str) -> Any:
         return (int(match.group(1)), int(match.group(2)))
     if key == "mem":
         return parse_size(value, "simulate: mem")
+    if key == "free":
+        return tuple(parse_size(part, "simulate: free") for part in value.split("/"))
     if key in ("variant", "gen"):
         return value.strip().lower()
     if key == "bf16":
@@ -122,14 +127,14 @@ def parse_spec(spec: str) -> SimulatedDevice:
             if key not in MODES:
                 raise DeviceError(f"simulate: unknown flag {key!r} in {spec!r}; flags are {', '.join(sorted(MODES))}")
             fields["mode"] = key
-        elif key in ("name", "mem") or key in _DETAIL_KEYS:
+        elif key in ("name", "mem", "free") or key in _DETAIL_KEYS:
             fields["memory" if key == "mem" else _DETAIL_KEYS.get(key, (key,))[0]] = _parse_value(key, value)
         else:
             extra.append(key)
     if extra:
         raise DeviceError(
             f"simulate: unknown key(s) {', '.join(sorted(extra))} in {spec!r}; keys are "
-            "cc, mem, name, variant, gen, bf16, macos, flags, isa"
+            "cc, mem, free, name, variant, gen, bf16, macos, flags, isa"
         )
     device = SimulatedDevice(**fields)
     _check(spec, device)
