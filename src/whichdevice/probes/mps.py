@@ -71,7 +71,9 @@ def interpret_mps(backend: Backend, readings: MpsReadings) -> ProbeResult:
         )
     chip = readings.devices[0] if readings.devices else DeviceReading()
     bf16 = mac is not None and version_at_least(mac, MPS_BF16_MACOS)
-    device = DeviceInfo(0, name=chip.name or "Apple Silicon", total_memory=chip.memory, bf16=bf16, free_memory=chip.free)
+    device = DeviceInfo(
+        0, name=chip.name or "Apple Silicon", total_memory=chip.memory, bf16=bf16, free_memory=chip.free
+    )
     return finish(backend, [device], os_version=mac, versions=readings.versions)
 
 

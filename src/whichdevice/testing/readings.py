@@ -131,7 +131,12 @@ def _runtime(
 
 
 def _with_free(
-    details: DeviceReading, sim: SimulatedDevice, shown: int, env: Mapping[str, str], backend: Backend, variant: str | None
+    details: DeviceReading,
+    sim: SimulatedDevice,
+    shown: int,
+    env: Mapping[str, str],
+    backend: Backend,
+    variant: str | None,
 ) -> DeviceReading:
     if not sim.free:
         return details
