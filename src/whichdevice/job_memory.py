@@ -19,6 +19,7 @@ __all__ = [
     "ADAPTER_FRACTION",
     "OFFLOADS",
     "OPTIMIZER_STATES",
+    "WORKSPACE",
     "Job",
     "JobMemory",
     "ModelShape",
@@ -38,9 +39,12 @@ ADAPTER_FRACTION = 0.02
 # A generation's hidden states and MLP intermediates, per token, as multiples of hidden and intermediate
 # sizes (residual, norm, q/k/v/o, gate/up/act): measured peaks on the CPU stay below these.
 _INFER_HIDDEN, _INFER_MLP = 8, 4
-# Training keeps every layer's inputs for backward: per token and layer (Korthikanti et al. 2022, 34sbh
-# for 16-bit, with the SwiGLU MLP counted through the intermediate size).
-_TRAIN_HIDDEN, _TRAIN_MLP = 12, 6
+# Training keeps every layer's inputs for backward: per token and layer (after Korthikanti et al. 2022, 34sbh
+# for 16-bit, with the MLP counted through the intermediate size and room for dropout masks).
+_TRAIN_HIDDEN, _TRAIN_MLP = 16, 8
+# The runtime's own working memory once a job runs (allocator caches, kernels' scratch, autograd's
+# bookkeeping): measured 3-15 MiB on the CPU for tiny models; cuBLAS keeps up to 32 MiB per stream.
+WORKSPACE = 32 * 1024**2
 
 
 OFFLOADS = ("cpu", "disk")
@@ -267,6 +271,7 @@ def job_memory(
         assumed.append("batch_size=1 assumed")
     if max_length is None:
         assumed.append(f"max_length={tokens} assumed (the model's context, at most 2048)")
+    terms.append(Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch"))
     if task == "training":
         terms.append(_training_activations(shape, tokens, batch, dtype, eager))
     else:
