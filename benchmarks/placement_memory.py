@@ -2,6 +2,8 @@
 
     python benchmarks/placement_memory.py            # every case (about 2-4 minutes on 2 cores)
     python benchmarks/placement_memory.py --quick    # the tiny models only
+    python benchmarks/placement_memory.py --measured benchmarks/placement_memory.json
+        # re-estimate against peaks measured earlier (after a change to the formulas)
 
 Each case runs in its own process: import torch and transformers, warm up on a miniature of the
 same architecture (so lazily imported code and kernels' one-time buffers are not counted), take the
@@ -157,21 +159,35 @@ def _measure(path: Path, task: str, batch: int, max_length: int, prompt: int, na
 
 
 def _mib(n: float) -> str:
-    return f"{n / 1024**2:8.1f}"
+    return f"{n / 1024**2:.1f}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny models only")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--measured", type=Path, help="take the measured peaks from an earlier --json file")
     args = parser.parse_args()
+    earlier = {}
+    if args.measured:
+        for row in json.loads(args.measured.read_text()):
+            earlier[(row["model"], row["task"], row["batch"], row["max_length"], row["prompt"])] = row
     cases = [c for c in CASES if not args.quick or c[0].endswith("-tiny")]
     rows = []
+    print(
+        "| model | job | batch | max_length | measured peak MiB | before: weights only MiB (error) "
+        "| now: whole job MiB (error) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, task, batch, max_length, prompt in cases:
             path = _build(name, Path(tmp))
             weights, extra, _ = _estimate(path, task, batch, max_length)
-            measured = _measure(path, task, batch, max_length, prompt, name)
+            key = (name, task, batch, max_length, prompt)
+            if key in earlier:
+                measured = {"peak": earlier[key]["measured"], "load_peak": earlier[key]["load_peak"]}
+            else:
+                measured = _measure(path, task, batch, max_length, prompt, name)
             estimate = weights + extra
             rows.append(
                 dict(model=name, task=task, batch=batch, max_length=max_length, prompt=prompt, weights=weights,
@@ -180,9 +196,10 @@ def main() -> int:
             row = rows[-1]
             job = f"generate {max_length - prompt} after {prompt}" if task == "inference" else "3 AdamW steps"
             error = (estimate - row["measured"]) / row["measured"] * 100
+            before = (weights - row["measured"]) / row["measured"] * 100
             print(
-                f"{name:17s} {job:22s} b={batch:<2d} T={max_length:<5d} weights {_mib(weights)} MiB  "
-                f"measured {_mib(row['measured'])} MiB  estimate {_mib(estimate)} MiB  error {error:+6.1f}%",
+                f"| {name} | {job} | {batch} | {max_length} | {_mib(row['measured'])} | {_mib(weights)} "
+                f"({before:+.0f}%) | {_mib(estimate)} ({error:+.1f}%) |",
                 flush=True,
             )
     if args.json:

@@ -41,7 +41,7 @@ ADAPTER_FRACTION = 0.02
 _INFER_HIDDEN, _INFER_MLP = 8, 4
 # Training keeps every layer's inputs for backward: per token and layer (after Korthikanti et al. 2022, 34sbh
 # for 16-bit, with the MLP counted through the intermediate size and room for dropout masks).
-_TRAIN_HIDDEN, _TRAIN_MLP = 16, 8
+_TRAIN_HIDDEN, _TRAIN_MLP = 16, 10
 # The runtime's own working memory once a job runs (allocator caches, kernels' scratch, autograd's
 # bookkeeping): measured 3-15 MiB on the CPU for tiny models; cuBLAS keeps up to 32 MiB per stream.
 WORKSPACE = 32 * 1024**2

@@ -139,17 +139,8 @@ def place_model(
         trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
         # Without a model there is nothing to size, but the budget is the user's: pass it on.
         return device, budget, None, None
-    size, memory = estimate_job(model, job, dtype)
+    size, memory = _sized(model, job, dtype, trace)
     weights = size.bytes_in(dtype)
-    trace.append(
-        TraceStep(
-            "model",
-            f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
-        )
-    )
-    if memory.terms:
-        trace.append(TraceStep("memory", f"{job.task} needs {memory.describe(weights)}"))
-    trace.extend(TraceStep("memory", note) for note in memory.assumed)
     if max_memory is None and caps is not None:
         trace.append(memory_step(backend, result, device, dist))
     if caps is None:
@@ -176,6 +167,22 @@ def place_model(
         raise DoesNotFitError(
             f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}"
         ) from None
+
+
+def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
+    """The model's size and the job's other memory, each said in the trace."""
+    size, memory = estimate_job(model, job, dtype)
+    weights = size.bytes_in(dtype)
+    trace.append(
+        TraceStep(
+            "model",
+            f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
+        )
+    )
+    if memory.terms:
+        trace.append(TraceStep("memory", f"{job.task} needs {memory.describe(weights)}"))
+    trace.extend(TraceStep("memory", note) for note in memory.assumed)
+    return size, memory
 
 
 def _unchecked(
