@@ -42,7 +42,8 @@ def least_busy(backend: Backend, result: ProbeResult, task: str) -> tuple[int, l
     if task == "training":
         # Trainer in one process always trains on device 0: only the visible-devices variable moves it.
         variable = result.visible.variable if result.visible and result.visible.variable else None
-        fix = f"{variable or 'CUDA_VISIBLE_DEVICES'}={best.physical_id or best.index}"
+        variable = variable or (backend.visible_devices_env[0] if backend.visible_devices_env else None)
+        fix = f"{variable or 'the visible-devices variable'}={best.physical_id or best.index}"
         return 0, [
             TraceStep(
                 "warning",
