@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from whichdevice import probing
+from whichdevice.device_choice import least_busy
 from whichdevice.errors import DeviceError, DeviceUnavailableError
 from whichdevice.records import Backend, ProbeResult, TraceStep
 from whichdevice.registry import backends, get_backend
@@ -153,7 +154,11 @@ def _index_error(asked: str, backend: Backend, result: ProbeResult, index: int, 
 
 
 def device_string(
-    backend: Backend, result: ProbeResult, request: DeviceRequest, dist: DistributedContext | None
+    backend: Backend,
+    result: ProbeResult,
+    request: DeviceRequest,
+    dist: DistributedContext | None,
+    task: str = "inference",
 ) -> tuple[tuple[str, int], list[TraceStep]]:
     """The device string and how many devices this process uses.
 
@@ -161,7 +166,8 @@ def device_string(
     local rank; its current device on a backend without indices in its device strings (Gaudi,
     Trainium, TPU: accelerate uses ``torch.device("hpu", current_device())``, each process owning
     one device); ``ACCELERATE_TORCH_DEVICE`` as given when set (Ray Train sets it); and the one
-    device every process shares on the CPU.
+    device every process shares on the CPU. Otherwise, with no index asked for, the device with the
+    most free memory (:func:`whichdevice.device_choice.least_busy`; device 0 on a tie).
     """
     index = request.index
     if dist is not None and not backend.shared_device:
@@ -180,7 +186,8 @@ def device_string(
     if index is not None:
         return (f"{backend.name}:{index}", 1), steps
     if backend.indexed:
-        return (f"{backend.name}:0", result.device_count), steps
+        chosen, why = least_busy(backend, result, task)
+        return (f"{backend.name}:{chosen}", result.device_count), steps + why
     return (backend.name, result.device_count), steps
 
 

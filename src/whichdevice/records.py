@@ -77,6 +77,9 @@ class DeviceInfo:
     generation: str | None = None
     physical_id: str | None = None
     bf16: bool | None = None
+    # Bytes free now, where the runtime says so without starting a device context (NVML, psutil);
+    # None: unknown, and placement sizes against total_memory instead.
+    free_memory: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class DeviceInfo:
             "generation": self.generation,
             "physical_id": self.physical_id,
             "bf16": self.bf16,
+            "free_memory": self.free_memory,
         }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from whichdevice.errors import DeviceError, UnknownDeviceError, closest_match
+from whichdevice.offload import check_offload
 from whichdevice.quantization import check_quantize
 from whichdevice.records import TraceStep
 from whichdevice.registry import backend_names
@@ -54,6 +55,8 @@ class Arguments(NamedTuple):
     torch_compile: bool = False
     batch_size: int | None = None
     max_length: int | None = None
+    offload: str | None = None
+    offload_folder: Any = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ def check_arguments(args: Arguments) -> None:
     check_quantize(args.quantize)
     for name in ("batch_size", "max_length"):
         check_count(getattr(args, name), name)
+    check_offload(args.offload, args.offload_folder, args.task)
 
 
 def check_count(value: Any, name: str) -> None:

@@ -50,6 +50,8 @@ class Resolution:
     attn_passed: bool = False
     # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
     mixed_precision: str | None = None
+    # Where accelerate puts the weights that fit neither the devices nor the CPU (offload="disk").
+    offload_folder: str | None = None
 
     def __str__(self) -> str:
         return self.device
@@ -102,6 +104,8 @@ class Resolution:
             ensure_registered()
         if self.max_memory:
             kwargs["max_memory"] = dict(self.max_memory)
+        if self.offload_folder is not None:
+            kwargs["offload_folder"] = self.offload_folder
         if self.quantization is not None:
             kwargs["quantization_config"] = self.quantization.config()
         if self.use_kernels:
@@ -179,6 +183,7 @@ class Resolution:
             "attn_implementation": self.attn_implementation,
             "attn_implementation_passed": self.attn_passed,
             "max_memory": {str(k): v for k, v in self.max_memory.items()} if self.max_memory else None,
+            "offload_folder": self.offload_folder,
             "distributed": self.distributed.to_dict() if self.distributed else None,
             "distributed_backend": process_group_backend(self.backend, self.distributed),
             "env_set": [a.to_dict() for a in self.env_set],

@@ -76,6 +76,8 @@ def resolve_device(
     torch_compile: bool = False,
     batch_size: int | None = None,
     max_length: int | None = None,
+    offload: str | None = None,
+    offload_folder: Any = None,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -85,7 +87,10 @@ def resolve_device(
     the model's size, and lets attention be checked against the model's classes (this imports
     transformers); ``max_memory`` (from_pretrained's form) states the memory budget.
     ``batch_size`` (sequences run together) and ``max_length`` (tokens per sequence, prompt
-    included, as ``generate(max_length=)``) describe the job, where the caller knows them.
+    included, as ``generate(max_length=)``) describe the job, where the caller knows them: with
+    ``model=`` the fit then counts the KV cache and activations (training always counts gradients
+    and optimizer state). ``offload="cpu"`` (or ``"disk"`` with ``offload_folder=path``) lets a model
+    that fits no device spill to CPU memory (then disk); without it whichdevice never offloads.
     ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
@@ -107,6 +112,8 @@ def resolve_device(
         torch_compile,
         batch_size,
         max_length,
+        offload,
+        offload_folder,
     )
     key = memo_key(args)
     store = probing.current_store()
@@ -146,7 +153,7 @@ def _resolve(args: Arguments) -> Resolution:
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     dist = _launch(backend, args.task)
-    device, count = trace.take(device_string(backend, result, request, dist))
+    device, count = trace.take(device_string(backend, result, request, dist, args.task))
     if args.task == "training":
         trace.extend(trainer_device_steps(backend, result, request.index, dist))
     env_set = trace.take(_environment(backend, result))
@@ -154,7 +161,7 @@ def _resolve(args: Arguments) -> Resolution:
     dtype = precision.weights
     attention = _attention(backend, result, _computes_in(precision, args.task), args)
     trace.append(TraceStep("attention", attention.why))
-    placed = trace.take(_placement(backend, result, device, dist, dtype, args))
+    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name))
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
@@ -171,6 +178,7 @@ def _resolve(args: Arguments) -> Resolution:
         attn_passed=attention.passed,
         probe=result,
         max_memory=placed.max_memory,
+        offload_folder=placed.offload_folder,
         distributed=dist,
         env_set=env_set,
         trace=tuple(trace),
@@ -236,6 +244,7 @@ class _Placed(NamedTuple):
     device_map: str | dict[str, Any]
     max_memory: dict[int | str, str] | None = None
     quantization: QuantizationPlan | None = None
+    offload_folder: str | None = None
 
 
 def _placement(
@@ -245,6 +254,7 @@ def _placement(
     dist: DistributedContext | None,
     dtype: str | None,
     args: Arguments,
+    attention: str | None = None,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
     if args.device_map is not None:
@@ -257,11 +267,14 @@ def _placement(
         budget = {k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in args.max_memory.items()}
         return _Placed(args.device_map, budget), steps
     if args.model is not None or args.max_memory is not None:
+        from whichdevice.job_memory import Job
         from whichdevice.placement import place_model
 
         sized: list[TraceStep] = []
+        folder = str(args.offload_folder) if args.offload_folder is not None else None
+        job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention)
         placed = place_model(
-            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized
+            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job
         )
         return _Placed(*placed), sized
     return _Placed(device), [

@@ -259,9 +259,11 @@ def plan_placement(
     budget_given: bool,
     can_split: bool,
     backend: str,
+    what: str = "the weights",
 ) -> Placement:
     """Place ``weights`` bytes: on ``device`` when it fits there, split with "auto" when it needs
-    several of ``capacities`` (device key -> bytes), else a Placement with ``fits=False``."""
+    several of ``capacities`` (device key -> bytes), else a Placement with ``fits=False``.
+    ``what`` names the bytes in the notes (the job's memory can be more than the weights)."""
     fraction = 1.0 if budget_given else FIT_FRACTION
     need = format_bytes(weights)
     first_key = next(iter(capacities))
@@ -270,7 +272,7 @@ def plan_placement(
         return Placement(
             device,
             None,
-            f"the weights ({need}) fit on {device} ({format_bytes(first)}"
+            f"{what} ({need}) fit on {device} ({format_bytes(first)}"
             + (" budget)" if budget_given else f", {int(FIT_FRACTION * 100)}% usable)"),
         )
     split_fraction = 1.0 if budget_given else SPLIT_FRACTION
@@ -280,7 +282,7 @@ def plan_placement(
         return Placement(
             "auto",
             max_memory,
-            f"the weights ({need}) do not fit one {backend} device ({format_bytes(first)}); split over "
+            f"{what} ({need}) do not fit one {backend} device ({format_bytes(first)}); split over "
             f"{len(capacities)} devices with device_map='auto' ({format_bytes(total)} usable)",
         )
     where = (
@@ -288,7 +290,7 @@ def plan_placement(
         if len(capacities) > 1 and can_split
         else f"{device} ({format_bytes(first * fraction)} usable)"
     )
-    return Placement(device, None, f"the weights ({need}) do not fit {where}", fits=False)
+    return Placement(device, None, f"{what} ({need}) do not fit {where}", fits=False)
 
 
 _DTYPE_CODES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}

@@ -50,6 +50,7 @@ class DeviceReading:
     capability: tuple[int, int] | None = None
     uuid: str | None = None
     bf16: bool | None = None
+    free: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def physical_id(vis: Visibility, index: int) -> str:
 def module_devices(devices: Sequence[DeviceReading], vis: Visibility) -> list[DeviceInfo]:
     """One :class:`DeviceInfo` per device a torch device module showed, with its physical id."""
     return [
-        DeviceInfo(i, d.name, d.memory, d.capability, physical_id=physical_id(vis, i), bf16=d.bf16)
+        DeviceInfo(i, d.name, d.memory, d.capability, physical_id=physical_id(vis, i), bf16=d.bf16, free_memory=d.free)
         for i, d in enumerate(devices)
     ]
 
@@ -234,7 +235,9 @@ def finish_runtime(
 
 
 def read_module_devices(module: Any, count: int) -> tuple[DeviceReading, ...]:
-    """Names, memory and bf16 from a torch device module (torch.npu, torch.xpu, ...), where it has them."""
+    """Names, memory, free memory and bf16 from a torch device module (torch.npu, torch.xpu, ...),
+    where it has them (the module's runtime is started by its properties query already, so its
+    ``mem_get_info`` costs nothing more)."""
     bf16 = None
     if hasattr(module, "is_bf16_supported"):
         try:
@@ -253,5 +256,13 @@ def read_module_devices(module: Any, count: int) -> tuple[DeviceReading, ...]:
                 name = module.get_device_name(i)
             except Exception:
                 name = None
-        out.append(DeviceReading(name, int(memory) if memory else None, bf16=bf16))
+        out.append(DeviceReading(name, int(memory) if memory else None, bf16=bf16, free=_free(module, i)))
     return tuple(out)
+
+
+def _free(module: Any, index: int) -> int | None:
+    try:
+        free, _total = module.mem_get_info(index)
+        return int(free)
+    except Exception:
+        return None

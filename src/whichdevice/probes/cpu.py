@@ -16,6 +16,7 @@ __all__ = [
     "ENV_VARIABLES",
     "ONEDNN_ISA_VARIABLE",
     "CpuReadings",
+    "available_memory",
     "bf16_cap",
     "cpu_facts",
     "cpu_result",
@@ -53,13 +54,14 @@ ENV_VARIABLES = (ONEDNN_ISA_VARIABLE,)
 
 @dataclass(frozen=True)
 class CpuReadings:
-    """The CPU's model name, its bf16-relevant flags, total memory and the variables read."""
+    """The CPU's model name, its bf16-relevant flags, total and available memory and the variables read."""
 
     name: str | None = None
     flags: frozenset[str] = frozenset()
     memory: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     versions: Mapping[str, str] = field(default_factory=dict)
+    free: int | None = None
 
 
 @lru_cache(maxsize=1)
@@ -94,6 +96,17 @@ def _total_memory() -> int | None:
         return None
 
 
+def available_memory() -> int | None:
+    """Memory the system can give a process now without swapping (psutil's ``available``); read on
+    every probe, unlike the facts above, because it changes."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:
+        return None
+
+
 def _darwin_arm_flags() -> set[str]:
     try:
         out = subprocess.run(
@@ -106,7 +119,7 @@ def _darwin_arm_flags() -> set[str]:
 
 def read_cpu(backend: Backend) -> CpuReadings:
     name, flags, memory = cpu_facts()
-    return CpuReadings(name, flags, memory, read_env(ENV_VARIABLES), installed_versions(backend))
+    return CpuReadings(name, flags, memory, read_env(ENV_VARIABLES), installed_versions(backend), available_memory())
 
 
 def bf16_cap(isa: str | None) -> str | None:
@@ -123,7 +136,9 @@ def interpret_cpu(backend: Backend, readings: CpuReadings) -> ProbeResult:
     """Native bf16 needs one of :data:`BF16_CPU_FLAGS` and no oneDNN cap below AVX512_CORE_BF16."""
     flags = frozenset(readings.flags & BF16_CPU_FLAGS)
     cap = bf16_cap(readings.env.get(ONEDNN_ISA_VARIABLE)) if flags else None
-    device = DeviceInfo(0, name=readings.name, total_memory=readings.memory, bf16=bool(flags) and cap is None)
+    device = DeviceInfo(
+        0, name=readings.name, total_memory=readings.memory, bf16=bool(flags) and cap is None, free_memory=readings.free
+    )
     return finish(backend, [device], features=flags, warnings=[cap] if cap else [], versions=readings.versions)
 
 

@@ -85,7 +85,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
     if initialized:
         count = torch.cuda.device_count()
         available = count > 0
-        devices = tuple(_properties(torch.cuda.get_device_properties(i)) for i in range(count))
+        devices = tuple(_properties(torch.cuda.get_device_properties(i), _mem_free(torch, i)) for i in range(count))
     else:
         # NVML-based counting does not call cuInit, so the process can still fork afterwards.
         with scoped_env(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
@@ -114,8 +114,16 @@ def _text(value: object) -> str | None:
     return str(value) if value else None
 
 
-def _properties(p: Any) -> DeviceReading:
-    return DeviceReading(p.name, int(p.total_memory), (p.major, p.minor))
+def _properties(p: Any, free: int | None) -> DeviceReading:
+    return DeviceReading(p.name, int(p.total_memory), (p.major, p.minor), free=free)
+
+
+def _mem_free(torch: Any, index: int) -> int | None:
+    # CUDA is started already (this branch only runs then), so asking costs no new context.
+    try:
+        return int(torch.cuda.mem_get_info(index)[0])
+    except Exception:
+        return None
 
 
 def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
@@ -156,7 +164,7 @@ def _cuda_devices(readings: CudaReadings, vis: Visibility, warnings: list[str]) 
         return []
     if readings.initialized:
         return [
-            DeviceInfo(i, d.name, d.memory, d.capability, physical_id=physical_id(vis, i))
+            DeviceInfo(i, d.name, d.memory, d.capability, physical_id=physical_id(vis, i), free_memory=d.free)
             for i, d in enumerate(readings.devices)
         ]
     if not readings.inventory:
@@ -172,7 +180,7 @@ def _cuda_devices(readings: CudaReadings, vis: Visibility, warnings: list[str]) 
         if info is None:
             out.append(DeviceInfo(i, physical_id=pid))
         else:
-            out.append(DeviceInfo(i, info.name, info.memory, info.capability, physical_id=pid))
+            out.append(DeviceInfo(i, info.name, info.memory, info.capability, physical_id=pid, free_memory=info.free))
     return out
 
 
@@ -242,12 +250,15 @@ def _nvml_devices() -> list[DeviceReading]:
             name = pynvml.nvmlDeviceGetName(h)
             uuid = pynvml.nvmlDeviceGetUUID(h)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            # NVML's free memory counts every process's allocations, and reading it starts no context.
+            memory = pynvml.nvmlDeviceGetMemoryInfo(h)
             out.append(
                 DeviceReading(
                     name.decode() if isinstance(name, bytes) else name,
-                    int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    int(memory.total),
                     (int(major), int(minor)),
                     uuid.decode() if isinstance(uuid, bytes) else uuid,
+                    free=int(memory.free),
                 )
             )
         return out
@@ -261,7 +272,7 @@ def _smi_devices() -> list[DeviceReading]:
         return []
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,compute_cap,uuid", "--format=csv,noheader,nounits"],
+            [smi, "--query-gpu=name,memory.total,compute_cap,uuid,memory.free", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=5,
@@ -279,8 +290,16 @@ def _smi_devices() -> list[DeviceReading]:
             memory = int(float(parts[1])) * 1024**2
         except ValueError:
             continue
-        devices.append(DeviceReading(parts[0], memory, (major, minor), parts[3]))
+        free = _mib(parts[4]) if len(parts) > 4 else None
+        devices.append(DeviceReading(parts[0], memory, (major, minor), parts[3], free=free))
     return devices
+
+
+def _mib(text: str) -> int | None:
+    try:
+        return int(float(text)) * 1024**2
+    except ValueError:  # "[N/A]" on some boards
+        return None
 
 
 def probe_cuda(backend: Backend) -> ProbeResult:

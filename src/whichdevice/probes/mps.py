@@ -14,7 +14,7 @@ from whichdevice.probes.common import (
     not_installed,
     raise_import_error,
 )
-from whichdevice.probes.cpu import cpu_facts
+from whichdevice.probes.cpu import available_memory, cpu_facts
 from whichdevice.records import Backend, DeviceInfo, ProbeResult
 
 __all__ = ["ENV_VARIABLES", "MpsReadings", "interpret_mps", "probe_mps", "read_mps"]
@@ -51,7 +51,8 @@ def read_mps(backend: Backend) -> MpsReadings:
     mac = platform.mac_ver()[0] or None
     if not torch.backends.mps.is_available():
         return MpsReadings(versions=versions, system=system, macos=mac)
-    device = DeviceReading(platform.processor() or None, cpu_facts()[2])
+    # The GPU shares the machine's memory: what the system has available is what it can take.
+    device = DeviceReading(platform.processor() or None, cpu_facts()[2], free=available_memory())
     return MpsReadings(available=True, devices=(device,), versions=versions, system=system, macos=mac)
 
 
@@ -74,7 +75,9 @@ def interpret_mps(backend: Backend, readings: MpsReadings) -> ProbeResult:
         )
     chip = readings.devices[0] if readings.devices else DeviceReading()
     bf16 = mac is not None and version_at_least(mac, MPS_BF16_MACOS)
-    device = DeviceInfo(0, name=chip.name or "Apple Silicon", total_memory=chip.memory, bf16=bf16)
+    device = DeviceInfo(
+        0, name=chip.name or "Apple Silicon", total_memory=chip.memory, bf16=bf16, free_memory=chip.free
+    )
     return finish(backend, [device], os_version=mac, versions=readings.versions)
 
 

@@ -81,6 +81,15 @@ def _details(sim: SimulatedDevice, defaults: Mapping[str, Any], name: str | None
     )
 
 
+def free_at(sim: SimulatedDevice, index: int, total: int | None) -> int | None:
+    """The free memory of physical device ``index`` in ``sim`` (its total past the spec's list)."""
+    if not sim.free:
+        return None
+    if len(sim.free) == 1:
+        return sim.free[0]
+    return sim.free[index] if index < len(sim.free) else total
+
+
 def _shown(
     backend: Backend, env: Mapping[str, str], count: int, variant: str | None, present: Callable[[str], bool]
 ) -> int:
@@ -115,10 +124,26 @@ def _runtime(
         "env_set": env_set,
         "env": env,
         "available": shown > 0,
-        "devices": (details,) * shown,
+        "devices": tuple(_with_free(details, sim, i, env, backend, variant) for i in range(shown)),
         "physical_count": sim.count,
         "versions": versions,
     }
+
+
+def _with_free(
+    details: DeviceReading,
+    sim: SimulatedDevice,
+    shown: int,
+    env: Mapping[str, str],
+    backend: Backend,
+    variant: str | None,
+) -> DeviceReading:
+    if not sim.free:
+        return details
+    vis = visible_devices(backend.name, env, variant=variant)
+    pid = vis.ids[shown] if vis.ids is not None else str(shown)
+    index = int(pid.split(".")[0]) if pid.split(".")[0].isdigit() else shown
+    return replace(details, free=free_at(sim, index, details.memory))
 
 
 def _cpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
@@ -129,6 +154,8 @@ def _cpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Re
         name=sim.name or real.name,
         flags=sim.flags if sim.flags is not None else real.flags,
         memory=sim.memory or real.memory,
+        # a simulated size without free= leaves free unknown, as a runtime that does not say
+        free=free_at(sim, 0, sim.memory or real.memory) if sim.free else (None if sim.memory else real.free),
         # a spec that pins the CPU pins its oneDNN cap too; otherwise the shell's value applies
         env=({ONEDNN_ISA_VARIABLE: sim.isa} if sim.isa else {}) if sim.flags is not None or sim.isa else real.env,
     )
@@ -141,7 +168,10 @@ def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> R
     name, memory, cc = gpu_details(sim.name, sim.variant or cuda.VARIANTS[0], sim.capability, sim.memory)
     gpu = replace(_details(sim, defaults, name), memory=memory, capability=cc)
     # NVML's list: every GPU with its UUID; the simulated machine has no MIG instances.
-    inventory = tuple(replace(gpu, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}") for i in range(sim.count))
+    inventory = tuple(
+        replace(gpu, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}", free=free_at(sim, i, gpu.memory))
+        for i in range(sim.count)
+    )
     readings = CudaReadings(inventory=inventory or None, mig_uuids=())
     fields = _runtime(
         backend,
@@ -184,7 +214,8 @@ def _mps(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Re
         return replace(readings, import_error=BROKEN_IMPORT.format(module=backend.module))
     if sim.mode == "unavailable" or sim.count == 0:
         return readings
-    return replace(readings, available=True, devices=(_details(sim, DEFAULTS["mps"]),))
+    chip = _details(sim, DEFAULTS["mps"])
+    return replace(readings, available=True, devices=(replace(chip, free=free_at(sim, 0, chip.memory)),))
 
 
 def _tpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:

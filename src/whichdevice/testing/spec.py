@@ -50,7 +50,7 @@ _DETAIL_KEYS = {
     "isa": ("isa", {"cpu"}),
 }
 # Keys every backend takes: spec key -> field of SimulatedDevice
-_COMMON_KEYS = {"name": "name", "mem": "memory"}
+_COMMON_KEYS = {"name": "name", "mem": "memory", "free": "free"}
 _ALIASES = {"memory": "mem", "generation": "gen"}
 
 
@@ -77,6 +77,9 @@ class SimulatedDevice:
     # not turned to emulated bf16 by the shell's value
     isa: str | None = None
     mode: str | None = None
+    # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
+    # applies to every device, and devices past the list are idle (free = total).
+    free: tuple[int, ...] | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -172,10 +175,23 @@ def _parse_isa(key: str, text: str) -> str:
     return value
 
 
+def _parse_free(key: str, text: str) -> tuple[int, ...]:
+    # Free memory may be zero (a GPU another process filled), so only the upper bound of _parse_memory.
+    parts = text.split("/")
+    if len(parts) > MAX_COUNT:
+        raise DeviceError(f"simulate: {key}= lists {len(parts)} devices; give at most one value per device")
+    return tuple(0 if _is_zero(part) else _parse_memory(key, part) for part in parts)
+
+
+def _is_zero(text: str) -> bool:
+    return re.fullmatch(r"\s*0+(\.0*)?\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE) is not None
+
+
 # spec key -> its parser: (key, text) -> value, raising DeviceError that names what is accepted
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "name": _parse_name,
     "mem": _parse_memory,
+    "free": _parse_free,
     "cc": _parse_cc,
     "variant": _choice("a build of torch", VARIANTS),
     "gen": _choice("a Gaudi generation", GAUDI_GENERATIONS),
@@ -286,6 +302,7 @@ def _check(spec: str, device: SimulatedDevice) -> None:
         )
     if kind == "cuda":
         _check_gpu(spec, device)
+    _check_free(spec, device)
     if device.generation is not None:
         # The probe reads the generation from the device name ("GAUDI3"): the two must agree.
         named = gaudi_generation(device.name) if device.name is not None else device.generation
@@ -298,6 +315,21 @@ def _check(spec: str, device: SimulatedDevice) -> None:
         raise DeviceError(
             f"simulate: name={device.name!r} names no Gaudi generation the probe knows "
             f"({', '.join(GAUDI_GENERATIONS)}); name it like 'Intel Gaudi 3' or give gen= instead"
+        )
+
+
+def _check_free(spec: str, device: SimulatedDevice) -> None:
+    if not device.free:
+        return
+    if len(device.free) > max(device.count, 1):
+        raise DeviceError(
+            f"simulate: free= in {_quote(spec, 80)} gives {len(device.free)} values for {device.count} device(s); "
+            "give one value per device, or one for all"
+        )
+    if device.memory is not None and max(device.free) > device.memory:
+        raise DeviceError(
+            f"simulate: free= in {_quote(spec, 80)} is more than the device's memory "
+            f"({format_bytes(device.memory)}); free memory is at most mem="
         )
 
 
