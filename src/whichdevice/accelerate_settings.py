@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from whichdevice import envview
 from whichdevice.errors import ConfigConflictError, DeviceError
 from whichdevice.records import TraceStep
 
@@ -62,7 +63,7 @@ def truth(value: str) -> bool | None:
 
 def config_file_path(environ: Mapping[str, str] | None = None) -> str:
     """Where ``accelerate config`` writes, and ``accelerate launch`` reads, the default config."""
-    env = os.environ if environ is None else environ
+    env = envview.environ() if environ is None else environ
     home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
 
@@ -117,7 +118,7 @@ class AccelerateSettings:
 
 def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> AccelerateSettings:
     """The variables and the default config file, read without importing accelerate."""
-    env = os.environ if environ is None else environ
+    env = envview.environ() if environ is None else environ
     path = config_file_path(env)
     config, problem = _read_config(path)
     return AccelerateSettings(env.get(ENV_USE_CPU), env.get(ENV_MIXED_PRECISION), path, config, problem)

@@ -16,7 +16,7 @@ from whichdevice import accelerate_settings, distributed, kernels_support, packa
 from whichdevice.registry import backends, on_change
 from whichdevice.request import Arguments
 
-__all__ = ["DECLARING_MODULES", "memo_key", "memo_variables"]
+__all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variables", "read_environment"]
 
 # The modules on the resolve path that read the environment (tests/test_memo.py fails when a
 # module reads a variable it does not declare, or declares one this list does not reach).
@@ -52,16 +52,29 @@ def _current() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
     return entry
 
 
-def _environment_key() -> tuple[Any, ...]:
+def read_environment() -> tuple[Any, ...]:
+    """One reading of every variable in the key (raw values; None for unset), taken at once."""
     names, raw_keys = _variables[0] if _variables else _current()
     if _RAW_ENV is not None:
         return tuple(map(_RAW_ENV.get, raw_keys))
     return tuple(map(os.environ.get, names))
 
 
-def memo_key(args: Arguments) -> Any:
+def environment_mapping(environment: tuple[Any, ...]) -> dict[str, str]:
+    """``read_environment()``'s reading as name -> value (set variables only), for envview.pinned."""
+    names = memo_variables()
+    return {
+        name: value if isinstance(value, str) else os.fsdecode(value)
+        for name, value in zip(names, environment, strict=True)
+        if value is not None
+    }
+
+
+def memo_key(args: Arguments, environment: tuple[Any, ...] | None = None) -> Any:
     """A hashable key for these arguments, or None when an answer must not be reused.
 
+    ``environment`` is a ``read_environment()`` reading (default: one taken now); resolve_device()
+    resolves under that same reading (envview.pinned), so the key and the answer cannot disagree.
     A model or memory budget is never memoised: the files behind a path can change.
     """
     if args.model is not None or args.max_memory is not None:
@@ -73,7 +86,7 @@ def memo_key(args: Arguments) -> Any:
             prefer=tuple(prefer) if isinstance(prefer, list) else prefer,
             exclude=tuple(exclude) if isinstance(exclude, list) else exclude,
         )
-    key = (args, _environment_key(), packages.generation())
+    key = (args, read_environment() if environment is None else environment, packages.generation())
     try:
         hash(key)
     except TypeError:

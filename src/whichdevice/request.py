@@ -7,12 +7,12 @@ instead. Nothing here probes hardware.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from whichdevice import envview
 from whichdevice.errors import DeviceError, UnknownDeviceError, closest_match
 from whichdevice.quantization import check_quantize
 from whichdevice.records import TraceStep
@@ -89,7 +89,7 @@ def check_count(value: Any, name: str) -> None:
 
 def read_request(device: Any) -> tuple[DeviceRequest, list[TraceStep]]:
     """The device argument beats ``WHICHDEVICE_DEVICE``, which beats detection."""
-    env_value = os.environ.get(ENV_DEVICE)
+    env_value = envview.environ().get(ENV_DEVICE)
     if device is not None:
         name, index = parse_device(device, "device")
         steps = [

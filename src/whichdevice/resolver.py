@@ -34,8 +34,9 @@ from whichdevice.distributed import (
     process_group_backend,
 )
 from whichdevice.envhooks import EnvAction, apply_env_defaults
+from whichdevice.envview import pinned
 from whichdevice.kernels_support import decide_kernels
-from whichdevice.memo import memo_key
+from whichdevice.memo import environment_mapping, memo_key, read_environment
 from whichdevice.model_precision import Precision, decide_precision
 from whichdevice.packages import transformers_problem
 from whichdevice.quantization import finish_quantization
@@ -107,13 +108,16 @@ def resolve_device(
         batch_size,
         max_length,
     )
-    key = memo_key(args)
+    environment = read_environment()
+    key = memo_key(args, environment)
     store = probing.current_store()
     if key is not None:
         cached = store.resolutions.get(key)
         if cached is not None:
             return _attention_registered(cast(Resolution, cached))
-    res = _resolve(args)
+    # Resolved under the reading the key was made from: another thread's change lands in the next key.
+    with pinned(environment_mapping(environment)):
+        res = _resolve(args)
     if key is not None:
         store.resolutions[key] = res
     return _attention_registered(res)
