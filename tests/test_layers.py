@@ -16,7 +16,7 @@ PACKAGE_DIR = Path(whichdevice.__file__).parent
 # here ("probes") covers its submodules. A new module must be placed here before its imports are
 # accepted, which is the point: its place in the order is a decision.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("records", ("errors", "records", "packages", "envview", "sizing")),
+    ("records", ("errors", "records", "packages", "envview", "modelfiles", "sizing")),
     ("registry", ("registry", "visible", "envhooks")),
     ("probes", ("probes", "probing")),
     (

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from whichdevice import envview
 from whichdevice.errors import DeviceError, UnknownDeviceError, closest_match
+from whichdevice.modelfiles import check_model
 from whichdevice.quantization import check_quantize
 from whichdevice.records import TraceStep
 from whichdevice.registry import backend_names
@@ -77,6 +78,9 @@ def check_arguments(args: Arguments) -> None:
     check_quantize(args.quantize)
     for name in ("batch_size", "max_length"):
         check_count(getattr(args, name), name)
+    if args.model is not None:
+        # A damaged download is named before anything is decided from it (DamagedModelError).
+        check_model(args.model)
 
 
 def check_count(value: Any, name: str) -> None:
