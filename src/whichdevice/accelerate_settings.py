@@ -294,6 +294,12 @@ def launch_command(
         )
     if launcher not in LAUNCHERS:
         raise DeviceError(f"launcher={launcher!r}: use {' or '.join(repr(x) for x in LAUNCHERS)}")
+    if not isinstance(script, str) and not (
+        isinstance(script, Sequence) and all(isinstance(a, (str, os.PathLike)) for a in script)
+    ):
+        raise DeviceError(
+            f"script={script!r}: give the command as a list of strings, e.g. ['train.py', '--lr', '1e-4']"
+        )
     args = [script] if isinstance(script, str) else [str(a) for a in script]
     if not args:
         raise DeviceError("launch_command() needs the script and its arguments, e.g. ['train.py', '--lr', '1e-4']")

@@ -133,6 +133,10 @@ class Resolution:
         ddp and compile settings, and both precision flags, ``bf16`` and ``fp16``, stated either way."""
         from whichdevice.training_settings import training_kwargs_for
 
+        if torch_compile is not None:
+            from whichdevice.request import check_flag
+
+            check_flag(torch_compile, "torch_compile")
         compile_ = self.torch_compile if torch_compile is None else torch_compile
         return training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
 
@@ -209,6 +213,9 @@ def _dtype_keyword() -> str:
 
 
 def check_device_map(backend: Backend, device_map: Any) -> None:
+    from whichdevice.request import check_device_map_shape
+
+    check_device_map_shape(device_map)
     if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
         raise ConfigConflictError(
             f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "

@@ -47,6 +47,8 @@ from whichdevice.request import (
     Arguments,
     DeviceRequest,
     check_arguments,
+    check_flag,
+    check_memory_devices,
     parse_device,
     read_request,
 )
@@ -90,7 +92,8 @@ def resolve_device(
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
     """
-    if refresh:
+    if refresh is not False:
+        check_flag(refresh, "refresh")
         probing.clear_cache()
     args = Arguments(
         device,
@@ -250,6 +253,8 @@ def _placement(
     args: Arguments,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
+    if args.max_memory is not None:
+        check_memory_devices(args.max_memory, backend, result)
     if args.device_map is not None:
         check_device_map(backend, args.device_map)
         steps = [TraceStep("placement", f"device_map={args.device_map!r} as you asked")]

@@ -26,6 +26,7 @@ from whichdevice.modelfiles import (
 
 __all__ = [
     "FIT_FRACTION",
+    "MAX_SIZE",
     "SPLIT_FRACTION",
     "CheckpointDtype",
     "ModelSize",
@@ -67,16 +68,22 @@ _ST_ITEMSIZE = {
 }
 
 
+# No machine has an exbibyte of memory: a larger size is a typo (1e30, a value in bits, ...).
+MAX_SIZE = 2**60
+
+
 def parse_size(value: Any, what: str = "size") -> int:
-    """Bytes from 1234, "80GiB", "16GB", "512MiB" (accelerate's max_memory forms)."""
-    if isinstance(value, bool):
+    """Bytes from 1234, "80GiB", "16GB", "512MiB" (accelerate's max_memory forms), below 1 EiB."""
+    if isinstance(value, bool) or value is None:
         raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB' or a number of bytes")
-    if isinstance(value, int):
+    if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
         if value < 0:
-            raise DeviceError(f"{what}={value!r} is negative")
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+            raise DeviceError(f"{what}={value!r} is negative; write a size such as '20GiB'")
+        if value >= MAX_SIZE:
+            raise DeviceError(f"{what}={value!r} is larger than any machine's memory (1 EiB); write e.g. '20GiB'")
         return int(value)
+    if not isinstance(value, str):
+        raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB', '16GB' or a number of bytes")
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|KiB|TB|GB|MB|KB|T|G|M|K|B)?\s*", str(value), re.IGNORECASE)
     if not match:
         raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB', '16GB' or a number of bytes")
@@ -98,7 +105,7 @@ def parse_size(value: Any, what: str = "size") -> int:
         "b": 1,
     }[unit]
     # A 400-digit number parses as float("inf"); no machine has that much memory.
-    if not math.isfinite(number * scale) or number * scale > 2**64:
+    if not math.isfinite(number * scale) or number * scale >= MAX_SIZE:
         raise DeviceError(f"{what}={value!r} is larger than any machine's memory; write e.g. '20GiB'")
     return int(number * scale)
 
