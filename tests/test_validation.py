@@ -4,6 +4,7 @@ text names the fix; the thread tests use real threads."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -337,3 +339,153 @@ def test_a_config_object_with_bad_values(tmp_path: Path) -> None:
 def test_the_intact_folder_still_resolves(intact: Path) -> None:
     res = wd.resolve_device(model=intact)
     assert any("safetensors headers" in step.message for step in res.trace)
+
+
+# ----------------------------------------------------------------------------- class 4: arguments of the wrong shape
+
+R = wd.resolve_device
+FORM = "a dict of device -> size"
+# (id, call, machine spec or None for this machine, words the DeviceError must hold)
+SHAPES: list[tuple[str, Callable[[], object], str | None, tuple[str, ...]]] = [
+    ("max_memory a string", lambda: R(max_memory="20GiB"), None, ("max_memory='20GiB'", FORM)),
+    ("max_memory a list", lambda: R(max_memory=["20GiB"]), None, (FORM,)),
+    ("max_memory an int", lambda: R(max_memory=5), None, (FORM,)),
+    ("max_memory a set", lambda: R(max_memory={"20GiB"}), None, (FORM,)),
+    ("max_memory empty", lambda: R(max_memory={}), None, ("names no device",)),
+    ("max_memory with device_map, a list", lambda: R(device_map="cpu", max_memory=[1]), None, (FORM,)),
+    ("max_memory a float key", lambda: R(max_memory={0.5: "1GiB"}), None, ("key 0.5", "device indices")),
+    ("max_memory a bool key", lambda: R(max_memory={True: "1GiB"}), None, ("key True",)),
+    ("max_memory a negative key", lambda: R(max_memory={-1: "1GiB"}), None, ("key -1",)),
+    ("max_memory 'cuda:0' key", lambda: R(max_memory={"cuda:0": "1GiB"}), "cuda:2", ("write 0 for 'cuda:0'",)),
+    ("max_memory 'gpu' key", lambda: R(max_memory={"gpu": "1GiB"}), "cuda:2", ("key 'gpu'", "'cpu'", "'disk'")),
+    ("max_memory device 7 of 2", lambda: R(max_memory={7: "1GiB"}), "cuda:2", ("device 7", "cuda devices 0, 1")),
+    ("max_memory device 2 of 2", lambda: R(max_memory={0: "1GiB", 2: "1GiB"}), "cuda:2", ("device 2", "remove")),
+    ("max_memory device 0 on a CPU", lambda: R(max_memory={0: "1GiB", "cpu": "1GiB"}), None, ("device 0",)),
+    ("max_memory 'mps' on cuda", lambda: R(max_memory={0: "1GiB", "mps": "1GiB"}), "cuda:1", ("'mps'", "cuda")),
+    (
+        "max_memory device with device_map",
+        lambda: R(device_map="auto", max_memory={5: "1GiB"}),
+        "cuda:2",
+        ("device 5",),
+    ),
+    ("size 1e30", lambda: R(max_memory={"cpu": 1e30}), None, ("1e+30", "larger than any machine")),
+    ("size 2**70", lambda: R(max_memory={"cpu": 2**70}), None, ("larger than any machine",)),
+    ("size inf", lambda: R(max_memory={"cpu": float("inf")}), None, ("inf", "larger than any machine")),
+    ("size nan", lambda: R(max_memory={"cpu": float("nan")}), None, ("nan", "not a size")),
+    ("size negative", lambda: R(max_memory={"cpu": -1}), None, ("negative",)),
+    ("size None", lambda: R(max_memory={"cpu": None}), None, ("None", "not a size")),
+    ("size a list", lambda: R(max_memory={"cpu": [1]}), None, ("not a size",)),
+    ("size '2EiB'", lambda: R(max_memory={"cpu": "2EiB"}), None, ("not a size",)),
+    ("size '1e30GB'", lambda: R(max_memory={"cpu": "1e30GB"}), None, ("not a size",)),
+    ("size '9999999TiB'", lambda: R(max_memory={"cpu": "9999999TiB"}), None, ("larger than any machine",)),
+    ("size 'lots'", lambda: R(max_memory={"cpu": "lots"}), None, ("'lots'", "20GiB")),
+    ("torch_compile 'false'", lambda: R(torch_compile="false"), None, ("torch_compile='false'", "True or False")),
+    ("torch_compile 'true'", lambda: R(torch_compile="true"), None, ("a string is not read",)),
+    ("torch_compile 1", lambda: R(torch_compile=1), None, ("torch_compile=1",)),
+    ("torch_compile None", lambda: R(torch_compile=None), None, ("torch_compile=None",)),
+    ("refresh 'no'", lambda: R(refresh="no"), None, ("refresh='no'", "True or False")),
+    ("use_kernels 'false'", lambda: R(use_kernels="false"), None, ("use_kernels='false'", "'auto'")),
+    ("use_kernels 1", lambda: R(use_kernels=1), None, ("use_kernels=1",)),
+    ("task a list", lambda: R(task=["training"]), None, ("task=['training']", "'inference'")),
+    ("device_map 'everywhere'", lambda: R(device_map="everywhere"), None, ("'auto'", "'balanced'")),
+    ("device_map a list", lambda: R(device_map=["cpu"]), None, ("device_map=['cpu']", "dict of module name")),
+    ("device_map a float", lambda: R(device_map=1.5), None, ("device_map=1.5",)),
+    ("device_map -1", lambda: R(device_map=-1), None, ("start at 0",)),
+    ("device_map module -> 'gpu'", lambda: R(device_map={"": "gpu"}), None, ("device_map['']", "'cuda'")),
+    ("device_map module -> 3.5", lambda: R(device_map={"": 3.5}), None, ("device_map['']=3.5",)),
+    ("device_map int key", lambda: R(device_map={0: "cpu"}), None, ("key 0", "module name")),
+    ("model an int", lambda: R(model=5), None, ("model=", "not int")),
+    ("model_kwargs device_map", lambda: R().model_kwargs(device_map="anywhere"), None, ("'auto'",)),
+    ("training_kwargs 'false'", lambda: R().training_kwargs(torch_compile="false"), None, ("torch_compile='false'",)),
+    ("launch_command an int", lambda: R().launch_command(5), "cuda:2", ("list of strings",)),
+    ("launch_command ints", lambda: R().launch_command([1, 2]), "cuda:2", ("list of strings",)),
+]
+
+
+@pytest.mark.parametrize(("call", "spec", "says"), [c[1:] for c in SHAPES], ids=[c[0] for c in SHAPES])
+def test_an_argument_of_the_wrong_shape_names_the_form(call, spec, says) -> None:
+    with simulate(spec) if spec else contextlib.nullcontext(), pytest.raises(DeviceError) as error:
+        call()
+    check(error, DeviceError, says)
+
+
+TA = wd.training_arguments
+TRAINING_SHAPES: list[tuple[str, Callable[[str], object], tuple[str, ...]]] = [
+    ("resolution a string", lambda out: TA(out, resolution="cuda"), ("resolution='cuda'", "device='cuda'")),
+    ("resolution an int", lambda out: TA(out, resolution=3), ("resolution=3", "resolve_device(task='training')")),
+    ("resolution a dict", lambda out: TA(out, resolution={"device": "cpu"}), ("resolution=",)),
+    ("output_dir an int", lambda out: TA(5), ("output_dir=5", "folder path")),
+    ("torch_compile 'false'", lambda out: TA(out, torch_compile="false"), ("torch_compile='false'", "True or False")),
+    ("bf16 'false'", lambda out: TA(out, bf16="false"), ("bf16='false'",)),
+    ("fp16 'yes'", lambda out: TA(out, fp16="yes"), ("fp16='yes'",)),
+    ("use_cpu 'false'", lambda out: TA(out, use_cpu="false"), ("use_cpu='false'",)),
+    ("gradient_checkpointing 'true'", lambda out: TA(out, gradient_checkpointing="true"), ("gradient_checkpointing",)),
+    ("tf32 0", lambda out: TA(out, tf32=0), ("tf32=0",)),
+]
+
+
+@pytest.mark.parametrize(("call", "says"), [c[1:] for c in TRAINING_SHAPES], ids=[c[0] for c in TRAINING_SHAPES])
+def test_training_arguments_of_the_wrong_shape(call, says, tmp_path: Path) -> None:
+    with pytest.raises(DeviceError) as error:
+        call(str(tmp_path))
+    check(error, DeviceError, says)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "spec"),
+    [
+        ({"max_memory": {"cpu": "1GiB"}}, None),
+        ({"max_memory": {"cpu": 1.5e9, "disk": "100GiB"}}, None),
+        ({"max_memory": {0: "10GiB", 1: 5 * 2**30, "cpu": "64GB"}}, "cuda:2"),
+        ({"device_map": {"": "cpu"}}, None),
+        ({"device_map": {"model.embed": 0, "lm_head": "cpu", "model.norm": "disk"}}, "cuda:1"),
+        ({"device_map": 1}, "cuda:2"),
+        ({"torch_compile": True, "refresh": True}, None),
+        ({"use_kernels": None}, None),
+    ],
+)
+def test_valid_shapes_still_resolve(kwargs, spec) -> None:
+    with simulate(spec) if spec else contextlib.nullcontext():
+        assert wd.resolve_device(**kwargs).device
+
+
+def test_gradient_checkpointing_none_is_the_fields_own_default(tmp_path: Path) -> None:
+    args = wd.training_arguments(str(tmp_path), gradient_checkpointing=None, report_to=[])
+    assert args.gradient_checkpointing in (None, False)
+
+
+# ----------------------------------------------------------------------------- class 2: configuration values
+
+ENVIRONMENT: list[tuple[str, str, tuple[str, ...]]] = [
+    ("LOCAL_KERNELS", "kernels-community/flash-attn2", ("LOCAL_KERNELS=", "repo=path", "org/repo=/path/to/build")),
+    ("LOCAL_KERNELS", "a=/x:broken", ("'broken'", "fix or unset it")),
+    ("LOCAL_KERNELS", "", ("LOCAL_KERNELS=''",)),
+    ("LOCAL_KERNELS", "=/opt/k", ("'=/opt/k'",)),
+    ("WHICHDEVICE_DEVICE", "gpu", ("WHICHDEVICE_DEVICE='gpu'", "Did you mean 'cuda'")),
+    ("WHICHDEVICE_DEVICE", "cuda:inf", ("not a device index",)),
+    ("WHICHDEVICE_DEVICE", "cuda:1e10", ("not a device index",)),
+    ("WHICHDEVICE_DEVICE", "cuda:99999999999", ("too large",)),
+    ("LOCAL_RANK", "abc", ("LOCAL_RANK='abc'", "whole number")),
+    ("LOCAL_RANK", "inf", ("LOCAL_RANK='inf'", "whole number")),
+    ("LOCAL_RANK", "1e10", ("LOCAL_RANK='1e10'",)),
+    ("LOCAL_RANK", "-1", ("must be 0 or more",)),
+    ("WORLD_SIZE", "0", ("WORLD_SIZE='0'", "1 or more")),
+    ("WORLD_SIZE", "nan", ("WORLD_SIZE='nan'",)),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "says"), ENVIRONMENT, ids=[f"{n}={v!r}" for n, v, _ in ENVIRONMENT])
+def test_a_bad_variable_names_the_valid_form(name, value, says, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(DeviceError) as error:
+        wd.resolve_device(use_kernels="auto")
+    check(error, DeviceError, says)
+
+
+def test_a_huge_local_rank_names_the_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "99999999999999999999")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with simulate("cuda:2"), pytest.raises(DeviceError) as error:
+        wd.resolve_device()
+    assert "LOCAL_RANK" in str(error.value)

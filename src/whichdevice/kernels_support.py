@@ -132,12 +132,19 @@ def kernels_cache_dir() -> Path:
 
 
 def local_kernels() -> dict[str, str]:
-    """LOCAL_KERNELS ("org/repo=path:org/repo2=path2", kernels' own format) as repo -> path."""
+    """LOCAL_KERNELS ("org/repo=path:org/repo2=path2", kernels' own format) as repo -> path.
+
+    An entry without "=" is refused as kernels refuses it (ValueError when it loads a kernel)."""
+    raw = envview.environ().get("LOCAL_KERNELS")
     out: dict[str, str] = {}
-    for entry in envview.environ().get("LOCAL_KERNELS", "").split(":"):
+    for entry in (raw or "").split(":") if raw is not None else ():
         repo, eq, path = entry.partition("=")
-        if eq and repo.strip():
-            out[repo.strip()] = path
+        if not eq or not repo.strip() or not path.strip():
+            raise ConfigConflictError(
+                f"LOCAL_KERNELS={raw!r}: entry {entry!r} is not repo=path; the form is "
+                "'org/repo=/path/to/build' (several joined by ':'), which kernels requires too; fix or unset it"
+            )
+        out[repo.strip()] = path
     return out
 
 
