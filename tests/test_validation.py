@@ -19,8 +19,7 @@ import pytest
 
 import whichdevice as wd
 from whichdevice import resolver, testing
-from whichdevice.errors import DeviceError
-from whichdevice.modelfiles import DamagedModelError
+from whichdevice.errors import DamagedModelError, DeviceError
 from whichdevice.testing import simulate
 
 

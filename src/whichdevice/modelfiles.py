@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from whichdevice.errors import DeviceError
+from whichdevice.errors import DamagedModelError, DeviceError
 
 __all__ = [
     "SAFETENSORS_DTYPES",
@@ -82,10 +82,6 @@ COUNT_FIELDS = (
 )
 _LARGEST_COUNT = 2**31  # no released architecture comes near; beyond it a value is a typo or damage
 _DTYPE_NAMES = re.compile(r"(float|bfloat|int|uint|complex)\d*(_[a-z0-9]+)*|float|half|double|bool|auto")
-
-
-class DamagedModelError(DeviceError):
-    """A model file that cannot be read as what it claims to be; the message says how to fetch it again."""
 
 
 def _cache_repo(path: Path) -> tuple[str, Path] | None:
