@@ -488,3 +488,20 @@ def test_a_huge_local_rank_names_the_devices(monkeypatch: pytest.MonkeyPatch) ->
     with simulate("cuda:2"), pytest.raises(DeviceError) as error:
         wd.resolve_device()
     assert "LOCAL_RANK" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("device_map", "spec", "says"),
+    [
+        (3, "cuda:2", ("cuda:3", "cuda:0, cuda:1")),
+        ("cuda:5", "cuda:2", ("cuda:5",)),
+        ({"": 2}, "cuda:2", ("cuda:2", "this machine has")),
+        ({"model": 0, "lm_head": 9}, "cuda:2", ("cuda:9",)),
+        ("xpu:0", "cuda:1", ("'xpu:0'", "use 'cuda'")),
+        (0, None, ("no accelerator", "cpu")),
+    ],
+)
+def test_a_device_map_that_names_a_missing_device(device_map, spec, says) -> None:
+    with simulate(spec) if spec else contextlib.nullcontext(), pytest.raises(DeviceError) as error:
+        wd.resolve_device(device_map=device_map)
+    check(error, DeviceError, says)

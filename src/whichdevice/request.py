@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice import envview
-from whichdevice.errors import DeviceError, UnknownDeviceError, closest_match
+from whichdevice.errors import ConfigConflictError, DeviceError, UnknownDeviceError, closest_match
 from whichdevice.modelfiles import check_model
 from whichdevice.quantization import check_quantize
 from whichdevice.records import TraceStep
@@ -32,6 +32,7 @@ __all__ = [
     "check_count",
     "check_device_map_shape",
     "check_flag",
+    "check_map_devices",
     "check_max_memory",
     "check_memory_devices",
     "device_names",
@@ -87,7 +88,7 @@ def check_arguments(args: Arguments) -> None:
         check_count(getattr(args, name), name)
     check_flag(args.torch_compile, "torch_compile")
     if not (args.use_kernels in (None, "auto") or isinstance(args.use_kernels, bool)):
-        raise DeviceError(f"use_kernels={args.use_kernels!r}: use True, False or 'auto'")
+        raise ConfigConflictError(f"use_kernels={args.use_kernels!r}: use 'auto', True or False")
     if args.device_map is not None:
         check_device_map_shape(args.device_map)
     if args.max_memory is not None:
@@ -188,6 +189,34 @@ def check_memory_devices(max_memory: Mapping[Any, Any], backend: Backend, result
             raise DeviceError(f"max_memory names device {key}, but this machine has {have}; remove it")
         if isinstance(key, str) and key != "disk" and key not in ("cpu", backend.name):
             raise DeviceError(f"max_memory names {key!r}, but the device is {backend.name}; remove it")
+
+
+def check_map_devices(device_map: Any, backend: Backend, result: ProbeResult) -> None:
+    """Every device ``device_map`` places weights on exists here ("disk" and "cpu" always do)."""
+    values = list(device_map.values()) if isinstance(device_map, Mapping) else [device_map]
+    indices = sorted(d.index for d in result.devices if d.index is not None)
+    for value in values:
+        if value in (*DEVICE_MAP_WORDS, "disk"):
+            continue
+        index: int | None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if backend.memory_by_name:
+                raise DeviceError(
+                    f"device_map places weights on accelerator {value}, but there is no accelerator here "
+                    f"(the device is {backend.name}); use {backend.name!r}"
+                )
+            name, index = backend.name, value
+        else:
+            name, index = parse_device(value, "device_map")
+        if name == "cpu":
+            continue
+        if name != backend.name:
+            raise DeviceError(
+                f"device_map places weights on {value!r}, but the device is {backend.name}; use {backend.name!r}"
+            )
+        if index is not None and not backend.memory_by_name and index not in indices:
+            have = ", ".join(f"{backend.name}:{i}" for i in indices) or f"no {backend.name} device"
+            raise DeviceError(f"device_map places weights on {backend.name}:{index}, but this machine has {have}")
 
 
 def read_request(device: Any) -> tuple[DeviceRequest, list[TraceStep]]:

@@ -48,6 +48,7 @@ from whichdevice.request import (
     DeviceRequest,
     check_arguments,
     check_flag,
+    check_map_devices,
     check_memory_devices,
     parse_device,
     read_request,
@@ -257,6 +258,7 @@ def _placement(
         check_memory_devices(args.max_memory, backend, result)
     if args.device_map is not None:
         check_device_map(backend, args.device_map)
+        check_map_devices(args.device_map, backend, result)
         steps = [TraceStep("placement", f"device_map={args.device_map!r} as you asked")]
         if args.max_memory is None:
             return _Placed(args.device_map), steps
