@@ -505,3 +505,26 @@ def test_a_device_map_that_names_a_missing_device(device_map, spec, says) -> Non
     with simulate(spec) if spec else contextlib.nullcontext(), pytest.raises(DeviceError) as error:
         wd.resolve_device(device_map=device_map)
     check(error, DeviceError, says)
+
+
+def test_a_link_to_an_intact_folder_is_fine_and_an_empty_folder_is_not(intact: Path, tmp_path: Path) -> None:
+    link = tmp_path / "linked"
+    link.symlink_to(intact)
+    assert wd.resolve_device(model=link).device
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DamagedModelError, match=r"no config\.json and no weights"):
+        wd.resolve_device(model=tmp_path / "empty")
+    with pytest.raises(DeviceError, match="is empty"):
+        wd.resolve_device(model="")
+
+
+def test_an_empty_cache_snapshot_is_an_incomplete_download(intact, tmp_path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    snapshot = _hub_cache(tmp_path / "hub", intact)
+    for file in snapshot.iterdir():
+        file.unlink()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(DamagedModelError) as error:
+        wd.resolve_device(model="acme/tiny", device_map="cpu")
+    check(error, DamagedModelError, ("incomplete download", "hf download acme/tiny --force-download"))

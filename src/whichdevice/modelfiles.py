@@ -114,8 +114,9 @@ def _damaged(path: Path | str, problem: str) -> DamagedModelError:
     return DamagedModelError(f"{path}: {problem}; {refetch_hint(path)}")
 
 
-def check_link(path: Path) -> None:
-    """Raise for a link that dangles (a Hub-cache blob gone: an interrupted download) or loops."""
+def check_link(path: Path, *, file: bool = True) -> None:
+    """Raise for a link that dangles (a Hub-cache blob gone: an interrupted download) or loops, or
+    (``file``) that points at something other than a file."""
     if not path.is_symlink():
         return
     try:
@@ -130,7 +131,7 @@ def check_link(path: Path) -> None:
         raise _damaged(
             path, f"is a link to {what} that is missing ({target_text}): the download was interrupted"
         ) from None
-    if not target.is_file():
+    if file and not target.is_file():
         raise _damaged(path, f"is a link to {target}, which is not a file")
 
 
@@ -256,11 +257,13 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
 
 def resolve_model_path(model: str | os.PathLike[str]) -> Path:
     """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads)."""
+    text = str(model)
+    if not text.strip():
+        raise DeviceError(f"model={model!r} is empty; pass a local folder, a cached model id or a config")
     path = Path(model).expanduser()
-    check_link(path)
+    check_link(path, file=path.suffix == ".safetensors")
     if path.exists():
         return path
-    text = str(model)
     if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) and not text.startswith((".", "/")):
         try:
             from huggingface_hub import snapshot_download
@@ -291,9 +294,12 @@ def check_model_folder(path: Path) -> None:
     safetensors file): config.json, the shard index and the shards it names, safetensors headers."""
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
-        for entry in sorted(folder.iterdir()):
-            if entry.name == "config.json" or entry.name.endswith((".safetensors", ".json", ".bin")):
+        entries = sorted(folder.iterdir())
+        for entry in entries:
+            if entry.name.endswith((".safetensors", ".json", ".bin")):
                 check_link(entry)
+        if not any(e.name == "config.json" or e.name.endswith((".safetensors", ".bin")) for e in entries):
+            raise _damaged(path, "holds no config.json and no weights: an empty or incomplete download")
     read_config(folder)
     for index in sorted(folder.glob("*.safetensors.index.json")):
         _check_index(index, folder)
