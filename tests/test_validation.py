@@ -528,3 +528,27 @@ def test_an_empty_cache_snapshot_is_an_incomplete_download(intact, tmp_path, mon
     with pytest.raises(DamagedModelError) as error:
         wd.resolve_device(model="acme/tiny", device_map="cpu")
     check(error, DamagedModelError, ("incomplete download", "hf download acme/tiny --force-download"))
+
+
+def test_no_default_config_of_this_transformers_is_called_damaged() -> None:
+    # The checks hold every architecture's own defaults: lists of heads per stage (Swin), per-layer
+    # sizes (Gemma 3n), head_dim=0 for "derive it", a float max_position_embeddings.
+    import warnings
+
+    from transformers import CONFIG_MAPPING
+
+    from whichdevice.modelfiles import check_config
+
+    refused = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in CONFIG_MAPPING:
+            try:
+                config = CONFIG_MAPPING[name]().to_dict()
+            except Exception:
+                continue  # a config that needs arguments or a package this machine lacks
+            try:
+                check_config(config, f"<{name}>")
+            except DamagedModelError as exc:
+                refused.append(str(exc))
+    assert not refused

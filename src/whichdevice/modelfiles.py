@@ -76,10 +76,11 @@ COUNT_FIELDS = (
     "d_model",
     "num_layers",
     "num_heads",
-    "num_local_experts",
-    "num_experts",
-    "num_experts_per_tok",
 )
+# 0 stands for "derive it" (head_dim = hidden_size // num_attention_heads) in some configs.
+_ZERO_OK = {"head_dim"}
+# Some configs in transformers itself state it as a float (1200.0).
+_FLOAT_OK = {"max_position_embeddings"}
 _LARGEST_COUNT = 2**31  # no released architecture comes near; beyond it a value is a typo or damage
 _DTYPE_NAMES = re.compile(r"(float|bfloat|int|uint|complex)\d*(_[a-z0-9]+)*|float|half|double|bool|auto")
 
@@ -179,10 +180,13 @@ def check_config(config: Any, where: str | Path) -> dict[str, Any]:
 def _check_values(config: dict[str, Any], path: Path | str, prefix: str) -> None:
     for field in COUNT_FIELDS:
         value = config.get(field)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _LARGEST_COUNT:
-            raise _damaged(path, f"{prefix}{field}={value!r}: it must be a whole number from 1 to {_LARGEST_COUNT}")
+        # One number, or one per stage or layer (Swin's num_heads, Gemma 3n's intermediate_size).
+        values = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        if value is not None and not (values and all(_count(v, field) for v in values)):
+            raise _damaged(
+                path,
+                f"{prefix}{field}={value!r}: it must be a whole number from 1 to {_LARGEST_COUNT} (or a list of them)",
+            )
     for field in ("dtype", "torch_dtype"):
         value = config.get(field)
         if value is not None and not (isinstance(value, str) and _DTYPE_NAMES.fullmatch(value.removeprefix("torch."))):
@@ -190,6 +194,14 @@ def _check_values(config: dict[str, Any], path: Path | str, prefix: str) -> None
     for key, value in config.items():
         if isinstance(value, dict) and "model_type" in value:  # a sub-model's config (vision tower, text model)
             _check_values(value, path, f"{prefix}{key}.")
+
+
+def _count(value: Any, field: str) -> bool:
+    if field in _FLOAT_OK and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return (0 if field in _ZERO_OK else 1) <= value <= _LARGEST_COUNT
 
 
 def read_config(folder: Path) -> dict[str, Any] | None:
