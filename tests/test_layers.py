@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "training_settings",
             "accelerate_settings",
             "request",
+            "shapes",
             "detection",
             "memo",
             "steps",

@@ -79,6 +79,9 @@ COUNT_FIELDS = (
 )
 # 0 stands for "derive it" (head_dim = hidden_size // num_attention_heads) in some configs.
 _ZERO_OK = {"head_dim"}
+# One value per stage or layer is allowed here (Swin's num_heads, Gemma 3n's intermediate_size,
+# LXMERT's num_hidden_layers per tower).
+_PER_STAGE = {"num_heads", "num_attention_heads", "intermediate_size", "num_hidden_layers"}
 # Some configs in transformers itself state it as a float (1200.0).
 _FLOAT_OK = {"max_position_embeddings"}
 _LARGEST_COUNT = 2**31  # no released architecture comes near; beyond it a value is a typo or damage
@@ -181,7 +184,8 @@ def _check_values(config: dict[str, Any], path: Path | str, prefix: str) -> None
     for field in COUNT_FIELDS:
         value = config.get(field)
         # One number, or one per stage or layer (Swin's num_heads, Gemma 3n's intermediate_size).
-        values = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        several = field in _PER_STAGE and isinstance(value, (dict, list))
+        values = (list(value.values()) if isinstance(value, dict) else value) if several else [value]
         if value is not None and not (values and all(_count(v, field) for v in values)):
             raise _damaged(
                 path,

@@ -134,7 +134,7 @@ class Resolution:
         from whichdevice.training_settings import training_kwargs_for
 
         if torch_compile is not None:
-            from whichdevice.request import check_flag
+            from whichdevice.shapes import check_flag
 
             check_flag(torch_compile, "torch_compile")
         compile_ = self.torch_compile if torch_compile is None else torch_compile
@@ -213,7 +213,7 @@ def _dtype_keyword() -> str:
 
 
 def check_device_map(backend: Backend, device_map: Any) -> None:
-    from whichdevice.request import check_device_map_shape
+    from whichdevice.shapes import check_device_map_shape
 
     check_device_map_shape(device_map)
     if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:

@@ -47,13 +47,11 @@ from whichdevice.request import (
     Arguments,
     DeviceRequest,
     check_arguments,
-    check_flag,
-    check_map_devices,
-    check_memory_devices,
     parse_device,
     read_request,
 )
 from whichdevice.resolution import Resolution, check_device_map
+from whichdevice.shapes import check_flag, check_map_devices, check_memory_devices, check_shapes
 
 if TYPE_CHECKING:
     from whichdevice.quantization import QuantizationPlan
@@ -148,6 +146,7 @@ class _Trace(list[TraceStep]):
 
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
+    check_shapes(args)
     trace = _Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))

@@ -10,7 +10,7 @@ from whichdevice.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSetti
 from whichdevice.distributed import check_training_launch
 from whichdevice.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, PackageVersionError
 from whichdevice.packages import MIN_TRANSFORMERS, transformers_problem
-from whichdevice.request import check_flag
+from whichdevice.shapes import check_flag
 from whichdevice.training_settings import precision_conflicts, training_kwargs_for
 
 if TYPE_CHECKING:
