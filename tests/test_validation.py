@@ -552,3 +552,36 @@ def test_no_default_config_of_this_transformers_is_called_damaged() -> None:
             except DamagedModelError as exc:
                 refused.append(str(exc))
     assert not refused
+
+
+LORA: list[tuple[str, dict[str, object], tuple[str, ...]]] = [
+    ("r zero", {"r": 0}, ("r=0", "rank")),
+    ("r a string", {"r": "16"}, ("r='16'",)),
+    ("r a float", {"r": 16.0}, ("r=16.0",)),
+    ("alpha negative", {"lora_alpha": -1}, ("lora_alpha=-1",)),
+    ("alpha inf", {"lora_alpha": float("inf")}, ("lora_alpha=inf",)),
+    ("dropout 1.5", {"lora_dropout": 1.5}, ("lora_dropout=1.5", "probability")),
+    ("dropout a string", {"lora_dropout": "0.1"}, ("lora_dropout='0.1'",)),
+    ("targets an int", {"target_modules": 3}, ("target_modules=3", "'all-linear'")),
+    ("targets empty", {"target_modules": []}, ("target_modules=[]",)),
+    ("targets of ints", {"target_modules": [1, 2]}, ("target_modules=[1, 2]",)),
+    ("checkpointing 'false'", {"gradient_checkpointing": "false"}, ("gradient_checkpointing='false'",)),
+    ("resolution a string", {"resolution": "cuda"}, ("resolution='cuda'", "device='cuda'")),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [c[1:] for c in LORA], ids=[c[0] for c in LORA])
+def test_lora_arguments_of_the_wrong_shape(kwargs, says) -> None:
+    with pytest.raises(DeviceError) as error:
+        wd.lora_training(object(), **kwargs)
+    check(error, DeviceError, says)
+
+
+@pytest.mark.parametrize(("args", "says"), [(("cuda", 4), ("resolution='cuda'",)), ((None, 3), ("bits=3",))])
+def test_kbit_training_kwargs_arguments(args, says) -> None:
+    from whichdevice.lora import kbit_training_kwargs
+
+    resolution, bits = args
+    with pytest.raises(DeviceError) as error:
+        kbit_training_kwargs(wd.resolve_device(task="training") if resolution is None else resolution, bits)
+    check(error, DeviceError, says)

@@ -20,6 +20,7 @@ __all__ = [
     "DEVICE_MAP_WORDS",
     "check_device_map_shape",
     "check_flag",
+    "check_lora_arguments",
     "check_map_devices",
     "check_max_memory",
     "check_memory_devices",
@@ -149,3 +150,26 @@ def check_map_devices(device_map: Any, backend: Backend, result: ProbeResult) ->
         if index is not None and not backend.memory_by_name and index not in indices:
             have = ", ".join(f"{backend.name}:{i}" for i in indices) or f"no {backend.name} device"
             raise DeviceError(f"device_map places weights on {backend.name}:{index}, but this machine has {have}")
+
+
+def check_lora_arguments(r: Any, lora_alpha: Any, lora_dropout: Any, target_modules: Any, checkpointing: Any) -> None:
+    """lora_training()'s numbers and names, checked before PEFT builds anything."""
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise DeviceError(f"r={r!r}: the LoRA rank is a whole number of 1 or more (8, 16, 64, ...)")
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or not 0 < lora_alpha < float("inf"):
+        raise DeviceError(f"lora_alpha={lora_alpha!r}: a positive number (often 2 * r)")
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
+        raise DeviceError(f"lora_dropout={lora_dropout!r}: a probability from 0 up to (not including) 1")
+    if target_modules is not None and not (
+        isinstance(target_modules, str)
+        or (
+            isinstance(target_modules, (list, tuple, set))
+            and target_modules
+            and all(isinstance(t, str) for t in target_modules)
+        )
+    ):
+        raise DeviceError(
+            f"target_modules={target_modules!r}: module names (['q_proj', 'v_proj']), 'all-linear', or None for "
+            "every linear layer but the output head"
+        )
+    check_flag(checkpointing, "gradient_checkpointing")

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_TRANSFORMERS",
     "ArgumentsClassError",
+    "check_resolution",
     "training_arguments",
     "training_kwargs_for",
     "transformers_problem",
@@ -128,7 +129,8 @@ def training_arguments(
     return cls(**final)
 
 
-def _check_shapes(output_dir: Any, resolution: Any) -> None:
+def check_resolution(resolution: Any) -> None:
+    """``resolution`` is None or what resolve_device() returned."""
     from whichdevice.resolution import Resolution
 
     if resolution is not None and not isinstance(resolution, Resolution):
@@ -138,6 +140,10 @@ def _check_shapes(output_dir: Any, resolution: Any) -> None:
             if isinstance(resolution, str)
             else f"resolution={resolution!r}: pass what resolve_device(task='training') returns, or leave it out"
         )
+
+
+def _check_shapes(output_dir: Any, resolution: Any) -> None:
+    check_resolution(resolution)
     if output_dir is not None and not isinstance(output_dir, (str, os.PathLike)):
         raise DeviceError(f"output_dir={output_dir!r}: give a folder path (a string or pathlib.Path)")
 
