@@ -516,6 +516,8 @@ def test_a_link_to_an_intact_folder_is_fine_and_an_empty_folder_is_not(intact: P
         wd.resolve_device(model=tmp_path / "empty")
     with pytest.raises(DeviceError, match="is empty"):
         wd.resolve_device(model="")
+    with pytest.raises(DeviceError, match="pass the model's folder"):
+        wd.resolve_device(model=intact / "config.json")
 
 
 def test_an_empty_cache_snapshot_is_an_incomplete_download(intact, tmp_path, monkeypatch) -> None:

@@ -308,6 +308,8 @@ def check_model(model: Any) -> None:
 def check_model_folder(path: Path) -> None:
     """Read every file whichdevice and from_pretrained read first in ``path`` (a folder or one
     safetensors file): config.json, the shard index and the shards it names, safetensors headers."""
+    if path.is_file() and path.suffix != ".safetensors":
+        raise DeviceError(f"model={str(path)!r} is a file; pass the model's folder (or one .safetensors file)")
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
         entries = sorted(folder.iterdir())
