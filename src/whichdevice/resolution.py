@@ -110,10 +110,24 @@ class Resolution:
             if key in overrides:
                 kwargs.pop("dtype", None)
                 kwargs.pop("torch_dtype", None)
-        if "device_map" in overrides:
-            check_device_map(self.backend, overrides["device_map"])
+        self._check_overrides(overrides)
         kwargs.update(overrides)
         return kwargs
+
+    def _check_overrides(self, overrides: dict[str, Any]) -> None:
+        from whichdevice.shapes import check_dtype_override, check_map_devices
+
+        if "device_map" in overrides:
+            check_device_map(self.backend, overrides["device_map"])
+            check_map_devices(overrides["device_map"], self.backend, self.probe)
+        for key in ("dtype", "torch_dtype"):
+            if overrides.get(key) is not None:
+                check_dtype_override(overrides[key], key)
+        device = overrides.get("device")
+        if device is not None and not (isinstance(device, int) and not isinstance(device, bool) and device >= -1):
+            from whichdevice.request import parse_device
+
+            parse_device(device, "device")  # pipeline(device=): -1 (CPU), an index, a device string or torch.device
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``transformers.pipeline``."""
@@ -123,8 +137,7 @@ class Resolution:
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
         kwargs["model_kwargs"] = model_kwargs
-        if "device_map" in overrides:
-            check_device_map(self.backend, overrides["device_map"])
+        self._check_overrides(overrides)
         kwargs.update(overrides)
         return kwargs
 

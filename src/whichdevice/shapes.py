@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEVICE_MAP_WORDS",
     "check_device_map_shape",
+    "check_dtype_override",
     "check_flag",
     "check_lora_arguments",
     "check_map_devices",
@@ -173,3 +174,15 @@ def check_lora_arguments(r: Any, lora_alpha: Any, lora_dropout: Any, target_modu
             "every linear layer but the output head"
         )
     check_flag(checkpointing, "gradient_checkpointing")
+
+
+def check_dtype_override(value: Any, what: str) -> None:
+    """A dtype from_pretrained takes: "auto", a torch dtype, or its name ("bfloat16", "torch.float16")."""
+    if value == "auto" or type(value).__name__ == "dtype":
+        return
+    if isinstance(value, str):
+        import torch  # the caller builds from_pretrained's arguments: torch is loaded or about to be
+
+        if isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype):
+            return
+    raise DeviceError(f"{what}={value!r}: pass 'auto', a torch dtype (torch.bfloat16) or its name ('bfloat16')")
