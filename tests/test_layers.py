@@ -16,7 +16,7 @@ PACKAGE_DIR = Path(whichdevice.__file__).parent
 # here ("probes") covers its submodules. A new module must be placed here before its imports are
 # accepted, which is the point: its place in the order is a decision.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("records", ("errors", "records", "packages", "sizing")),
+    ("records", ("errors", "records", "packages", "envview", "modelfiles", "sizing")),
     ("registry", ("registry", "visible", "envhooks")),
     ("probes", ("probes", "probing")),
     (
@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "accelerate_settings",
             "request",
             "device_choice",
+            "shapes",
             "detection",
             "memo",
             "steps",

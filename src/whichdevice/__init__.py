@@ -12,6 +12,7 @@ import importlib
 
 from whichdevice.errors import (
     ConfigConflictError,
+    DamagedModelError,
     DeviceError,
     DeviceUnavailableError,
     DoesNotFitError,
@@ -55,6 +56,7 @@ _LAZY = {
 __all__ = [
     "Backend",
     "ConfigConflictError",
+    "DamagedModelError",
     "DeviceError",
     "DeviceInfo",
     "DeviceUnavailableError",

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from whichdevice import envview
 from whichdevice.errors import ConfigConflictError, DeviceError
 from whichdevice.records import TraceStep
 
@@ -62,7 +63,7 @@ def truth(value: str) -> bool | None:
 
 def config_file_path(environ: Mapping[str, str] | None = None) -> str:
     """Where ``accelerate config`` writes, and ``accelerate launch`` reads, the default config."""
-    env = os.environ if environ is None else environ
+    env = envview.environ() if environ is None else environ
     home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
 
@@ -117,7 +118,7 @@ class AccelerateSettings:
 
 def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> AccelerateSettings:
     """The variables and the default config file, read without importing accelerate."""
-    env = os.environ if environ is None else environ
+    env = envview.environ() if environ is None else environ
     path = config_file_path(env)
     config, problem = _read_config(path)
     return AccelerateSettings(env.get(ENV_USE_CPU), env.get(ENV_MIXED_PRECISION), path, config, problem)
@@ -293,6 +294,12 @@ def launch_command(
         )
     if launcher not in LAUNCHERS:
         raise DeviceError(f"launcher={launcher!r}: use {' or '.join(repr(x) for x in LAUNCHERS)}")
+    if not isinstance(script, str) and not (
+        isinstance(script, Sequence) and all(isinstance(a, (str, os.PathLike)) for a in script)
+    ):
+        raise DeviceError(
+            f"script={script!r}: give the command as a list of strings, e.g. ['train.py', '--lr', '1e-4']"
+        )
     args = [script] if isinstance(script, str) else [str(a) for a in script]
     if not args:
         raise DeviceError("launch_command() needs the script and its arguments, e.g. ['train.py', '--lr', '1e-4']")

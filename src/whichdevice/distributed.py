@@ -19,12 +19,12 @@ otherwise they are ignored with a warning in the trace.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from whichdevice import envview
 from whichdevice.errors import DeviceError
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = 
     variables. The numbers are the ones accelerate will use. Variables that say "several processes"
     but that accelerate does not read give a context with ``seen=False`` (see ``check_training_launch``).
     """
-    env = os.environ if environ is None else environ
+    env = envview.environ() if environ is None else environ
     found = _scheduler(env)
     scheduler = found[0] if found is not None else None
     # accelerate's rule: LOCAL_RANK on every device; on the CPU also MPI's variables, after torch's.

@@ -8,6 +8,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigConflictError",
+    "DamagedModelError",
     "DeviceError",
     "DeviceUnavailableError",
     "DoesNotFitError",
@@ -42,6 +43,10 @@ class ConfigConflictError(DeviceError):
 
 class DoesNotFitError(DeviceError):
     """A model larger than the memory of the devices it may use."""
+
+
+class DamagedModelError(DeviceError):
+    """A model file that cannot be read as what it claims to be; the message names the file and the fix."""
 
 
 # Words people type for a device that are not device strings. Checked before fuzzy matching

@@ -9,6 +9,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from whichdevice import envview
 from whichdevice.errors import ConfigConflictError
 from whichdevice.packages import package_version, version_at_least, version_before
 
@@ -116,28 +117,34 @@ _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's ENV_VARS_TRUE_VALUES
 
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE (or the older TRANSFORMERS_OFFLINE) read the way huggingface_hub reads it."""
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    value = envview.environ().get("HF_HUB_OFFLINE") or envview.environ().get("TRANSFORMERS_OFFLINE") or ""
     return value.strip().upper() in _TRUE
 
 
 def kernels_cache_dir() -> Path:
     """Where kernels keeps downloaded kernels: KERNELS_CACHE, else the Hugging Face Hub cache."""
-    explicit = (
-        os.environ.get("KERNELS_CACHE") or os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    )
+    env = envview.environ()
+    explicit = env.get("KERNELS_CACHE") or env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
     if explicit:
         return Path(os.path.expandvars(explicit)).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def local_kernels() -> dict[str, str]:
-    """LOCAL_KERNELS ("org/repo=path:org/repo2=path2", kernels' own format) as repo -> path."""
+    """LOCAL_KERNELS ("org/repo=path:org/repo2=path2", kernels' own format) as repo -> path.
+
+    An entry without "=" is refused as kernels refuses it (ValueError when it loads a kernel)."""
+    raw = envview.environ().get("LOCAL_KERNELS")
     out: dict[str, str] = {}
-    for entry in os.environ.get("LOCAL_KERNELS", "").split(":"):
+    for entry in (raw or "").split(":") if raw is not None else ():
         repo, eq, path = entry.partition("=")
-        if eq and repo.strip():
-            out[repo.strip()] = path
+        if not eq or not repo.strip() or not path.strip():
+            raise ConfigConflictError(
+                f"LOCAL_KERNELS={raw!r}: entry {entry!r} is not repo=path; the form is "
+                "'org/repo=/path/to/build' (several joined by ':'), which kernels requires too; fix or unset it"
+            )
+        out[repo.strip()] = path
     return out
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.errors import ConfigConflictError, DeviceError
+from whichdevice.shapes import check_lora_arguments
+from whichdevice.training import check_resolution
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -191,6 +193,9 @@ def kbit_training_kwargs(
     paged optimizers work; ``ddp_find_unused_parameters=False`` under DDP, which checkpointing
     needs. The keyword names follow the installed transformers (``activation_checkpointing`` in 5.x).
     """
+    check_resolution(resolution)
+    if bits not in (None, 4, 8) or isinstance(bits, bool):
+        raise DeviceError(f"bits={bits!r}: 4, 8, or None for an unquantized model")
     kwargs: dict[str, Any] = {}
     if gradient_checkpointing:
         flag, extra = _checkpointing_names()
@@ -252,6 +257,8 @@ def lora_training(
     ``target_modules``, ``task_type`` and any other ``LoraConfig`` keyword you pass are used as
     passed. With ``gradient_checkpointing`` the model checkpoints activations (non-reentrant).
     """
+    check_lora_arguments(r, lora_alpha, lora_dropout, target_modules, gradient_checkpointing)
+    check_resolution(resolution)
     peft = _peft()
     if isinstance(model, peft.PeftModel):
         raise ConfigConflictError(

@@ -16,7 +16,7 @@ from whichdevice import accelerate_settings, distributed, kernels_support, packa
 from whichdevice.registry import backends, on_change
 from whichdevice.request import Arguments
 
-__all__ = ["DECLARING_MODULES", "memo_key", "memo_variables"]
+__all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variables", "read_environment"]
 
 # The modules on the resolve path that read the environment (tests/test_memo.py fails when a
 # module reads a variable it does not declare, or declares one this list does not reach).
@@ -25,12 +25,14 @@ DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings)
 # os.environ.get costs about 0.7 us a name (str -> bytes, Mapping.get); the backing dict of bytes
 # answers in a tenth of that, which keeps a repeated resolve_device() well under 20 us.
 _RAW_ENV: Any = getattr(os.environ, "_data", None) if os.name == "posix" else None
-# (names, their raw keys) for the registry as it is; emptied whenever a backend row changes.
-_variables: list[tuple[tuple[str, ...], tuple[bytes, ...]]] = []
+# (names, their raw keys) for the registry as it is; emptied whenever a backend row changes. One
+# slot, replaced whole, so a thread that reads it while another empties it gets an entry or None.
+_variables: list[tuple[tuple[str, ...], tuple[bytes, ...]] | None] = [None]
+Reading = tuple[tuple[str, ...], tuple[Any, ...]]
 
 
 def _forget(_name: str) -> None:
-    _variables.clear()
+    _variables[0] = None
 
 
 on_change(_forget)
@@ -42,26 +44,40 @@ def memo_variables() -> tuple[str, ...]:
 
 
 def _current() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
-    if _variables:
-        return _variables[0]
+    entry = _variables[0]
+    if entry is not None:
+        return entry
     declared = [name for module in DECLARING_MODULES for name in module.ENV_VARIABLES]
     hooks = [default.name for backend in backends() for default in backend.env_defaults]
     names = tuple(dict.fromkeys([*declared, *hooks]))
     entry = (names, tuple(os.fsencode(name) for name in names))
-    _variables[:] = [entry]
+    _variables[0] = entry
     return entry
 
 
-def _environment_key() -> tuple[Any, ...]:
-    names, raw_keys = _variables[0] if _variables else _current()
+def read_environment() -> Reading:
+    """(names, values): one reading of every variable in the key (None for unset), taken at once."""
+    names, raw_keys = _variables[0] or _current()
     if _RAW_ENV is not None:
-        return tuple(map(_RAW_ENV.get, raw_keys))
-    return tuple(map(os.environ.get, names))
+        return names, tuple(map(_RAW_ENV.get, raw_keys))
+    return names, tuple(map(os.environ.get, names))
 
 
-def memo_key(args: Arguments) -> Any:
+def environment_mapping(reading: Reading) -> dict[str, str]:
+    """``read_environment()``'s reading as name -> value (set variables only), for envview.pinned."""
+    names, values = reading
+    return {
+        name: value if isinstance(value, str) else os.fsdecode(value)
+        for name, value in zip(names, values, strict=True)
+        if value is not None
+    }
+
+
+def memo_key(args: Arguments, environment: Reading | None = None) -> Any:
     """A hashable key for these arguments, or None when an answer must not be reused.
 
+    ``environment`` is a ``read_environment()`` reading (default: one taken now); resolve_device()
+    resolves under that same reading (envview.pinned), so the key and the answer cannot disagree.
     A model or memory budget is never memoised: the files behind a path can change.
     """
     if args.model is not None or args.max_memory is not None:
@@ -73,7 +89,7 @@ def memo_key(args: Arguments) -> Any:
             prefer=tuple(prefer) if isinstance(prefer, list) else prefer,
             exclude=tuple(exclude) if isinstance(exclude, list) else exclude,
         )
-    key = (args, _environment_key(), packages.generation())
+    key = (args, (read_environment() if environment is None else environment)[1], packages.generation())
     try:
         hash(key)
     except TypeError:

@@ -7,14 +7,15 @@ instead. Nothing here probes hardware.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from whichdevice import envview
 from whichdevice.errors import DeviceError, UnknownDeviceError, closest_match
 from whichdevice.offload import check_offload
+from whichdevice.modelfiles import check_model
 from whichdevice.quantization import check_quantize
 from whichdevice.records import TraceStep
 from whichdevice.registry import backend_names
@@ -74,13 +75,16 @@ class DeviceRequest:
 
 
 def check_arguments(args: Arguments) -> None:
-    """Raise for a task or quantize value that does not exist."""
-    if args.task not in TASKS:
+    """Raise for a task, quantize, count or model= that cannot be used (whichdevice.shapes checks the rest)."""
+    if not isinstance(args.task, str) or args.task not in TASKS:
         raise DeviceError(f"task={args.task!r}: use 'inference' or 'training'")
     check_quantize(args.quantize)
     for name in ("batch_size", "max_length"):
         check_count(getattr(args, name), name)
     check_offload(args.offload, args.offload_folder, args.task)
+    if args.model is not None:
+        # A damaged download is named before anything is decided from it (DamagedModelError).
+        check_model(args.model)
 
 
 def check_count(value: Any, name: str) -> None:
@@ -93,7 +97,7 @@ def check_count(value: Any, name: str) -> None:
 
 def read_request(device: Any) -> tuple[DeviceRequest, list[TraceStep]]:
     """The device argument beats ``WHICHDEVICE_DEVICE``, which beats detection."""
-    env_value = os.environ.get(ENV_DEVICE)
+    env_value = envview.environ().get(ENV_DEVICE)
     if device is not None:
         name, index = parse_device(device, "device")
         steps = [

@@ -114,10 +114,24 @@ class Resolution:
             if key in overrides:
                 kwargs.pop("dtype", None)
                 kwargs.pop("torch_dtype", None)
-        if "device_map" in overrides:
-            check_device_map(self.backend, overrides["device_map"])
+        self._check_overrides(overrides)
         kwargs.update(overrides)
         return kwargs
+
+    def _check_overrides(self, overrides: dict[str, Any]) -> None:
+        from whichdevice.shapes import check_dtype_override, check_map_devices
+
+        if "device_map" in overrides:
+            check_device_map(self.backend, overrides["device_map"])
+            check_map_devices(overrides["device_map"], self.backend, self.probe)
+        for key in ("dtype", "torch_dtype"):
+            if overrides.get(key) is not None:
+                check_dtype_override(overrides[key], key)
+        device = overrides.get("device")
+        if device is not None and not (isinstance(device, int) and not isinstance(device, bool) and device >= -1):
+            from whichdevice.request import parse_device
+
+            parse_device(device, "device")  # pipeline(device=): -1 (CPU), an index, a device string or torch.device
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``transformers.pipeline``."""
@@ -127,8 +141,7 @@ class Resolution:
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
         kwargs["model_kwargs"] = model_kwargs
-        if "device_map" in overrides:
-            check_device_map(self.backend, overrides["device_map"])
+        self._check_overrides(overrides)
         kwargs.update(overrides)
         return kwargs
 
@@ -137,6 +150,10 @@ class Resolution:
         ddp and compile settings, and both precision flags, ``bf16`` and ``fp16``, stated either way."""
         from whichdevice.training_settings import training_kwargs_for
 
+        if torch_compile is not None:
+            from whichdevice.shapes import check_flag
+
+            check_flag(torch_compile, "torch_compile")
         compile_ = self.torch_compile if torch_compile is None else torch_compile
         return training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
 
@@ -214,6 +231,9 @@ def _dtype_keyword() -> str:
 
 
 def check_device_map(backend: Backend, device_map: Any) -> None:
+    from whichdevice.shapes import check_device_map_shape
+
+    check_device_map_shape(device_map)
     if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
         raise ConfigConflictError(
             f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "

@@ -34,9 +34,10 @@ from whichdevice.distributed import (
     process_group_backend,
 )
 from whichdevice.envhooks import EnvAction, apply_env_defaults
+from whichdevice.envview import pinned
 from whichdevice.kernels_support import decide_kernels
 from whichdevice.launch_leftovers import launch_leftovers, refuse_leftovers
-from whichdevice.memo import memo_key
+from whichdevice.memo import environment_mapping, memo_key, read_environment
 from whichdevice.model_precision import Precision, decide_precision
 from whichdevice.packages import transformers_problem
 from whichdevice.quantization import finish_quantization
@@ -51,6 +52,7 @@ from whichdevice.request import (
     read_request,
 )
 from whichdevice.resolution import Resolution, check_device_map
+from whichdevice.shapes import check_flag, check_map_devices, check_memory_devices, check_shapes
 
 if TYPE_CHECKING:
     from whichdevice.quantization import QuantizationPlan
@@ -95,7 +97,8 @@ def resolve_device(
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
     """
-    if refresh:
+    if refresh is not False:
+        check_flag(refresh, "refresh")
         probing.clear_cache()
     args = Arguments(
         device,
@@ -115,13 +118,16 @@ def resolve_device(
         offload,
         offload_folder,
     )
-    key = memo_key(args)
+    environment = read_environment()
+    key = memo_key(args, environment)
     store = probing.current_store()
     if key is not None:
         cached = store.resolutions.get(key)
         if cached is not None:
             return _attention_registered(cast(Resolution, cached))
-    res = _resolve(args)
+    # Resolved under the reading the key was made from: another thread's change lands in the next key.
+    with pinned(environment_mapping(environment)):
+        res = _resolve(args)
     if key is not None:
         store.resolutions[key] = res
     return _attention_registered(res)
@@ -148,6 +154,7 @@ class _Trace(list[TraceStep]):
 
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
+    check_shapes(args)
     trace = _Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
@@ -257,8 +264,11 @@ def _placement(
     attention: str | None = None,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
+    if args.max_memory is not None:
+        check_memory_devices(args.max_memory, backend, result)
     if args.device_map is not None:
         check_device_map(backend, args.device_map)
+        check_map_devices(args.device_map, backend, result)
         steps = [TraceStep("placement", f"device_map={args.device_map!r} as you asked")]
         if args.max_memory is None:
             return _Placed(args.device_map), steps

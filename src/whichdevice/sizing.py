@@ -7,19 +7,26 @@ Hugging Face cache only: whichdevice never downloads.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from whichdevice.errors import DeviceError
+from whichdevice.modelfiles import (
+    DamagedModelError,
+    check_config,
+    read_config,
+    read_header,
+    refetch_hint,
+    resolve_model_path,
+)
 
 __all__ = [
     "FIT_FRACTION",
+    "MAX_SIZE",
     "SPLIT_FRACTION",
     "CheckpointDtype",
     "ModelSize",
@@ -61,16 +68,22 @@ _ST_ITEMSIZE = {
 }
 
 
+# No machine has an exbibyte of memory: a larger size is a typo (1e30, a value in bits, ...).
+MAX_SIZE = 2**60
+
+
 def parse_size(value: Any, what: str = "size") -> int:
-    """Bytes from 1234, "80GiB", "16GB", "512MiB" (accelerate's max_memory forms)."""
-    if isinstance(value, bool):
+    """Bytes from 1234, "80GiB", "16GB", "512MiB" (accelerate's max_memory forms), below 1 EiB."""
+    if isinstance(value, bool) or value is None:
         raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB' or a number of bytes")
-    if isinstance(value, int):
+    if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
         if value < 0:
-            raise DeviceError(f"{what}={value!r} is negative")
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+            raise DeviceError(f"{what}={value!r} is negative; write a size such as '20GiB'")
+        if value >= MAX_SIZE:
+            raise DeviceError(f"{what}={value!r} is larger than any machine's memory (1 EiB); write e.g. '20GiB'")
         return int(value)
+    if not isinstance(value, str):
+        raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB', '16GB' or a number of bytes")
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(TiB|GiB|MiB|KiB|TB|GB|MB|KB|T|G|M|K|B)?\s*", str(value), re.IGNORECASE)
     if not match:
         raise DeviceError(f"{what}={value!r} is not a size; write e.g. '20GiB', '16GB' or a number of bytes")
@@ -92,7 +105,7 @@ def parse_size(value: Any, what: str = "size") -> int:
         "b": 1,
     }[unit]
     # A 400-digit number parses as float("inf"); no machine has that much memory.
-    if not math.isfinite(number * scale) or number * scale > 2**64:
+    if not math.isfinite(number * scale) or number * scale >= MAX_SIZE:
         raise DeviceError(f"{what}={value!r} is larger than any machine's memory; write e.g. '20GiB'")
     return int(number * scale)
 
@@ -141,25 +154,11 @@ def _is_linear(name: str, shape: list[int]) -> bool:
     )
 
 
-def _header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        if length > 100 * 1024**2:
-            raise DeviceError(f"{path}: safetensors header of {length} bytes; the file looks corrupt")
-        header: dict[str, Any] = json.loads(fh.read(length))
-    return header
-
-
 def _from_safetensors(files: list[Path]) -> ModelSize:
     float_params = linear = other = 0
     for path in files:
-        header = _header(path)
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= int(dim)
+        for name, info in read_header(path).items():
+            count = math.prod(info["shape"])
             if info["dtype"] in _FLOAT_CODES:
                 float_params += count
                 if _is_linear(name, info["shape"]):
@@ -201,28 +200,10 @@ def _from_config(config: Any) -> ModelSize:
     return ModelSize(f"a meta-device build of {type(config).__name__}", float_params, linear)
 
 
-def resolve_model_path(model: str | os.PathLike[str]) -> Path:
-    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads)."""
-    path = Path(model).expanduser()
-    if path.exists():
-        return path
-    text = str(model)
-    if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) and not text.startswith((".", "/")):
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(text, local_files_only=True))
-        except Exception:
-            pass
-    raise DeviceError(
-        f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
-        "whichdevice never downloads, so pass a local path or a config (transformers.AutoConfig)"
-    )
-
-
 def estimate_model_size(model: Any) -> ModelSize:
     """Size of ``model``: a local folder or file, a cached model id, or a transformers config."""
     if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        check_config(model.to_dict(), f"model=<{type(model).__name__}>")
         return _from_config(model)
     if not isinstance(model, (str, os.PathLike)):
         raise DeviceError(
@@ -234,11 +215,21 @@ def estimate_model_size(model: Any) -> ModelSize:
     files = sorted(path.glob("*.safetensors"))
     if files:
         return _from_safetensors(files)
-    if (path / "config.json").exists():
-        from transformers import AutoConfig
-
-        return _from_config(AutoConfig.from_pretrained(str(path)))
+    if read_config(path) is not None:
+        return _from_config(_auto_config(path))
     raise DeviceError(f"{path} has neither *.safetensors files nor a config.json to size the model from")
+
+
+def _auto_config(folder: Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(folder))
+    except Exception as exc:  # transformers' OSError/ValueError/KeyError, or arithmetic on a bad value
+        raise DamagedModelError(
+            f"{folder / 'config.json'}: transformers cannot build a config from it ({type(exc).__name__}: {exc}); "
+            f"if this transformers knows the model, the file is damaged: {refetch_hint(folder)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -322,20 +313,22 @@ def checkpoint_dtype(model: Any) -> CheckpointDtype | None:
         return None
     try:
         path = resolve_model_path(model)
-        folder = path if path.is_dir() else path.parent
-        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-        model_type = config.get("model_type") or None
-        stated = config.get("dtype") or config.get("torch_dtype")
-        if _canonical(stated):
-            return CheckpointDtype(_canonical(stated), model_type, f"config.json's dtype {stated!r}")
-        files = [path] if path.is_file() else sorted(folder.glob("*.safetensors"))
-        counts: dict[str, int] = {}
-        for file in files:
-            for name, info in _header(file).items():
-                if name != "__metadata__" and info["dtype"] in _FLOAT_CODES:
-                    counts[info["dtype"]] = counts.get(info["dtype"], 0) + math.prod(int(d) for d in info["shape"])
-    except (OSError, ValueError, KeyError, TypeError, struct.error, DeviceError):
-        return None
+    except DamagedModelError:
+        raise
+    except DeviceError:
+        return None  # placement says why the model cannot be found
+    folder = path if path.is_dir() else path.parent
+    config = read_config(folder) or {}
+    model_type = config.get("model_type") or None
+    stated = config.get("dtype") or config.get("torch_dtype")
+    if _canonical(stated):
+        return CheckpointDtype(_canonical(stated), model_type, f"config.json's dtype {stated!r}")
+    files = [path] if path.is_file() else sorted(folder.glob("*.safetensors"))
+    counts: dict[str, int] = {}
+    for file in files:
+        for info in read_header(file).values():
+            if info["dtype"] in _FLOAT_CODES:
+                counts[info["dtype"]] = counts.get(info["dtype"], 0) + math.prod(info["shape"])
     if not counts:
         return CheckpointDtype(None, model_type, "neither config.json nor safetensors headers state a dtype")
     code = max(counts, key=lambda c: counts[c])

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
 from whichdevice.distributed import check_training_launch
-from whichdevice.errors import ConfigConflictError, DeviceUnavailableError, PackageVersionError
+from whichdevice.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, PackageVersionError
 from whichdevice.launch_leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.packages import MIN_TRANSFORMERS, transformers_problem
+from whichdevice.shapes import check_flag
 from whichdevice.training_settings import precision_conflicts, training_kwargs_for
 
 if TYPE_CHECKING:
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_TRANSFORMERS",
     "ArgumentsClassError",
+    "check_resolution",
     "training_arguments",
     "training_kwargs_for",
     "transformers_problem",
@@ -92,7 +95,9 @@ def training_arguments(
     problem = transformers_problem()
     if problem is not None:
         raise PackageVersionError(problem)
+    _check_shapes(output_dir, resolution)
     cls = _arguments_class(arguments_class, kwargs)
+    _check_switches(cls, kwargs)
     from whichdevice.resolver import resolve_device
 
     settings = read_accelerate_settings()
@@ -124,6 +129,38 @@ def training_arguments(
     if "accelerator_config" not in kwargs and _accelerate_state_configured():
         final["accelerator_config"] = {"use_configured_state": True}
     return cls(**final)
+
+
+def check_resolution(resolution: Any) -> None:
+    """``resolution`` is None or what resolve_device() returned."""
+    from whichdevice.resolution import Resolution
+
+    if resolution is not None and not isinstance(resolution, Resolution):
+        raise DeviceError(
+            f"resolution={resolution!r}: pass what resolve_device(task='training') returns (a "
+            f"whichdevice.Resolution), not {type(resolution).__name__}; to name a device, pass device={resolution!r}"
+            if isinstance(resolution, str)
+            else f"resolution={resolution!r}: pass what resolve_device(task='training') returns, or leave it out"
+        )
+
+
+def _check_shapes(output_dir: Any, resolution: Any) -> None:
+    check_resolution(resolution)
+    if output_dir is not None and not isinstance(output_dir, (str, os.PathLike)):
+        raise DeviceError(f"output_dir={output_dir!r}: give a folder path (a string or pathlib.Path)")
+
+
+def _check_switches(cls: type[TrainingArguments], kwargs: dict[str, Any]) -> None:
+    """The class's True/False fields get True or False (None where the field allows it): a string such
+    as "false" would switch them on, so it is refused rather than read."""
+    import dataclasses
+
+    for field in dataclasses.fields(cls):
+        if field.name in kwargs and field.type in (bool, "bool", bool | None, "bool | None", "Optional[bool]"):
+            value = kwargs[field.name]
+            if value is None and field.type not in (bool, "bool"):
+                continue
+            check_flag(value, field.name)
 
 
 def _arguments_class(arguments_class: Any, kwargs: dict[str, Any]) -> type[TrainingArguments]:

@@ -19,6 +19,11 @@ probed for real) unless ``others="real"``. ``packages={"accelerate": "1.4.0", "k
 answers package-version questions for the duration. ``simulate(report="machine.json")`` replays the
 machine a ``whichdevice --json`` report describes (see :mod:`whichdevice.testing.replay`). Nothing
 turns a simulation on from the environment.
+
+A simulation is per process, like the environment it restores on exit: while it is on, every thread
+sees it (threads and pools started inside it too). One thread at a time holds simulations (nested
+ones included); ``simulate()`` entered in another thread waits until they end, for at most
+``WAIT_S`` seconds, then raises DeviceError, so two threads never see each other's machine.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from whichdevice.testing.replay import RecordedMachine, load_report, replay_envi
 from whichdevice.testing.spec import SimulatedDevice, parse_spec
 
 __all__ = [
+    "WAIT_S",
     "RecordedMachine",
     "SimulatedDevice",
     "active",
@@ -104,6 +110,34 @@ def _check_packages(packages: Mapping[str, str | None] | None) -> dict[str, str 
     return dict(packages)
 
 
+# Seconds simulate() waits for another thread's simulations to end before it gives up.
+WAIT_S = 30.0
+_holder = threading.Condition()
+# The thread whose simulations are on, and how many of them (nested).
+_held: list[tuple[threading.Thread, int]] = []
+
+
+def _hold() -> None:
+    me = threading.current_thread()
+    with _holder:
+        if not _holder.wait_for(lambda: not _held or _held[0][0] is me, timeout=WAIT_S):
+            raise DeviceError(
+                f"simulate(): thread {_held[0][0].name!r} has a simulation on, and a simulation is per "
+                f"process (every thread sees it); it did not end within {WAIT_S:g} s. Run simulations "
+                "one thread at a time, or in separate processes (pytest-xdist)"
+            )
+        depth = _held[0][1] if _held else 0
+        _held[:] = [(me, depth + 1)]
+
+
+def _release() -> None:
+    with _holder:
+        if _held:
+            thread, depth = _held[0]
+            _held[:] = [(thread, depth - 1)] if depth > 1 else []
+        _holder.notify_all()
+
+
 class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at the call site
     """Pretend this machine has the hardware in ``specs``; usable as ``with``, decorator or fixture.
 
@@ -144,18 +178,24 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
         self._frames: list[tuple[_SimulatedStore, dict[str, str | None], contextlib.ExitStack]] = []
 
     def __enter__(self) -> simulate:
+        _hold()
         release = threading.Event()
         store = _SimulatedStore(self.specs, self.others, self.packages, release, self.recorded)
         stack = contextlib.ExitStack()
         packages = dict(self.packages)
-        if self.recorded is not None:
-            stack.enter_context(replay_environment(self.recorded.environ))
-            packages = {**self.recorded.packages, **packages}
-        env_before = {
-            d.name: os.environ.get(d.name) for name in backend_names() for d in get_backend(name).env_defaults
-        }
-        if packages:
-            stack.enter_context(simulated_packages(packages))
+        try:
+            if self.recorded is not None:
+                stack.enter_context(replay_environment(self.recorded.environ))
+                packages = {**self.recorded.packages, **packages}
+            env_before = {
+                d.name: os.environ.get(d.name) for name in backend_names() for d in get_backend(name).env_defaults
+            }
+            if packages:
+                stack.enter_context(simulated_packages(packages))
+        except BaseException:
+            stack.close()
+            _release()
+            raise
         self._frames.append((store, env_before, stack))
         _probe._simulations.append(store)
         return self
@@ -165,14 +205,17 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
         store.release.set()
         if store in _probe._simulations:
             _probe._simulations.remove(store)
-        for name, old in env_before.items():
-            if os.environ.get(name) != old:
-                if old is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = old
-                _forget(name)
-        stack.close()  # after the hooks' variables: a replay's environment was set before them
+        try:
+            for name, old in env_before.items():
+                if os.environ.get(name) != old:
+                    if old is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = old
+                    _forget(name)
+            stack.close()  # after the hooks' variables: a replay's environment was set before them
+        finally:
+            _release()
 
     @property
     def description(self) -> str:
