@@ -9,26 +9,32 @@ nothing else, so simulated hardware goes through the same machinery.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Any
 
 from whichdevice import packages
+from whichdevice.envhooks import applied_env, release_scopes
 from whichdevice.errors import DeviceError
+from whichdevice.probes import trial
 from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
-from whichdevice.registry import backends, get_backend, on_change
+from whichdevice.registry import backends, get_backend, on_change, set_plugin_loader
 
 __all__ = [
     "DeviceInfo",
     "ProbeResult",
     "clear_cache",
     "forget_backend",
+    "gave_up",
     "probe",
     "probe_all",
     "probe_counts",
     "probe_timeout",
+    "raise_if_gave_up",
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -45,6 +51,8 @@ class _Store:
         # Finished resolutions keyed by their arguments and the variables they read (see
         # memo.memo_key); they derive from the results above, so they are cleared with them.
         self.resolutions: dict[Any, Any] = {}
+        # Backends whose probe was given up (it hung, or its import crashed a trial): name -> reason.
+        self.faults: dict[str, str] = {}
 
     def function(self, backend: Backend) -> ProbeFunction:
         return backend.probe
@@ -78,26 +86,52 @@ if hasattr(os, "register_at_fork"):
 
 
 def probe_timeout() -> float:
-    """Seconds a probe may take before it is reported as hung (``WHICHDEVICE_PROBE_TIMEOUT``)."""
+    """Seconds a probe may take before it is reported as hung (``WHICHDEVICE_PROBE_TIMEOUT``).
+
+    ``math.inf`` means no limit (``inf``, ``none``, ``off`` or ``0`` in the variable); a value that is
+    not a time limit raises a :class:`DeviceError` naming the valid forms.
+    """
     if _timeout_override is not None:
         return _timeout_override
     raw = os.environ.get("WHICHDEVICE_PROBE_TIMEOUT")
-    if raw:
-        try:
-            value = float(raw)
-            if value > 0:
-                return value
-        except ValueError:
-            pass
-    return DEFAULT_TIMEOUT_S
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT_S
+    return parse_timeout(raw, "WHICHDEVICE_PROBE_TIMEOUT")
+
+
+_NO_LIMIT = ("inf", "+inf", "infinity", "none", "off", "0", "0.0")
+
+
+def parse_timeout(raw: str, where: str) -> float:
+    """A time limit in seconds from ``raw``: a positive number, or one of the no-limit words (inf)."""
+    text = raw.strip().lower()
+    if text in _NO_LIMIT:
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # nan, negative, garbage
+        raise DeviceError(
+            f"{where}={raw!r} is not a time limit: give seconds as a number greater than 0 "
+            f"(e.g. {where}=60), or {where}=inf for no limit; unset it for the default {DEFAULT_TIMEOUT_S:g} s"
+        )
+    return value
 
 
 def set_probe_timeout(seconds: float | None) -> None:
-    """Set the probe time limit for this process (None: back to the default)."""
+    """Set the probe time limit for this process (None: back to the default; ``math.inf``: no limit)."""
     global _timeout_override
-    if seconds is not None and seconds <= 0:
-        raise ValueError(f"a probe timeout is a positive number of seconds, not {seconds!r}")
+    if seconds is not None and not seconds > 0:
+        raise DeviceError(
+            f"a probe timeout is a number of seconds greater than 0 (math.inf for no limit), not {seconds!r}"
+        )
     _timeout_override = seconds
+
+
+def _join_limit(seconds: float) -> float | None:
+    # Thread.join refuses (OverflowError) anything past threading.TIMEOUT_MAX: that is no limit.
+    return None if seconds >= threading.TIMEOUT_MAX else seconds
 
 
 def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> ProbeResult:
@@ -121,7 +155,8 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
             continue
         result: ProbeResult | None = None
         try:
-            result = _run(backend, store.function(backend), timeout or probe_timeout())
+            limit = timeout if timeout is not None and timeout > 0 else probe_timeout()
+            result = _run(backend, store.function(backend), limit, store)
         finally:
             with store.lock:
                 if result is not None:
@@ -130,6 +165,34 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
                 store.inflight.pop(name, None)
             event.set()
         return result
+
+
+def gave_up() -> dict[str, str]:
+    """What was given up in this process (or simulation): a backend whose probe hung or whose
+    import crashed, or a plugin that did; name -> the reason, which says what to do."""
+    store = _store()
+    with store.lock:
+        out = dict(store.faults)
+    if store is _real_store:
+        modules = {b.module.split(".")[0] for b in backends() if b.name in out}
+        out.update({m: r for m, r in trial.bad_imports().items() if m not in modules})
+    return out
+
+
+def raise_if_gave_up(what: str) -> None:
+    """Raise a DeviceError when ``what`` (a call into transformers/accelerate, which ask every
+    installed runtime themselves) would wait on what a probe gave up on: a hung import or runtime."""
+    trial.raise_if_import_hung(what)
+    store = _store()
+    with store.lock:
+        hung = {name: why for name, why in store.faults.items() if "did not finish" in why}
+    if hung:
+        name, why = next(iter(hung.items()))
+        raise DeviceError(
+            f"{what} cannot run in this process: {why}. transformers and accelerate ask the {name} "
+            f"runtime themselves, so this would wait the same way; fix the {name} runtime (or uninstall "
+            f"{get_backend(name).package}), or raise the limit if it is just slow"
+        )
 
 
 def probe_all(refresh: bool = False) -> tuple[ProbeResult, ...]:
@@ -154,6 +217,7 @@ def clear_cache(name: str | None = None) -> None:
         if name is None:
             store.results.clear()
             store.counts.clear()
+            store.faults.clear()
         else:
             store.results.pop(name, None)
             store.counts.pop(name, None)
@@ -167,27 +231,37 @@ def forget_backend(name: str) -> None:
         with store.lock:
             store.results.pop(name, None)
             store.counts.pop(name, None)
+            store.faults.pop(name, None)
             store.resolutions.clear()
 
 
 on_change(forget_backend)
+# Plugins of whichdevice.backends are tried in a child with the probe limit before they load here.
+set_plugin_loader(lambda ep: trial.load_plugin(ep, probe_timeout()))
 
 
-def _ensure_torch_imported(backend: Backend) -> None:
-    # ``import torch`` takes seconds on a cold disk and a probe whose package is installed imports
-    # it anyway, so it happens before the clock starts: the time limit is for the vendor part that
-    # can hang. The CPU probe and probes of absent packages need no torch at all.
+def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
+    # A probe whose package is installed imports torch anyway; it happens before the probe's clock
+    # starts (a cold disk takes seconds), but the plugins torch autoloads and the vendor package are
+    # tried in a child first, each with the limit (probes.trial). The CPU probe and probes of absent
+    # packages need no torch at all.
     from importlib.util import find_spec
 
-    if backend.name == "cpu":
-        return
-    if find_spec(backend.module.split(".")[0]) is not None and find_spec("torch") is not None:
-        import torch  # noqa: F401
+    if backend.name == "cpu" or "torch" in sys.modules:
+        return []
+    if find_spec(backend.module.split(".")[0]) is None or find_spec("torch") is None:
+        return []
+    return trial.import_torch(timeout)
 
 
-def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResult:
+def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Store) -> ProbeResult:
+    real = store is _real_store
+    store.faults.pop(backend.name, None)
+    notes: list[str] = []
     try:
-        _ensure_torch_imported(backend)
+        if real:
+            notes = _import_torch_first(backend, timeout)
+            trial.trial_imports(trial.risky_modules(backends()), timeout)
     except Exception as exc:
         return ProbeResult(
             backend.name,
@@ -195,6 +269,10 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
             available=False,
             reason=f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch",
         )
+    bad = trial.bad_imports().get(backend.module.split(".")[0]) if real else None
+    if bad is not None:
+        store.faults[backend.name] = _gave_up(backend, bad)
+        return _failed(backend, store.faults[backend.name], 0.0)
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -203,20 +281,28 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
         except BaseException as exc:
             box["error"] = exc
 
+    before = dict(os.environ)
     start = time.perf_counter()
     thread = threading.Thread(target=target, name=f"whichdevice-probe-{backend.name}", daemon=True)
     thread.start()
-    thread.join(timeout)
+    thread.join(_join_limit(timeout))
     elapsed = time.perf_counter() - start
     if thread.is_alive():
+        # Whatever whichdevice set for the probe goes back now, not when (if ever) the thread ends;
+        # an import it left half done is remembered, so later calls fail fast instead of waiting.
+        release_scopes(thread)
+        trial.remember_bad_import(
+            _half_imported(), f"the {backend.name} probe's import did not finish within {timeout:g} s"
+        )
         why = (
             f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "
             f"package import?); whichdevice gave up on it. Raise the limit with "
             f"WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow"
         )
-        return _failed(backend, why, elapsed)
+        store.faults[backend.name] = why
+        return _with_notes(_failed(backend, why, elapsed), notes, before)
     if "error" in box:
-        return _failed(backend, _error_reason(backend, box["error"]), elapsed)
+        return _with_notes(_failed(backend, _error_reason(backend, box["error"]), elapsed), notes, before)
     result = box["result"]
     if not isinstance(result, ProbeResult):
         why = (
@@ -224,7 +310,38 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
             f"this is a bug in the probe of {backend.package!r}"
         )
         return _failed(backend, why, elapsed)
-    return replace(result, seconds=elapsed)
+    return _with_notes(replace(result, seconds=elapsed), notes, before)
+
+
+def _gave_up(backend: Backend, why: str) -> str:
+    slow = "Raise WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow; otherwise f"
+    return (
+        f"the {backend.name} probe gave up: {why}. {slow if 'did not finish' in why else 'F'}ix the "
+        f"{backend.hardware} driver/runtime or reinstall {backend.package} ({backend.install_command}), "
+        f"or uninstall it"
+    )
+
+
+def _half_imported() -> list[str]:
+    """Modules whose import started and has not finished (a given-up probe thread holds their lock)."""
+    return [
+        name
+        for name, module in list(sys.modules.items())
+        if getattr(getattr(module, "__spec__", None), "_initializing", False) and not name.startswith("whichdevice")
+    ]
+
+
+def _with_notes(result: ProbeResult, notes: list[str], before: dict[str, str]) -> ProbeResult:
+    # A vendor package that edits os.environ on import keeps its edits (its runtime may need them);
+    # what it changed is said, names only (values can be secrets). whichdevice's own hooks are
+    # reported as env_set already.
+    ours = {a.name for a in result.env_set} | set(applied_env())
+    changed = trial.environment_changes(before, dict(os.environ), ignore=ours)
+    if changed:
+        notes = [*notes, f"probing {result.backend} changed the environment: {', '.join(changed)}"]
+    if not notes:
+        return result
+    return replace(result, warnings=tuple(dict.fromkeys([*result.warnings, *notes])))
 
 
 def _failed(backend: Backend, reason: str, elapsed: float) -> ProbeResult:

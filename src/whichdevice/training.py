@@ -9,6 +9,7 @@ from whichdevice.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSetti
 from whichdevice.distributed import check_training_launch
 from whichdevice.errors import ConfigConflictError, DeviceUnavailableError, PackageVersionError
 from whichdevice.packages import MIN_TRANSFORMERS, transformers_problem
+from whichdevice.probing import raise_if_gave_up
 from whichdevice.training_settings import precision_conflicts, training_kwargs_for
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ def training_arguments(
     ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
+    # A vendor import that hung or crashed in a probe would hang (or crash) transformers too.
+    raise_if_gave_up("training_arguments()")
     problem = transformers_problem()
     if problem is not None:
         raise PackageVersionError(problem)
