@@ -18,9 +18,9 @@ from dataclasses import replace
 from typing import Any
 
 from whichdevice import packages
-from whichdevice.envhooks import applied_env, release_scopes
+from whichdevice.envhooks import release_scopes
 from whichdevice.errors import DeviceError
-from whichdevice.probes import trial
+from whichdevice.probes import outcomes, plugins, trial
 from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.registry import backends, get_backend, on_change, set_plugin_loader
 
@@ -182,7 +182,7 @@ def gave_up() -> dict[str, str]:
 def raise_if_gave_up(what: str) -> None:
     """Raise a DeviceError when ``what`` (a call into transformers/accelerate, which ask every
     installed runtime themselves) would wait on what a probe gave up on: a hung import or runtime."""
-    trial.raise_if_import_hung(what)
+    outcomes.raise_if_import_hung(what)
     store = _store()
     with store.lock:
         hung = {name: why for name, why in store.faults.items() if "did not finish" in why}
@@ -218,6 +218,8 @@ def clear_cache(name: str | None = None) -> None:
             store.results.clear()
             store.counts.clear()
             store.faults.clear()
+            if store is _real_store:
+                trial.forget_bad_imports()  # a package fixed since is tried again
         else:
             store.results.pop(name, None)
             store.counts.pop(name, None)
@@ -237,7 +239,7 @@ def forget_backend(name: str) -> None:
 
 on_change(forget_backend)
 # Plugins of whichdevice.backends are tried in a child with the probe limit before they load here.
-set_plugin_loader(lambda ep: trial.load_plugin(ep, probe_timeout()))
+set_plugin_loader(lambda ep: plugins.load_plugin(ep, probe_timeout()))
 
 
 def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
@@ -251,28 +253,34 @@ def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
         return []
     if find_spec(backend.module.split(".")[0]) is None or find_spec("torch") is None:
         return []
-    return trial.import_torch(timeout)
+    return plugins.import_torch(timeout)
+
+
+def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str], ProbeResult | None]:
+    """Before a real probe: torch and the vendor packages, tried first (notes; or the result when
+    the probe must not run here)."""
+    store.faults.pop(backend.name, None)
+    if store is not _real_store:
+        return [], None
+    try:
+        notes = _import_torch_first(backend, timeout)
+        if trial.risky_modules([backend]):
+            # Every installed vendor package is tried in the same child (one torch import).
+            trial.trial_imports(trial.risky_modules(backends()), timeout)
+    except Exception as exc:
+        why = f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch"
+        return [], ProbeResult(backend.name, installed=False, available=False, reason=why)
+    bad = trial.bad_imports().get(backend.module.split(".")[0])
+    if bad is None:
+        return notes, None
+    store.faults[backend.name] = outcomes.gave_up_reason(backend, bad)
+    return notes, _failed(backend, store.faults[backend.name], 0.0)
 
 
 def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Store) -> ProbeResult:
-    real = store is _real_store
-    store.faults.pop(backend.name, None)
-    notes: list[str] = []
-    try:
-        if real:
-            notes = _import_torch_first(backend, timeout)
-            trial.trial_imports(trial.risky_modules(backends()), timeout)
-    except Exception as exc:
-        return ProbeResult(
-            backend.name,
-            installed=False,
-            available=False,
-            reason=f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch",
-        )
-    bad = trial.bad_imports().get(backend.module.split(".")[0]) if real else None
-    if bad is not None:
-        store.faults[backend.name] = _gave_up(backend, bad)
-        return _failed(backend, store.faults[backend.name], 0.0)
+    notes, early = _prepare(backend, timeout, store)
+    if early is not None:
+        return early
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -292,7 +300,7 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
         # an import it left half done is remembered, so later calls fail fast instead of waiting.
         release_scopes(thread)
         trial.remember_bad_import(
-            _half_imported(), f"the {backend.name} probe's import did not finish within {timeout:g} s"
+            trial.half_imported(), f"the {backend.name} probe's import did not finish within {timeout:g} s"
         )
         why = (
             f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "
@@ -300,9 +308,9 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
             f"WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow"
         )
         store.faults[backend.name] = why
-        return _with_notes(_failed(backend, why, elapsed), notes, before)
+        return outcomes.with_notes(_failed(backend, why, elapsed), notes, before)
     if "error" in box:
-        return _with_notes(_failed(backend, _error_reason(backend, box["error"]), elapsed), notes, before)
+        return outcomes.with_notes(_failed(backend, _error_reason(backend, box["error"]), elapsed), notes, before)
     result = box["result"]
     if not isinstance(result, ProbeResult):
         why = (
@@ -310,38 +318,7 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
             f"this is a bug in the probe of {backend.package!r}"
         )
         return _failed(backend, why, elapsed)
-    return _with_notes(replace(result, seconds=elapsed), notes, before)
-
-
-def _gave_up(backend: Backend, why: str) -> str:
-    slow = "Raise WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow; otherwise f"
-    return (
-        f"the {backend.name} probe gave up: {why}. {slow if 'did not finish' in why else 'F'}ix the "
-        f"{backend.hardware} driver/runtime or reinstall {backend.package} ({backend.install_command}), "
-        f"or uninstall it"
-    )
-
-
-def _half_imported() -> list[str]:
-    """Modules whose import started and has not finished (a given-up probe thread holds their lock)."""
-    return [
-        name
-        for name, module in list(sys.modules.items())
-        if getattr(getattr(module, "__spec__", None), "_initializing", False) and not name.startswith("whichdevice")
-    ]
-
-
-def _with_notes(result: ProbeResult, notes: list[str], before: dict[str, str]) -> ProbeResult:
-    # A vendor package that edits os.environ on import keeps its edits (its runtime may need them);
-    # what it changed is said, names only (values can be secrets). whichdevice's own hooks are
-    # reported as env_set already.
-    ours = {a.name for a in result.env_set} | set(applied_env())
-    changed = trial.environment_changes(before, dict(os.environ), ignore=ours)
-    if changed:
-        notes = [*notes, f"probing {result.backend} changed the environment: {', '.join(changed)}"]
-    if not notes:
-        return result
-    return replace(result, warnings=tuple(dict.fromkeys([*result.warnings, *notes])))
+    return outcomes.with_notes(replace(result, seconds=elapsed), notes, before)
 
 
 def _failed(backend: Backend, reason: str, elapsed: float) -> ProbeResult:
