@@ -289,7 +289,7 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
         except BaseException as exc:
             box["error"] = exc
 
-    before = dict(os.environ)
+    before = outcomes.environment_snapshot()
     start = time.perf_counter()
     thread = threading.Thread(target=target, name=f"whichdevice-probe-{backend.name}", daemon=True)
     thread.start()

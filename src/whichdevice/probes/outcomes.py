@@ -13,13 +13,41 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from whichdevice.envhooks import applied_env
 from whichdevice.errors import DeviceError
 from whichdevice.probes.trial import HUNG, bad_imports
 from whichdevice.records import Backend, ProbeResult
 
-__all__ = ["environment_changes", "gave_up_reason", "raise_if_import_hung", "with_notes"]
+__all__ = [
+    "changes_since",
+    "environment_changes",
+    "environment_snapshot",
+    "gave_up_reason",
+    "raise_if_import_hung",
+    "with_notes",
+]
+
+# os.environ's backing dict of bytes: copying it costs a thousandth of dict(os.environ), which
+# decodes every entry (a snapshot is taken around every probe).
+_RAW_ENV: Any = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def environment_snapshot() -> dict[Any, Any]:
+    """The environment now, cheaply (compare it later with :func:`changes_since`)."""
+    return dict(_RAW_ENV) if _RAW_ENV is not None else dict(os.environ)
+
+
+def changes_since(before: Mapping[Any, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """:func:`environment_changes` from an :func:`environment_snapshot` to now."""
+    after = environment_snapshot()
+    if after == before:
+        return []
+    if _RAW_ENV is not None:
+        before = {os.fsdecode(k): v for k, v in before.items()}
+        after = {os.fsdecode(k): v for k, v in after.items()}
+    return environment_changes(before, after, ignore)
 
 
 def _still_blocking(module: str) -> bool:
@@ -45,7 +73,7 @@ def raise_if_import_hung(what: str) -> None:
     )
 
 
-def environment_changes(before: Mapping[str, str], after: Mapping[str, str], ignore: Iterable[str] = ()) -> list[str]:
+def environment_changes(before: Mapping[str, Any], after: Mapping[str, Any], ignore: Iterable[str] = ()) -> list[str]:
     """``set X``, ``changed X``, ``unset X`` for each variable that differs (values are not shown:
     they can hold secrets)."""
     skip = set(ignore)
@@ -69,13 +97,13 @@ def gave_up_reason(backend: Backend, why: str) -> str:
     return f"the {backend.name} probe gave up: {why}. {fix[0].upper()}{fix[1:]}"
 
 
-def with_notes(result: ProbeResult, notes: list[str], before: dict[str, str]) -> ProbeResult:
+def with_notes(result: ProbeResult, notes: list[str], before: Mapping[Any, Any]) -> ProbeResult:
     """``result`` with ``notes`` and what changed in the environment since ``before`` as warnings."""
     # A vendor package that edits os.environ on import keeps its edits (its runtime may need them);
     # what it changed is said, names only (values can be secrets). whichdevice's own hooks are
     # reported as env_set already.
     ours = {a.name for a in result.env_set} | set(applied_env())
-    changed = environment_changes(before, dict(os.environ), ignore=ours)
+    changed = changes_since(before, ignore=ours)
     if changed:
         notes = [*notes, f"probing {result.backend} changed the environment: {', '.join(changed)}"]
     if not notes:

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from whichdevice.envhooks import scoped_env
-from whichdevice.probes.outcomes import environment_changes
+from whichdevice.probes.outcomes import changes_since, environment_snapshot
 from whichdevice.probes.trial import (
     AUTOLOAD_VARIABLE,
     HUNG,
@@ -62,7 +62,7 @@ def import_torch(timeout: float) -> list[str]:
         return []
     tried = threading.Thread(target=trial_imports, args=(plugins, timeout), daemon=True)
     tried.start()
-    before = dict(os.environ)
+    before = environment_snapshot()
     with scoped_env(**{AUTOLOAD_VARIABLE: "0"}):
         import torch  # noqa: F401
     tried.join()
@@ -74,7 +74,7 @@ def import_torch(timeout: float) -> list[str]:
         problem = _load_in_thread(step, timeout)
         if problem:
             warnings.append(f"torch's {step.label} {problem}")
-    changed = environment_changes(before, dict(os.environ))
+    changed = changes_since(before)
     if changed:
         warnings.append(f"importing torch and its plugins changed the environment: {', '.join(changed)}")
     return warnings
