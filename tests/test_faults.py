@@ -360,10 +360,18 @@ def test_no_limit_and_huge_limits_probe(raw: str, monkeypatch: pytest.MonkeyPatc
     assert wd.probe("cpu", refresh=True).available  # no OverflowError from Thread.join
 
 
-@pytest.mark.parametrize("bad", [0, -1, math.nan, -math.inf])
-def test_set_probe_timeout_refuses_what_is_not_a_limit(bad: float) -> None:
-    with pytest.raises(DeviceError, match="greater than 0"):
+@pytest.mark.parametrize("bad", [0, -1, math.nan, -math.inf, "10", True])
+def test_set_probe_timeout_refuses_what_is_not_a_limit(bad: Any) -> None:
+    with pytest.raises(DeviceError, match=r"set_probe_timeout\(seconds\) takes a number of seconds greater than 0"):
         probing.set_probe_timeout(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, math.nan, "2"])
+def test_probe_timeout_argument_is_checked(bad: Any) -> None:
+    import whichdevice as wd
+
+    with pytest.raises(DeviceError, match=r"probe\(timeout=\) takes a number of seconds"):
+        wd.probe("cpu", refresh=True, timeout=bad)
 
 
 def test_set_probe_timeout_accepts_no_limit() -> None:

@@ -122,11 +122,14 @@ def parse_timeout(raw: str, where: str) -> float:
 def set_probe_timeout(seconds: float | None) -> None:
     """Set the probe time limit for this process (None: back to the default; ``math.inf``: no limit)."""
     global _timeout_override
-    if seconds is not None and not seconds > 0:
-        raise DeviceError(
-            f"a probe timeout is a number of seconds greater than 0 (math.inf for no limit), not {seconds!r}"
-        )
-    _timeout_override = seconds
+    _timeout_override = None if seconds is None else _seconds(seconds, "set_probe_timeout(seconds)")
+
+
+def _seconds(value: Any, where: str) -> float:
+    # bool is an int, and nan compares false with everything: both are refused here.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise DeviceError(f"{where} takes a number of seconds greater than 0 (math.inf for no limit), not {value!r}")
+    return float(value)
 
 
 def _join_limit(seconds: float) -> float | None:
@@ -155,7 +158,7 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
             continue
         result: ProbeResult | None = None
         try:
-            limit = timeout if timeout is not None and timeout > 0 else probe_timeout()
+            limit = probe_timeout() if timeout is None else _seconds(timeout, "probe(timeout=)")
             result = _run(backend, store.function(backend), limit, store)
         finally:
             with store.lock:

@@ -69,6 +69,16 @@ _bad: dict[str, str] = {}
 _tried: dict[str, str] = {}
 _lock = threading.Lock()
 
+
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread held the lock would leave the child waiting forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 _CHILD = r"""
 import importlib, json, os, sys
 spec = json.loads(sys.stdin.readline())
