@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 from whichdevice.errors import DeviceError
-from whichdevice.report.streams import Streams, close, command_streams, write
 
 __all__ = ["main"]
 
@@ -150,11 +149,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 # The command's own streams while main() runs (report.streams); None when called piecemeal.
-_streams: Streams | None = None
+_streams: Any = None
 
 
 def _emit(text: str, err: bool = False) -> None:
     """Write to the command's stdout (or stderr); a reader that went away (``| head``) is not an error."""
+    from whichdevice.report.streams import Streams, write
+
     streams = _streams if _streams is not None else Streams(sys.stdout, sys.stderr)
     write(streams, text, err=err)
 
@@ -270,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Run as the command (``argv`` None), stdout and stderr are guarded at the descriptor level:
     only the command's own output reaches them (see :mod:`whichdevice.report.streams`).
     """
+    from whichdevice.report.streams import close, command_streams, write
+
     global _streams
     descriptors = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)

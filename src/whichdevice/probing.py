@@ -20,7 +20,6 @@ from typing import Any
 from whichdevice import packages
 from whichdevice.envhooks import release_scopes
 from whichdevice.errors import DeviceError
-from whichdevice.probes import outcomes, plugins, trial
 from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.registry import backends, get_backend, on_change, set_plugin_loader
 
@@ -173,6 +172,8 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
 def gave_up() -> dict[str, str]:
     """What was given up in this process (or simulation): a backend whose probe hung or whose
     import crashed, or a plugin that did; name -> the reason, which says what to do."""
+    from whichdevice.probes import trial
+
     store = _store()
     with store.lock:
         out = dict(store.faults)
@@ -185,6 +186,8 @@ def gave_up() -> dict[str, str]:
 def raise_if_gave_up(what: str) -> None:
     """Raise a DeviceError when ``what`` (a call into transformers/accelerate, which ask every
     installed runtime themselves) would wait on what a probe gave up on: a hung import or runtime."""
+    from whichdevice.probes import outcomes
+
     outcomes.raise_if_import_hung(what)
     store = _store()
     with store.lock:
@@ -212,6 +215,8 @@ def probe_counts() -> dict[str, int]:
 
 def clear_cache(name: str | None = None) -> None:
     """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
+    from whichdevice.probes import trial
+
     # A package installed since (pip in a notebook, say) shows up on the next probe.
     packages.cache_clear()
     store = _store()
@@ -241,8 +246,16 @@ def forget_backend(name: str) -> None:
 
 
 on_change(forget_backend)
+
+
 # Plugins of whichdevice.backends are tried in a child with the probe limit before they load here.
-set_plugin_loader(lambda ep: plugins.load_plugin(ep, probe_timeout()))
+def _load_plugin(ep: Any) -> Any:
+    from whichdevice.probes import plugins
+
+    return plugins.load_plugin(ep, probe_timeout())
+
+
+set_plugin_loader(_load_plugin)
 
 
 def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
@@ -256,12 +269,16 @@ def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
         return []
     if find_spec(backend.module.split(".")[0]) is None or find_spec("torch") is None:
         return []
+    from whichdevice.probes import plugins
+
     return plugins.import_torch(timeout)
 
 
 def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str], ProbeResult | None]:
     """Before a real probe: torch and the vendor packages, tried first (notes; or the result when
     the probe must not run here)."""
+    from whichdevice.probes import outcomes, trial
+
     store.faults.pop(backend.name, None)
     if store is not _real_store:
         return [], None
@@ -281,6 +298,8 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
 
 
 def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Store) -> ProbeResult:
+    from whichdevice.probes import outcomes, trial
+
     notes, early = _prepare(backend, timeout, store)
     if early is not None:
         return early

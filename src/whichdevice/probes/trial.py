@@ -233,6 +233,8 @@ def _run_child(steps: Sequence[Step], timeout: float) -> tuple[int | None, str]:
             _kill(proc)  # done: the child's own exit is not waited for; overran: it hangs
         code = proc.wait()
     finally:
+        if proc.poll() is None:
+            _kill(proc)  # interrupted (Ctrl-C): the child leads its own session, so it goes too
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
