@@ -771,6 +771,11 @@ COMMANDS = {
     "transformers-too-old-report": Command(
         (), {"PYTHONPATH": "{old}"}, 0, ("transformers 4.40.0 is older", "pip install 'transformers>=4.57'")
     ),
+    # The limit's own values (more in tests/test_faults.py): garbage is refused naming the form.
+    "probe-timeout-garbage": Command(
+        ("check",), {"WHICHDEVICE_PROBE_TIMEOUT": "abc"}, 2, ("WHICHDEVICE_PROBE_TIMEOUT='abc'", "=inf for no limit")
+    ),
+    "probe-timeout-inf-is-no-limit": Command(("check",), {"WHICHDEVICE_PROBE_TIMEOUT": "inf"}, 0, ("ok: cpu",)),
 }
 
 
@@ -783,6 +788,8 @@ def command_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subpr
 
     def run(case: Command) -> subprocess.CompletedProcess[str]:
         env = {**base, **{k: v.format(old=root / "old", gaudi=root / "gaudi") for k, v in case.env.items()}}
+        # The whichdevice under test (a worktree's src), not whatever the environment has installed.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(wd.__file__).parents[1]), env.get("PYTHONPATH")]))
         return subprocess.run(
             [sys.executable, "-m", "whichdevice", *case.argv],
             env=env,

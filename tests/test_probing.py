@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import platform
@@ -17,6 +18,7 @@ import pytest
 
 import whichdevice as wd
 from whichdevice import envhooks, probes, probing, registry
+from whichdevice.errors import DeviceError
 from whichdevice.probes import BF16_CPU_FLAGS
 from whichdevice.probing import ProbeResult
 from whichdevice.testing import simulate
@@ -229,9 +231,12 @@ def test_hanging_probe_with_set_probe_timeout(release: threading.Event) -> None:
 def test_probe_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WHICHDEVICE_PROBE_TIMEOUT", "2.5")
     assert probing.probe_timeout() == 2.5
-    for bad in ("abc", "-1", "0"):
+    for bad in ("abc", "-1", "nan"):  # refused naming the valid forms: tests/test_faults.py
         monkeypatch.setenv("WHICHDEVICE_PROBE_TIMEOUT", bad)
-        assert probing.probe_timeout() == probing.DEFAULT_TIMEOUT_S
+        with pytest.raises(DeviceError, match="is not a time limit"):
+            probing.probe_timeout()
+    monkeypatch.setenv("WHICHDEVICE_PROBE_TIMEOUT", "0")
+    assert probing.probe_timeout() == math.inf  # 0 is no limit, as for GNU timeout
     probing.set_probe_timeout(1.0)
     assert probing.probe_timeout() == 1.0  # the explicit setting wins
     with pytest.raises(ValueError):

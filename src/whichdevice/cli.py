@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -162,24 +161,25 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 # --------------------------------------------------------------------------------------- output
 
 
-def _emit(text: str, stream: TextIO | None = None) -> None:
-    """Write to stdout (or ``stream``); a reader that went away (``| head``) is not an error."""
-    out = sys.stdout if stream is None else stream
-    try:
-        out.write(text)
-        out.flush()
-    except BrokenPipeError:
-        # Point the descriptor at devnull so the interpreter's final flush does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, out.fileno())
-        finally:
-            os.close(devnull)
+# The command's own streams while main() runs (report.streams); None when called piecemeal.
+_streams: Any = None
+
+
+def _emit(text: str, err: bool = False) -> None:
+    """Write to the command's stdout (or stderr); a reader that went away (``| head``) is not an error."""
+    from whichdevice.report.streams import Streams, write
+
+    streams = _streams if _streams is not None else Streams(sys.stdout, sys.stderr)
+    write(streams, text, err=err)
+
+
+def _out() -> TextIO:
+    return _streams.out if _streams is not None else sys.stdout
 
 
 def _say(message: str, command: str | None = None) -> None:
     prefix = f"{PROG} {command}" if command and command != "report" else PROG
-    _emit(f"{prefix}: {message}\n", sys.stderr)
+    _emit(f"{prefix}: {message}\n", err=True)
 
 
 def _json(data: Any) -> None:
@@ -221,8 +221,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         _json(report)
     else:
-        color = use_color(sys.stdout)
-        _emit(render_text(report, color=color, width=terminal_width(sys.stdout)))
+        color = use_color(_out())
+        _emit(render_text(report, color=color, width=terminal_width(_out())))
     for r in report["resolutions"]:
         if not r["ok"]:
             # The report shows it in place; stderr says it once more for scripts and logs.
@@ -267,7 +267,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     result = run_smoke(
         tasks=_tasks(args.task, ("inference", "training")),
         device=args.device,
-        progress_stream=sys.stderr,
+        progress_stream=_streams.err if _streams is not None else sys.stderr,
         debug=args.debug,
     )
     if args.json:
@@ -288,13 +288,41 @@ _COMMANDS = {"report": _cmd_report, "check": _cmd_check, "smoke": _cmd_smoke}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+
+    Run as the command (``argv`` None), stdout and stderr are guarded at the descriptor level:
+    only the command's own output reaches them (see :mod:`whichdevice.report.streams`).
+    """
+    from whichdevice.report.streams import close, command_streams, write
+
+    global _streams
+    descriptors = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    wants_json = "--json" in argv
     debug = "--debug" in argv
+    outer = _streams
+    with command_streams(descriptors) as streams:
+        _streams = streams
+        try:
+            code = _main(argv, debug)
+        finally:
+            _streams = outer
+    if debug and streams.captured.strip():
+        write(streams, "output of other code while the command ran:\n" + streams.captured, err=True)
+    if descriptors:
+        close(streams)
+    return code
+
+
+def _main(argv: list[str], debug: bool) -> int:
+    wants_json = "--json" in argv
     command: str | None = None
     try:
-        args = _parse(argv)
+        parsed = sys.stdout
+        sys.stdout = _out()  # --help and --version print through argparse
+        try:
+            args = _parse(argv)
+        finally:
+            sys.stdout = parsed
     except _UsageError as exc:
         return _fail(exc, 2, _subcommand(exc.prog), wants_json, debug=False, usage=exc.prog)
     except SystemExit as exc:  # --help, --version: argparse has printed what was asked
@@ -330,17 +358,17 @@ def _fail(
     usage: str | None = None,
 ) -> int:
     if debug:
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        _emit("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), err=True)
     message = str(exc)
     if internal:
         message = f"internal error: {type(exc).__name__}: {exc}"
     if wants_json:
         _json(_error_json(type(exc).__name__ if not usage else "UsageError", message, code, command))
     if usage is not None:
-        _emit(f"{usage}: error: {message}\n", sys.stderr)
-        _emit(f"run '{usage} --help' for the options\n", sys.stderr)
+        _emit(f"{usage}: error: {message}\n", err=True)
+        _emit(f"run '{usage} --help' for the options\n", err=True)
     else:
         _say(message, command)
         if internal and not debug:
-            _emit(f"run it again with --debug for the traceback, and report it if it is a bug in {PROG}\n", sys.stderr)
+            _emit(f"run it again with --debug for the traceback, and report it if it is a bug in {PROG}\n", err=True)
     return code

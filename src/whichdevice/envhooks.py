@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from whichdevice.records import Backend, EnvAction
 
-__all__ = ["EnvAction", "applied_env", "apply_env_defaults", "scoped_env"]
+__all__ = ["EnvAction", "applied_env", "apply_env_defaults", "release_scopes", "scoped_env"]
 
 
 _lock = threading.Lock()
@@ -18,6 +18,8 @@ _lock = threading.Lock()
 _applied: dict[str, str] = {}
 # Variables inside an open scoped_env: name -> (value before the first scope, open scopes).
 _scoped: dict[str, tuple[str | None, int]] = {}
+# Each open scoped_env block: token -> (the thread that opened it, its names).
+_open: dict[object, tuple[int | None, tuple[str, ...]]] = {}
 
 
 def _after_fork_in_child() -> None:
@@ -88,25 +90,46 @@ def scoped_env(**values: str) -> Iterator[None]:
 
     Used around calls like ``torch.cuda.device_count()`` that read a switch from the environment
     (``PYTORCH_NVML_BASED_CUDA_CHECK``); clobbering the user's own value was accelerate PR #2524.
+    A block in a thread that is given up on (a probe past its time limit) is closed early by
+    :func:`release_scopes`, so a hung call does not leave the switch set.
     """
     # Scopes can overlap across threads (a timed-out probe still runs while a refresh starts a new
     # one), so the value from before the first open scope is kept and restored when the last closes.
+    token = object()
     with _lock:
         for name, value in values.items():
             before, depth = _scoped.get(name, (os.environ.get(name), 0))
             _scoped[name] = (before, depth + 1)
             os.environ[name] = value
+        _open[token] = (threading.get_ident(), tuple(values))
     try:
         yield
     finally:
         with _lock:
-            for name in values:
-                before, depth = _scoped[name]
-                if depth > 1:
-                    _scoped[name] = (before, depth - 1)
-                    continue
-                del _scoped[name]
-                if before is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = before
+            if _open.pop(token, None) is not None:
+                _close(tuple(values))
+
+
+def _close(names: tuple[str, ...]) -> None:
+    for name in names:
+        before, depth = _scoped[name]
+        if depth > 1:
+            _scoped[name] = (before, depth - 1)
+            continue
+        del _scoped[name]
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def release_scopes(thread: threading.Thread) -> list[str]:
+    """Close every scoped_env block ``thread`` has open (it was given up on); the names restored."""
+    restored: list[str] = []
+    with _lock:
+        for token, (ident, names) in list(_open.items()):
+            if ident == thread.ident:
+                del _open[token]
+                _close(names)
+                restored.extend(names)
+    return restored

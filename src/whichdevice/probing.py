@@ -9,26 +9,31 @@ nothing else, so simulated hardware goes through the same machinery.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Any
 
 from whichdevice import packages
+from whichdevice.envhooks import release_scopes
 from whichdevice.errors import DeviceError
 from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
-from whichdevice.registry import backends, get_backend, on_change
+from whichdevice.registry import backends, get_backend, on_change, set_plugin_loader
 
 __all__ = [
     "DeviceInfo",
     "ProbeResult",
     "clear_cache",
     "forget_backend",
+    "gave_up",
     "probe",
     "probe_all",
     "probe_counts",
     "probe_timeout",
+    "raise_if_gave_up",
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -45,6 +50,8 @@ class _Store:
         # Finished resolutions keyed by their arguments and the variables they read (see
         # memo.memo_key); they derive from the results above, so they are cleared with them.
         self.resolutions: dict[Any, Any] = {}
+        # Backends whose probe was given up (it hung, or its import crashed a trial): name -> reason.
+        self.faults: dict[str, str] = {}
 
     def function(self, backend: Backend) -> ProbeFunction:
         return backend.probe
@@ -78,26 +85,55 @@ if hasattr(os, "register_at_fork"):
 
 
 def probe_timeout() -> float:
-    """Seconds a probe may take before it is reported as hung (``WHICHDEVICE_PROBE_TIMEOUT``)."""
+    """Seconds a probe may take before it is reported as hung (``WHICHDEVICE_PROBE_TIMEOUT``).
+
+    ``math.inf`` means no limit (``inf``, ``none``, ``off`` or ``0`` in the variable); a value that is
+    not a time limit raises a :class:`DeviceError` naming the valid forms.
+    """
     if _timeout_override is not None:
         return _timeout_override
     raw = os.environ.get("WHICHDEVICE_PROBE_TIMEOUT")
-    if raw:
-        try:
-            value = float(raw)
-            if value > 0:
-                return value
-        except ValueError:
-            pass
-    return DEFAULT_TIMEOUT_S
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT_S
+    return parse_timeout(raw, "WHICHDEVICE_PROBE_TIMEOUT")
+
+
+_NO_LIMIT = ("inf", "+inf", "infinity", "none", "off", "0", "0.0")
+
+
+def parse_timeout(raw: str, where: str) -> float:
+    """A time limit in seconds from ``raw``: a positive number, or one of the no-limit words (inf)."""
+    text = raw.strip().lower()
+    if text in _NO_LIMIT:
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # nan, negative, garbage
+        raise DeviceError(
+            f"{where}={raw!r} is not a time limit: give seconds as a number greater than 0 "
+            f"(e.g. {where}=60), or {where}=inf for no limit; unset it for the default {DEFAULT_TIMEOUT_S:g} s"
+        )
+    return value
 
 
 def set_probe_timeout(seconds: float | None) -> None:
-    """Set the probe time limit for this process (None: back to the default)."""
+    """Set the probe time limit for this process (None: back to the default; ``math.inf``: no limit)."""
     global _timeout_override
-    if seconds is not None and seconds <= 0:
-        raise ValueError(f"a probe timeout is a positive number of seconds, not {seconds!r}")
-    _timeout_override = seconds
+    _timeout_override = None if seconds is None else _seconds(seconds, "set_probe_timeout(seconds)")
+
+
+def _seconds(value: Any, where: str) -> float:
+    # bool is an int, and nan compares false with everything: both are refused here.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise DeviceError(f"{where} takes a number of seconds greater than 0 (math.inf for no limit), not {value!r}")
+    return float(value)
+
+
+def _join_limit(seconds: float) -> float | None:
+    # Thread.join refuses (OverflowError) anything past threading.TIMEOUT_MAX: that is no limit.
+    return None if seconds >= threading.TIMEOUT_MAX else seconds
 
 
 def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> ProbeResult:
@@ -121,7 +157,8 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
             continue
         result: ProbeResult | None = None
         try:
-            result = _run(backend, store.function(backend), timeout or probe_timeout())
+            limit = probe_timeout() if timeout is None else _seconds(timeout, "probe(timeout=)")
+            result = _run(backend, store.function(backend), limit, store)
         finally:
             with store.lock:
                 if result is not None:
@@ -130,6 +167,38 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
                 store.inflight.pop(name, None)
             event.set()
         return result
+
+
+def gave_up() -> dict[str, str]:
+    """What was given up in this process (or simulation): a backend whose probe hung or whose
+    import crashed, or a plugin that did; name -> the reason, which says what to do."""
+    from whichdevice.probes import trial
+
+    store = _store()
+    with store.lock:
+        out = dict(store.faults)
+    if store is _real_store:
+        modules = {b.module.split(".")[0] for b in backends() if b.name in out}
+        out.update({m: r for m, r in trial.bad_imports().items() if m not in modules})
+    return out
+
+
+def raise_if_gave_up(what: str) -> None:
+    """Raise a DeviceError when ``what`` (a call into transformers/accelerate, which ask every
+    installed runtime themselves) would wait on what a probe gave up on: a hung import or runtime."""
+    from whichdevice.probes import outcomes
+
+    outcomes.raise_if_import_hung(what)
+    store = _store()
+    with store.lock:
+        hung = {name: why for name, why in store.faults.items() if "did not finish" in why}
+    if hung:
+        name, why = next(iter(hung.items()))
+        raise DeviceError(
+            f"{what} cannot run in this process: {why}. transformers and accelerate ask the {name} "
+            f"runtime themselves, so this would wait the same way; fix the {name} runtime (or uninstall "
+            f"{get_backend(name).package}), or raise the limit if it is just slow"
+        )
 
 
 def probe_all(refresh: bool = False) -> tuple[ProbeResult, ...]:
@@ -146,6 +215,8 @@ def probe_counts() -> dict[str, int]:
 
 def clear_cache(name: str | None = None) -> None:
     """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
+    from whichdevice.probes import trial
+
     # A package installed since (pip in a notebook, say) shows up on the next probe.
     packages.cache_clear()
     store = _store()
@@ -154,6 +225,9 @@ def clear_cache(name: str | None = None) -> None:
         if name is None:
             store.results.clear()
             store.counts.clear()
+            store.faults.clear()
+            if store is _real_store:
+                trial.forget_bad_imports()  # a package fixed since is tried again
         else:
             store.results.pop(name, None)
             store.counts.pop(name, None)
@@ -167,34 +241,68 @@ def forget_backend(name: str) -> None:
         with store.lock:
             store.results.pop(name, None)
             store.counts.pop(name, None)
+            store.faults.pop(name, None)
             store.resolutions.clear()
 
 
 on_change(forget_backend)
 
 
-def _ensure_torch_imported(backend: Backend) -> None:
-    # ``import torch`` takes seconds on a cold disk and a probe whose package is installed imports
-    # it anyway, so it happens before the clock starts: the time limit is for the vendor part that
-    # can hang. The CPU probe and probes of absent packages need no torch at all.
+# Plugins of whichdevice.backends are tried in a child with the probe limit before they load here.
+def _load_plugin(ep: Any) -> Any:
+    from whichdevice.probes import plugins
+
+    return plugins.load_plugin(ep, probe_timeout())
+
+
+set_plugin_loader(_load_plugin)
+
+
+def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
+    # A probe whose package is installed imports torch anyway; it happens before the probe's clock
+    # starts (a cold disk takes seconds), but the plugins torch autoloads and the vendor package are
+    # tried in a child first, each with the limit (probes.trial). The CPU probe and probes of absent
+    # packages need no torch at all.
     from importlib.util import find_spec
 
-    if backend.name == "cpu":
-        return
-    if find_spec(backend.module.split(".")[0]) is not None and find_spec("torch") is not None:
-        import torch  # noqa: F401
+    if backend.name == "cpu" or "torch" in sys.modules:
+        return []
+    if find_spec(backend.module.split(".")[0]) is None or find_spec("torch") is None:
+        return []
+    from whichdevice.probes import plugins
+
+    return plugins.import_torch(timeout)
 
 
-def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResult:
+def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str], ProbeResult | None]:
+    """Before a real probe: torch and the vendor packages, tried first (notes; or the result when
+    the probe must not run here)."""
+    from whichdevice.probes import outcomes, trial
+
+    store.faults.pop(backend.name, None)
+    if store is not _real_store:
+        return [], None
     try:
-        _ensure_torch_imported(backend)
+        notes = _import_torch_first(backend, timeout)
+        if trial.risky_modules([backend]):
+            # Every installed vendor package is tried in the same child (one torch import).
+            trial.trial_imports(trial.risky_modules(backends()), timeout)
     except Exception as exc:
-        return ProbeResult(
-            backend.name,
-            installed=False,
-            available=False,
-            reason=f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch",
-        )
+        why = f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch"
+        return [], ProbeResult(backend.name, installed=False, available=False, reason=why)
+    bad = trial.bad_imports().get(backend.module.split(".")[0])
+    if bad is None:
+        return notes, None
+    store.faults[backend.name] = outcomes.gave_up_reason(backend, bad)
+    return notes, _failed(backend, store.faults[backend.name], 0.0)
+
+
+def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Store) -> ProbeResult:
+    from whichdevice.probes import outcomes, trial
+
+    notes, early = _prepare(backend, timeout, store)
+    if early is not None:
+        return early
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -203,20 +311,28 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
         except BaseException as exc:
             box["error"] = exc
 
+    before = outcomes.environment_snapshot()
     start = time.perf_counter()
     thread = threading.Thread(target=target, name=f"whichdevice-probe-{backend.name}", daemon=True)
     thread.start()
-    thread.join(timeout)
+    thread.join(_join_limit(timeout))
     elapsed = time.perf_counter() - start
     if thread.is_alive():
+        # Whatever whichdevice set for the probe goes back now, not when (if ever) the thread ends;
+        # an import it left half done is remembered, so later calls fail fast instead of waiting.
+        release_scopes(thread)
+        trial.remember_bad_import(
+            trial.half_imported(), f"the {backend.name} probe's import did not finish within {timeout:g} s"
+        )
         why = (
             f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "
             f"package import?); whichdevice gave up on it. Raise the limit with "
             f"WHICHDEVICE_PROBE_TIMEOUT=<seconds> if the import is just slow"
         )
-        return _failed(backend, why, elapsed)
+        store.faults[backend.name] = why
+        return outcomes.with_notes(_failed(backend, why, elapsed), notes, before)
     if "error" in box:
-        return _failed(backend, _error_reason(backend, box["error"]), elapsed)
+        return outcomes.with_notes(_failed(backend, _error_reason(backend, box["error"]), elapsed), notes, before)
     result = box["result"]
     if not isinstance(result, ProbeResult):
         why = (
@@ -224,7 +340,7 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
             f"this is a bug in the probe of {backend.package!r}"
         )
         return _failed(backend, why, elapsed)
-    return replace(result, seconds=elapsed)
+    return outcomes.with_notes(replace(result, seconds=elapsed), notes, before)
 
 
 def _failed(backend: Backend, reason: str, elapsed: float) -> ProbeResult:

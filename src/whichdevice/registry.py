@@ -225,6 +225,21 @@ _order: list[str] = []
 _entry_points_loaded = False
 
 
+# How a plugin's entry point is loaded: the probe layer swaps in one bounded by the probe time limit
+# (a plugin whose import hangs must not block every other backend).
+def _load_plugin(ep: Any) -> Any:
+    return ep.load()
+
+
+_plugin_loader: Callable[[Any], Any] = _load_plugin
+
+
+def set_plugin_loader(loader: Callable[[Any], Any]) -> None:
+    """Load ``whichdevice.backends`` entry points with ``loader(ep)`` (the probe layer's, time-limited)."""
+    global _plugin_loader
+    _plugin_loader = loader
+
+
 def on_change(listener: Callable[[str], None]) -> None:
     """Call ``listener(name)`` whenever backend ``name`` is registered, replaced or removed."""
     if listener not in _listeners:
@@ -280,7 +295,7 @@ def _load_entry_points() -> None:
         added: list[str] = []
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
-                obj: Any = ep.load()
+                obj: Any = _plugin_loader(ep)
                 record = obj() if callable(obj) and not isinstance(obj, Backend) else obj
                 if not isinstance(record, Backend):
                     raise TypeError(f"entry point gave {type(record).__name__}, not a Backend")

@@ -11,6 +11,7 @@ from whichdevice.distributed import check_training_launch
 from whichdevice.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, PackageVersionError
 from whichdevice.launch_leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.packages import MIN_TRANSFORMERS, transformers_problem
+from whichdevice.probing import raise_if_gave_up
 from whichdevice.shapes import check_flag
 from whichdevice.training_settings import precision_conflicts, training_kwargs_for
 
@@ -92,6 +93,8 @@ def training_arguments(
     ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
+    # A vendor import that hung or crashed in a probe would hang (or crash) transformers too.
+    raise_if_gave_up("training_arguments()")
     problem = transformers_problem()
     if problem is not None:
         raise PackageVersionError(problem)

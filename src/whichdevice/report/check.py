@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from whichdevice.errors import DeviceError
+from whichdevice.probing import gave_up
 from whichdevice.records import ProbeResult
 from whichdevice.report.gather import SCHEMA_VERSION, Replayable, exit_code_for, simulation, simulation_dict
 from whichdevice.report.rows import device_summary
@@ -59,6 +60,15 @@ def _check_tasks(result: dict[str, Any], device: str | None, tasks: Sequence[str
             res = resolve_device(device, task=task)
         except DeviceError as exc:
             return exit_code_for(exc), str(exc)
+        given_up = gave_up()
+        if device is None and given_up:
+            # Detection without a backend that hung or crashed is not an answer a job should trust.
+            name, reason = next(iter(given_up.items()))
+            result.update(device=res.device, backend=res.backend.name)
+            return (
+                1,
+                f"{name}: {reason}; detection would pick {res.device} without it (name the device to check it alone)",
+            )
         probe = res.probe
         result.update(device=res.device, backend=res.backend.name, device_count=probe.device_count)
         if probe.device_count < min_devices:
