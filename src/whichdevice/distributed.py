@@ -318,7 +318,7 @@ def check_training_launch(context: DistributedContext | None) -> None:
         return
     exports = " ".join(context.missing)
     if context.seen:
-        by_hand = [v for v in TORCH if os.environ.get(v) is not None] if context.launcher == _BY_HAND else []
+        by_hand = [v for v in TORCH if envview.environ().get(v) is not None] if context.launcher == _BY_HAND else []
         stray = f"; or, if {' '.join(by_hand)} are left over from an earlier export, `unset {' '.join(by_hand)}`"
         raise DeviceError(
             f"{context.launcher}: rank {context.rank} of {context.world_size}, but its process group cannot "

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 from whichdevice import envview
 from whichdevice.errors import DeviceError, UnknownDeviceError, closest_match
-from whichdevice.offload import check_offload
 from whichdevice.modelfiles import check_model
+from whichdevice.offload import check_offload
 from whichdevice.quantization import check_quantize
 from whichdevice.records import TraceStep
 from whichdevice.registry import backend_names
