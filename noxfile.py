@@ -69,3 +69,36 @@ def docs(session: nox.Session) -> None:
     """Build the user docs with mkdocs in strict mode (broken links fail)."""
     session.install("mkdocs>=1.6")
     session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+
+
+# Vendor runtimes installed for real on a machine without their devices (tests/test_vendor_stacks.py).
+# Each stack gets its own throwaway venv under .nox/; the torch each plugin was built against comes
+# with it. None is in the default run: the CUDA build alone is several GB.
+VENDOR_STACKS = {
+    # The index's default torch on Linux is the CUDA 13.0 build; no NVIDIA driver here.
+    "cuda": ("torch==2.14.1",),
+    # The same, plus NVML's Python binding without libnvidia-ml.so (which comes with the driver).
+    "cuda-nvml": ("torch==2.14.1", "nvidia-ml-py"),
+    # torch_xla runs on the CPU with PJRT_DEVICE=CPU; it is built against torch 2.9.
+    "xla": ("torch==2.9.0", "torch_xla==2.9.0"),
+    # torch_npu pins torch 2.13 (Requires-Dist: torch==2.13.0.*); the CANN toolkit is not on PyPI.
+    "npu": (TORCH, "torch_npu==2.13.0"),
+}
+
+
+@nox.session(python="3.11", name="vendor-stacks")
+@nox.parametrize("stack", list(VENDOR_STACKS))
+def vendor_stacks(session: nox.Session, stack: str) -> None:
+    """Each vendor stack in its own venv without its hardware: what the real runtime says."""
+    session.install(*VENDOR_STACKS[stack])
+    session.install("-e", ".", "pytest>=8")
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rs",
+        "tests/test_vendor_stacks.py",
+        *session.posargs,
+        env={"WHICHDEVICE_VENDOR_STACK": stack},
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 from whichdevice import packages
 from whichdevice.errors import DeviceError
+from whichdevice.probes.common import torch_import_reason
 from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.registry import backends, get_backend, on_change
 
@@ -193,7 +194,7 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float) -> ProbeResu
             backend.name,
             installed=False,
             available=False,
-            reason=f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch",
+            reason=torch_import_reason(exc),
         )
     box: dict[str, Any] = {}
 

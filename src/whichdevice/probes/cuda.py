@@ -7,13 +7,17 @@ and the process can still fork; names, memory and compute capability come from N
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
+import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
 from typing import Any
 
+from whichdevice.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.envhooks import scoped_env
 from whichdevice.probes.common import (
     DeviceReading,
@@ -31,6 +35,7 @@ from whichdevice.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.visible import Visibility, visible_devices
 
 __all__ = [
+    "BUILDS",
     "ENV_VARIABLES",
     "CudaReadings",
     "cuda_order_warnings",
@@ -39,6 +44,9 @@ __all__ = [
     "probe_cuda",
     "read_cuda",
 ]
+
+# The builds this probe reports as ``ProbeResult.variant``, as a person names them.
+BUILDS = {"cuda": "CUDA", "rocm": "ROCm"}
 
 ENV_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
@@ -49,7 +57,10 @@ class CudaReadings(RuntimeReadings):
 
     ``inventory``: every physical GPU as NVML or nvidia-smi lists it (None: neither answered);
     ``mig_uuids``: the MIG instances the machine has (None: not read, as the reader does today);
-    ``earlier_visible``: other CUDA_VISIBLE_DEVICES values seen by earlier probes in this process.
+    ``earlier_visible``: other CUDA_VISIBLE_DEVICES values seen by earlier probes in this process;
+    ``driver_version``: the NVIDIA driver NVML or nvidia-smi reported; ``driver_error``: torch's own
+    words when no NVIDIA driver could be loaded; ``nvml_error``: why nvidia-ml-py could not be read;
+    ``arch_list``: the kernel architectures of the build (``torch.cuda.get_arch_list()``).
     """
 
     torch_version: str = ""
@@ -59,6 +70,10 @@ class CudaReadings(RuntimeReadings):
     inventory: tuple[DeviceReading, ...] | None = None
     mig_uuids: tuple[str, ...] | None = None
     earlier_visible: tuple[str | None, ...] = ()
+    driver_version: str | None = None
+    driver_error: str | None = None
+    nvml_error: str | None = None
+    arch_list: tuple[str, ...] = ()
 
 
 _cuda_visible_seen: list[str | None] = []
@@ -78,19 +93,26 @@ def read_cuda(backend: Backend) -> CudaReadings:
         return build
     env = read_env(ENV_VARIABLES)
     initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-    inventory = None
+    inventory = driver_error = None
+    nvml = _Nvml()
     if initialized:
         count = torch.cuda.device_count()
         available = count > 0
         devices = tuple(_properties(torch.cuda.get_device_properties(i)) for i in range(count))
     else:
         # NVML-based counting does not call cuInit, so the process can still fork afterwards.
-        with scoped_env(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        with scoped_env(PYTORCH_NVML_BASED_CUDA_CHECK="1"), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")  # torch's "CUDA initialization: ..." is kept, not printed
             available = bool(torch.cuda.is_available())
             count = torch.cuda.device_count() if available else 0
         devices = (DeviceReading(),) * count
         # Also when CUDA is unavailable: GPUs that NVML lists then point at the driver.
-        inventory = tuple(_nvml_devices() or _smi_devices()) or None
+        nvml = _nvml_devices()
+        smi = _Nvml() if nvml.devices else _smi_devices()
+        inventory = tuple(nvml.devices or smi.devices) or None
+        nvml = replace(nvml, driver=nvml.driver or smi.driver)
+        if not available and build.cuda_version:
+            driver_error = _driver_error(torch, [str(w.message) for w in said])
     current = env.get("CUDA_VISIBLE_DEVICES")
     earlier = tuple(v for v in _cuda_visible_seen if v != current)
     if current not in _cuda_visible_seen:  # distinct values only: refreshed probes must not grow it
@@ -104,7 +126,45 @@ def read_cuda(backend: Backend) -> CudaReadings:
         initialized=initialized,
         inventory=inventory,
         earlier_visible=earlier,
+        driver_version=nvml.driver,
+        driver_error=driver_error,
+        nvml_error=nvml.error,
+        arch_list=_arch_list(torch),
     )
+
+
+# The NVIDIA driver's CUDA library: when it does not load, there is no driver and nothing can start.
+_DRIVER_LIBRARY = {"win32": "nvcuda.dll"}
+
+
+def _driver_error(torch: Any, said: list[str]) -> str | None:
+    """torch's own words for a missing NVIDIA driver (None: the driver library loads).
+
+    Asked only when the library does not load, so starting CUDA cannot succeed, no context is made
+    and forking stays safe.
+    """
+    try:
+        ctypes.CDLL(_DRIVER_LIBRARY.get(sys.platform, "libcuda.so.1"))
+        return None
+    except OSError as exc:
+        loading = str(exc)
+    for text in said:  # a build that warned while counting ("CUDA initialization: ...")
+        if "driver" in text.lower():
+            return text.removeprefix("CUDA initialization: ").strip()
+    try:
+        torch._C._cuda_init()  # torch raises "Found no NVIDIA driver on your system. ..."
+    except Exception as exc:
+        return str(exc).strip() or loading
+    return loading
+
+
+def _arch_list(torch: Any) -> tuple[str, ...]:
+    # torch.cuda.get_arch_list() answers [] while CUDA is unavailable; the flags it reads do not.
+    try:
+        flags = torch._C._cuda_getArchFlags()
+    except Exception:
+        return ()
+    return tuple(str(flags).split()) if flags else ()
 
 
 def _text(value: object) -> str | None:
@@ -131,20 +191,63 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
     devices = _cuda_devices(readings, vis, warnings)
     warnings += _initialised_warnings(readings, vis)
     warnings += cuda_order_warnings(vis, devices, readings.env.get("CUDA_DEVICE_ORDER"))
+    if readings.nvml_error:
+        warnings.append(
+            f"NVML (nvidia-ml-py) could not be read: {readings.nvml_error}; GPU names, memory and the "
+            "driver version come from nvidia-smi where it runs, and stay unknown otherwise"
+        )
     versions = dict(readings.versions)
     runtime = readings.hip_version if variant == "rocm" else readings.cuda_version
     if runtime:
         versions[variant] = runtime
+    if readings.driver_version:
+        versions["nvidia-driver"] = readings.driver_version
     present = len(inventory) if inventory else None
+    reason = unusable_reason(backend, readings, vis, present) or _no_gpu_reason(readings, variant, devices, vis)
     return finish(
         backend,
         devices,
         visibility=vis,
         variant=variant,
         warnings=warnings,
+        features=frozenset(readings.arch_list) if variant == "cuda" else frozenset(),
         versions=versions,
-        unavailable_reason=unusable_reason(backend, readings, vis, present),
+        unavailable_reason=reason,
+        incompatible=_incompatible(readings, variant, devices),
     )
+
+
+def _build(readings: CudaReadings, variant: str) -> str:
+    runtime = readings.hip_version if variant == "rocm" else readings.cuda_version
+    return f"torch {readings.torch_version} is a {BUILDS[variant]} {runtime} build"
+
+
+def _no_gpu_reason(readings: CudaReadings, variant: str, devices: Sequence[DeviceInfo], vis: Visibility) -> str | None:
+    """Why an installed CUDA or ROCm build shows no GPU: no driver (torch's words), or none here."""
+    if readings.driver_error:
+        needed = min_driver(readings.cuda_version)
+        return (
+            f"{_build(readings, variant)}, but this machine has no NVIDIA driver (torch: "
+            f"{readings.driver_error!r}): install the NVIDIA driver{f' ({needed} or newer)' if needed else ''}, "
+            "or run on a GPU node (a container needs --gpus all)"
+        )
+    if devices or vis.ids is not None:
+        return None  # devices, or the visible-devices variable chose none: finish says which
+    gpu = "AMD GPU" if variant == "rocm" else "NVIDIA GPU"
+    return f"{_build(readings, variant)} and finds no {gpu}: run on a machine (or container) that has one"
+
+
+def _incompatible(readings: CudaReadings, variant: str, devices: Sequence[DeviceInfo]) -> tuple[str, ...]:
+    if variant != "cuda":
+        return ()
+    capabilities = [d.capability for d in devices if d.capability] or [
+        d.capability for d in readings.inventory or () if d.capability
+    ]
+    found = (
+        arch_problem(capabilities, readings.arch_list, readings.cuda_version),
+        driver_problem(readings.driver_version, readings.cuda_version),
+    )
+    return tuple(f for f in found if f)
 
 
 def _cuda_devices(readings: CudaReadings, vis: Visibility, warnings: list[str]) -> list[DeviceInfo]:
@@ -226,13 +329,26 @@ def _match_physical(physical: Sequence[DeviceReading] | None, pid: str) -> Devic
     return None
 
 
-def _nvml_devices() -> list[DeviceReading]:
+@dataclass(frozen=True)
+class _Nvml:
+    """What NVML or nvidia-smi listed: the GPUs, the driver version, and why it could not be read."""
+
+    devices: tuple[DeviceReading, ...] = ()
+    driver: str | None = None
+    error: str | None = None
+
+
+def _nvml_devices() -> _Nvml:
     if find_spec("pynvml") is None:
-        return []
+        return _Nvml()
     try:
         import pynvml
 
         pynvml.nvmlInit()
+    except Exception as exc:  # nvidia-ml-py without libnvidia-ml (no driver): fail soft, keep why
+        return _Nvml(error=str(exc) or type(exc).__name__)
+    try:
+        driver = _decoded(pynvml.nvmlSystemGetDriverVersion())
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -247,37 +363,43 @@ def _nvml_devices() -> list[DeviceReading]:
                     uuid.decode() if isinstance(uuid, bytes) else uuid,
                 )
             )
-        return out
-    except Exception:
-        return []
+        return _Nvml(tuple(out), driver)
+    except Exception as exc:
+        return _Nvml(error=str(exc) or type(exc).__name__)
 
 
-def _smi_devices() -> list[DeviceReading]:
+def _decoded(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _smi_devices() -> _Nvml:
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
+        return _Nvml()
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,compute_cap,uuid", "--format=csv,noheader,nounits"],
+            [smi, "--query-gpu=name,memory.total,compute_cap,uuid,driver_version", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=5,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
+        return _Nvml()
     devices = []
+    driver = None
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 4:
+        if len(parts) < 5:
             continue
+        driver = parts[4] or driver
         try:
             major, minor = (int(x) for x in parts[2].split("."))
             memory = int(float(parts[1])) * 1024**2
         except ValueError:
             continue
         devices.append(DeviceReading(parts[0], memory, (major, minor), parts[3]))
-    return devices
+    return _Nvml(tuple(devices), driver)
 
 
 def probe_cuda(backend: Backend) -> ProbeResult:
