@@ -279,17 +279,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     command = args.command
     try:
-        return _COMMANDS[command](args)
+        return _leave(_COMMANDS[command](args))
     except DeviceError as exc:
         from whichdevice.report import exit_code_for
 
-        return _fail(exc, exit_code_for(exc), command, args.json, debug=debug)
+        return _leave(_fail(exc, exit_code_for(exc), command, args.json, debug=debug))
     except KeyboardInterrupt:
         _say("interrupted", command)
         return 130
     except Exception as exc:
         # A bug or a broken installation: still one line and an exit code, the traceback on --debug.
         return _fail(exc, 1, command, args.json, debug=debug, internal=True)
+
+
+def _leave(code: int) -> int:
+    """``code``; but after a failed ``import torch`` the half-imported torch can crash the interpreter
+    on exit (SIGSEGV with torch_npu and no CANN), so the process ends here with ``code``."""
+    from whichdevice.probes.common import torch_import_failed
+
+    if torch_import_failed():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _subcommand(prog: str) -> str | None:

@@ -39,6 +39,7 @@ __all__ = [
     "read_env",
     "read_module_devices",
     "toolkit_note",
+    "torch_import_failed",
     "torch_import_reason",
     "unusable_reason",
 ]
@@ -138,13 +139,19 @@ _AUTOLOAD = re.compile(r"Failed to load the backend extension: (\w+(?:\.\w+)*)")
 _torch_failures: list[str] = []
 
 
+def torch_import_failed() -> bool:
+    """Whether ``import torch`` failed in this process (probing saw it)."""
+    return bool(_torch_failures)
+
+
 def torch_import_reason(exc: BaseException) -> str:
     """Why ``import torch`` failed, with the fix; a device plugin torch auto-loads is named."""
     if _torch_failures:
         return _torch_failures[0]
     match = _AUTOLOAD.search(str(exc))
     if match is None:
-        return f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch"
+        _torch_failures.append(f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch")
+        return _torch_failures[0]
     module = match.group(1)
     cause = exc.__cause__
     found = [b for b in backends() if b.module.split(".")[0] == module]

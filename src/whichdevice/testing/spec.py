@@ -34,6 +34,11 @@ _DETAIL_KEYS = {
     "macos": ("macos", {"mps"}),
     "flags": ("flags", {"cpu"}),
     "isa": ("isa", {"cpu"}),
+    # the NVIDIA driver ("550.54.15", or "none": no driver), the torch build's CUDA version and its
+    # kernel architectures ("sm_80+sm_90+compute_90"), for the compatibility checks
+    "driver": ("driver", {"cuda"}),
+    "cuda": ("cuda", {"cuda"}),
+    "arch": ("arch", {"cuda"}),
 }
 _ALIASES = {"memory": "mem", "generation": "gen"}
 
@@ -60,6 +65,9 @@ class SimulatedDevice:
     # oneDNN's cap (ONEDNN_MAX_CPU_ISA) belongs to the simulated CPU: a spec that pins the flags is
     # not turned to emulated bf16 by the shell's value
     isa: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    arch: tuple[str, ...] | None = None
     mode: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -89,6 +97,10 @@ def _parse_value(key: str, value: str) -> Any:
         return frozenset(f for f in re.split(r"[+ ]", value.strip()) if f)
     if key == "isa":
         return value.strip().upper()
+    if key == "arch":
+        return tuple(a.lower() for a in re.split(r"[+ ]", value.strip()) if a)
+    if key == "driver":
+        return value.strip().lower() if value.strip().lower() == "none" else value.strip()
     return value.strip()
 
 
@@ -129,7 +141,7 @@ def parse_spec(spec: str) -> SimulatedDevice:
     if extra:
         raise DeviceError(
             f"simulate: unknown key(s) {', '.join(sorted(extra))} in {spec!r}; keys are "
-            "cc, mem, name, variant, gen, bf16, macos, flags, isa"
+            "cc, mem, name, variant, gen, bf16, macos, flags, isa, driver, cuda, arch"
         )
     device = SimulatedDevice(**fields)
     _check(spec, device)
@@ -147,6 +159,7 @@ def _check(spec: str, device: SimulatedDevice) -> None:
             )
     if device.variant not in (None, "cuda", "rocm"):
         raise DeviceError(f"simulate: variant={device.variant!r} in {spec!r}: use variant=cuda or variant=rocm")
+    _check_build(spec, device)
     if kind == "mps" and device.count > 1:
         raise DeviceError(f"simulate: {spec!r}: a Mac has one MPS device; write 'mps' (or 'mps:0' for none)")
     if kind == "cpu" and device.mode not in (None, "hangs"):
@@ -161,3 +174,18 @@ def _check(spec: str, device: SimulatedDevice) -> None:
                 f"simulate: name={device.name!r} reads as {named or 'no Gaudi generation'}, but "
                 f"gen={device.generation!r}; the generation comes from the name, so give one of them"
             )
+
+
+def _check_build(spec: str, device: SimulatedDevice) -> None:
+    """driver=, cuda= and arch= describe an NVIDIA driver and a CUDA build of torch."""
+    given = [k for k in ("driver", "cuda", "arch") if getattr(device, k) is not None]
+    if given and device.variant == "rocm":
+        raise DeviceError(f"simulate: {'=, '.join(given)}= in {spec!r} describe a CUDA build; variant=rocm has none")
+    if device.driver not in (None, "none") and device.cuda is None:
+        raise DeviceError(
+            f"simulate: driver={device.driver} in {spec!r} is checked against the torch build's CUDA "
+            "version: give it too, e.g. cuda=13.0"
+        )
+    bad = [a for a in device.arch or () if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", a)]
+    if bad:
+        raise DeviceError(f"simulate: arch= in {spec!r}: {', '.join(bad)} is not like sm_90, sm_90a or compute_90")
