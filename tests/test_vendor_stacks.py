@@ -219,3 +219,17 @@ def test_torch_npu_without_autoload_is_a_broken_import_naming_cann() -> None:
     assert "is built for torch" not in said  # torch 2.13 is what torch_npu 2.13.0 requires
     row = report_row("npu", env)
     assert row["status"] == "unavailable"
+
+
+# ------------------------------------------------------- torch-neuronx: PyPI's placeholder package
+
+
+def test_torch_neuronx_placeholder_says_where_the_real_one_is() -> None:
+    if needs("torch-neuronx") != "1.0":
+        pytest.skip("a real torch-neuronx is installed: this is the case of PyPI's placeholder")
+    done = run("import torch_neuronx")
+    assert RUNTIME_TEXTS["neuron-placeholder"] in done.stderr
+    check = whichdevice("check", "neuron")
+    said = check.stdout + check.stderr
+    assert check.returncode == 1
+    assert RUNTIME_TEXTS["neuron-placeholder"] in said and "installed but broken" in said
