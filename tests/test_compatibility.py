@@ -128,3 +128,19 @@ def test_plugin_built_for_another_torch() -> None:
     with simulate("npu,broken", packages=packages):
         reason = probing.probe("npu").reason or ""
     assert RUNTIME_TEXTS["npu-no-cann"] in reason and "torch==2.13.0.*" in reason and "CANN" in reason
+
+
+def test_no_gpu_reason_is_one_sentence_without_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from whichdevice.report import render_text
+
+    with simulate("cuda:0"):
+        reason = probing.probe("cuda").reason or ""
+    assert reason.endswith("build and finds no NVIDIA GPU: run on a machine (or container) that has one")
+    text = render_text(gather(simulate=("cuda,driver=none",)), color=False, width=1000)
+    line = next(x for x in text.splitlines() if x.strip().startswith("! cuda"))
+    assert "no NVIDIA driver" in line and "(install:" not in line  # torch is installed: no hint to install it
+    # A visible-devices variable that names a GPU the machine lacks: the probe says so, then the variable.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with simulate("cuda:2"), pytest.raises(DeviceUnavailableError) as err:
+        wd.resolve_device("cuda")
+    assert "finds no NVIDIA GPU among the visible devices; CUDA_VISIBLE_DEVICES='5' names device(s) 5" in str(err.value)

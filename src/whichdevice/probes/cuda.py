@@ -231,9 +231,11 @@ def _no_gpu_reason(readings: CudaReadings, variant: str, devices: Sequence[Devic
             f"{readings.driver_error!r}): install the NVIDIA driver{f' ({needed} or newer)' if needed else ''}, "
             "or run on a GPU node (a container needs --gpus all)"
         )
-    if devices or vis.ids is not None:
-        return None  # devices, or the visible-devices variable chose none: finish says which
+    if devices or (vis.ids is not None and not vis.ids):
+        return None  # devices, or a visible-devices variable that hides them all: finish says which
     gpu = "AMD GPU" if variant == "rocm" else "NVIDIA GPU"
+    if vis.ids is not None:
+        return f"{_build(readings, variant)} and finds no {gpu} among the visible devices"
     return f"{_build(readings, variant)} and finds no {gpu}: run on a machine (or container) that has one"
 
 

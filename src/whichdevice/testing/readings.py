@@ -65,7 +65,9 @@ RUNTIME_TEXTS = {
     # torch_npu 2.13.0 (import torch_npu) without the CANN toolkit
     "npu-no-cann": "libhccl.so: cannot open shared object file: No such file or directory",
     # torch-neuronx 1.0, the placeholder on PyPI (import torch_neuronx)
-    "neuron-placeholder": "WRONG PACKAGE. Please install the package from Neuron Repository - pip.repos.neuron.amazonaws.com",
+    "neuron-placeholder": (
+        "WRONG PACKAGE. Please install the package from Neuron Repository - pip.repos.neuron.amazonaws.com"
+    ),
 }
 
 # The import failure of a simulated broken package, where the real runtime's is recorded.
