@@ -11,7 +11,6 @@ import ctypes
 import shutil
 import subprocess
 import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
@@ -101,8 +100,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
         devices = tuple(_properties(torch.cuda.get_device_properties(i)) for i in range(count))
     else:
         # NVML-based counting does not call cuInit, so the process can still fork afterwards.
-        with scoped_env(PYTORCH_NVML_BASED_CUDA_CHECK="1"), warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")  # torch's "CUDA initialization: ..." is kept, not printed
+        with scoped_env(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
             available = bool(torch.cuda.is_available())
             count = torch.cuda.device_count() if available else 0
         devices = (DeviceReading(),) * count
@@ -112,7 +110,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
         inventory = tuple(nvml.devices or smi.devices) or None
         nvml = replace(nvml, driver=nvml.driver or smi.driver)
         if not available and build.cuda_version:
-            driver_error = _driver_error(torch, [str(w.message) for w in said])
+            driver_error = _driver_error(torch)
     current = env.get("CUDA_VISIBLE_DEVICES")
     earlier = tuple(v for v in _cuda_visible_seen if v != current)
     if current not in _cuda_visible_seen:  # distinct values only: refreshed probes must not grow it
@@ -137,7 +135,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
 _DRIVER_LIBRARY = {"win32": "nvcuda.dll"}
 
 
-def _driver_error(torch: Any, said: list[str]) -> str | None:
+def _driver_error(torch: Any) -> str | None:
     """torch's own words for a missing NVIDIA driver (None: the driver library loads).
 
     Asked only when the library does not load, so starting CUDA cannot succeed, no context is made
@@ -148,9 +146,6 @@ def _driver_error(torch: Any, said: list[str]) -> str | None:
         return None
     except OSError as exc:
         loading = str(exc)
-    for text in said:  # a build that warned while counting ("CUDA initialization: ...")
-        if "driver" in text.lower():
-            return text.removeprefix("CUDA initialization: ").strip()
     try:
         torch._C._cuda_init()  # torch raises "Found no NVIDIA driver on your system. ..."
     except Exception as exc:
