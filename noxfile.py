@@ -88,14 +88,18 @@ VENDOR_STACKS: dict[str, tuple[tuple[str, ...], str, dict[str, str]]] = {
     "neuron": ((TORCH, "torch-neuronx==1.0"), "neuron", {}),
 }
 
-# What a stack's row says, printed for the record (the tests hold it to the runtime's words).
+# What a stack's row says, printed for the record (the tests hold it to the runtime's words). It
+# ends with os._exit: after a failed `import torch` (torch_npu without CANN) the interpreter
+# crashes on exit.
 _SHOW_ROW = """
-import sys
+import os, sys
 from whichdevice.report import gather
 for row in gather(tasks=("inference",))["backends"]:
     if row["name"] == sys.argv[1]:
         for key in ("status", "versions", "reason", "warnings", "incompatible", "features"):
             print(f"{row['name']}.{key}: {row[key]}")
+sys.stdout.flush()
+os._exit(0)
 """
 
 
