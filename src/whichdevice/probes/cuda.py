@@ -7,17 +7,13 @@ and the process can still fork; names, memory and compute capability come from N
 
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from importlib.util import find_spec
 from typing import Any
 
 from whichdevice.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.envhooks import scoped_env
+from whichdevice.probes import nvidia
 from whichdevice.probes.common import (
     DeviceReading,
     RuntimeReadings,
@@ -93,7 +89,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
     env = read_env(ENV_VARIABLES)
     initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
     inventory = driver_error = None
-    nvml = _Nvml()
+    nvml = nvidia.NvidiaStack()
     if initialized:
         count = torch.cuda.device_count()
         available = count > 0
@@ -105,12 +101,12 @@ def read_cuda(backend: Backend) -> CudaReadings:
             count = torch.cuda.device_count() if available else 0
         devices = (DeviceReading(),) * count
         # Also when CUDA is unavailable: GPUs that NVML lists then point at the driver.
-        nvml = _nvml_devices()
-        smi = _Nvml() if nvml.devices else _smi_devices()
+        nvml = nvidia.nvml_devices()
+        smi = nvidia.NvidiaStack() if nvml.devices else nvidia.smi_devices()
         inventory = tuple(nvml.devices or smi.devices) or None
         nvml = replace(nvml, driver=nvml.driver or smi.driver)
         if not available and build.cuda_version:
-            driver_error = _driver_error(torch)
+            driver_error = nvidia.driver_error(torch)
     current = env.get("CUDA_VISIBLE_DEVICES")
     earlier = tuple(v for v in _cuda_visible_seen if v != current)
     if current not in _cuda_visible_seen:  # distinct values only: refreshed probes must not grow it
@@ -127,39 +123,8 @@ def read_cuda(backend: Backend) -> CudaReadings:
         driver_version=nvml.driver,
         driver_error=driver_error,
         nvml_error=nvml.error,
-        arch_list=_arch_list(torch),
+        arch_list=nvidia.arch_list(torch),
     )
-
-
-# The NVIDIA driver's CUDA library: when it does not load, there is no driver and nothing can start.
-_DRIVER_LIBRARY = {"win32": "nvcuda.dll"}
-
-
-def _driver_error(torch: Any) -> str | None:
-    """torch's own words for a missing NVIDIA driver (None: the driver library loads).
-
-    Asked only when the library does not load, so starting CUDA cannot succeed, no context is made
-    and forking stays safe.
-    """
-    try:
-        ctypes.CDLL(_DRIVER_LIBRARY.get(sys.platform, "libcuda.so.1"))
-        return None
-    except OSError as exc:
-        loading = str(exc)
-    try:
-        torch._C._cuda_init()  # torch raises "Found no NVIDIA driver on your system. ..."
-    except Exception as exc:
-        return str(exc).strip() or loading
-    return loading
-
-
-def _arch_list(torch: Any) -> tuple[str, ...]:
-    # torch.cuda.get_arch_list() answers [] while CUDA is unavailable; the flags it reads do not.
-    try:
-        flags = torch._C._cuda_getArchFlags()
-    except Exception:
-        return ()
-    return tuple(str(flags).split()) if flags else ()
 
 
 def _text(value: object) -> str | None:
@@ -324,79 +289,6 @@ def _match_physical(physical: Sequence[DeviceReading] | None, pid: str) -> Devic
         if dev.uuid and (dev.uuid.startswith(pid) or pid.startswith(dev.uuid)):
             return dev
     return None
-
-
-@dataclass(frozen=True)
-class _Nvml:
-    """What NVML or nvidia-smi listed: the GPUs, the driver version, and why it could not be read."""
-
-    devices: tuple[DeviceReading, ...] = ()
-    driver: str | None = None
-    error: str | None = None
-
-
-def _nvml_devices() -> _Nvml:
-    if find_spec("pynvml") is None:
-        return _Nvml()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # nvidia-ml-py without libnvidia-ml (no driver): fail soft, keep why
-        return _Nvml(error=str(exc) or type(exc).__name__)
-    try:
-        driver = _decoded(pynvml.nvmlSystemGetDriverVersion())
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            out.append(
-                DeviceReading(
-                    name.decode() if isinstance(name, bytes) else name,
-                    int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                    (int(major), int(minor)),
-                    uuid.decode() if isinstance(uuid, bytes) else uuid,
-                )
-            )
-        return _Nvml(tuple(out), driver)
-    except Exception as exc:
-        return _Nvml(error=str(exc) or type(exc).__name__)
-
-
-def _decoded(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _smi_devices() -> _Nvml:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return _Nvml()
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,compute_cap,uuid,driver_version", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return _Nvml()
-    devices = []
-    driver = None
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 5:
-            continue
-        driver = parts[4] or driver
-        try:
-            major, minor = (int(x) for x in parts[2].split("."))
-            memory = int(float(parts[1])) * 1024**2
-        except ValueError:
-            continue
-        devices.append(DeviceReading(parts[0], memory, (major, minor), parts[3]))
-    return _Nvml(tuple(devices), driver)
 
 
 def probe_cuda(backend: Backend) -> ProbeResult:
