@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import whichdevice.probes.nvidia as nvidia
 from whichdevice.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.envhooks import scoped_env
-from whichdevice.probes import nvidia
 from whichdevice.probes.common import (
     DeviceReading,
     RuntimeReadings,
