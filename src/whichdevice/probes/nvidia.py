@@ -37,6 +37,8 @@ def driver_error(torch: Any) -> str | None:
         return None
     except OSError as exc:
         loading = str(exc)
+    if not hasattr(torch._C, "_cuda_init"):
+        return loading
     try:
         torch._C._cuda_init()  # torch raises "Found no NVIDIA driver on your system. ..."
     except Exception as exc:
