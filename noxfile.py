@@ -69,3 +69,50 @@ def docs(session: nox.Session) -> None:
     """Build the user docs with mkdocs in strict mode (broken links fail)."""
     session.install("mkdocs>=1.6")
     session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+
+
+# Vendor runtimes installed for real on a machine without their devices (tests/test_vendor_stacks.py).
+# Each stack gets its own throwaway venv under .nox/; the torch each plugin was built against comes
+# with it. None is in the default run: the CUDA build alone is several GB.
+# stack -> (what to install, the device `whichdevice check` is asked for, environment)
+VENDOR_STACKS: dict[str, tuple[tuple[str, ...], str, dict[str, str]]] = {
+    # The index's default torch on Linux is the CUDA 13.0 build; no NVIDIA driver here.
+    "cuda": (("torch==2.14.1",), "cuda", {}),
+    # The same, plus NVML's Python binding without libnvidia-ml.so (which comes with the driver).
+    "cuda-nvml": (("torch==2.14.1", "nvidia-ml-py"), "cuda", {}),
+    # torch_xla runs on the CPU with PJRT_DEVICE=CPU; it is built against torch 2.9 (a CUDA 12.8 build).
+    "xla": (("torch==2.9.0", "torch_xla==2.9.0"), "tpu", {"PJRT_DEVICE": "CPU"}),
+    # torch_npu pins torch 2.13 (Requires-Dist: torch==2.13.0.*); the CANN toolkit is not on PyPI.
+    "npu": ((TORCH, "torch_npu==2.13.0"), "npu", {}),
+    # PyPI's torch-neuronx is AWS's placeholder: importing it says to use the Neuron package index.
+    "neuron": ((TORCH, "torch-neuronx==1.0"), "neuron", {}),
+}
+
+# What a stack's row says, printed for the record (the tests hold it to the runtime's words). It
+# ends with os._exit: after a failed `import torch` (torch_npu without CANN) the interpreter
+# crashes on exit.
+_SHOW_ROW = """
+import os, sys
+from whichdevice.report import gather
+for row in gather(tasks=("inference",))["backends"]:
+    if row["name"] == sys.argv[1]:
+        for key in ("status", "versions", "reason", "warnings", "incompatible", "features"):
+            print(f"{row['name']}.{key}: {row[key]}")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@nox.session(python="3.11", name="vendor-stacks")
+@nox.parametrize("stack", list(VENDOR_STACKS))
+def vendor_stacks(session: nox.Session, stack: str) -> None:
+    """Each vendor stack in its own venv without its hardware: what the real runtime says."""
+    packages, device, env = VENDOR_STACKS[stack]
+    session.install(*packages)
+    session.install("-e", ".", "pytest>=8")
+    env = {**env, "WHICHDEVICE_VENDOR_STACK": stack}
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "-v", "-rs", "tests/test_vendor_stacks.py", *session.posargs, env=env
+    )
+    session.run("python", "-c", _SHOW_ROW, device, env=env)
+    session.run("whichdevice", "check", device, env=env, success_codes=[0, 1])

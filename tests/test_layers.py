@@ -18,7 +18,7 @@ PACKAGE_DIR = Path(whichdevice.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("records", ("errors", "records", "packages", "envview", "modelfiles", "sizing")),
     ("registry", ("registry", "visible", "envhooks")),
-    ("probes", ("probes", "probing")),
+    ("probes", ("probes", "probing", "compatibility")),
     (
         "deciders",
         (

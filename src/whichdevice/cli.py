@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -310,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write(streams, "output of other code while the command ran:\n" + streams.captured, err=True)
     if descriptors:
         close(streams)
+        _leave(code)
     return code
 
 
@@ -340,6 +342,15 @@ def _main(argv: list[str], debug: bool) -> int:
     except Exception as exc:
         # A bug or a broken installation: still one line and an exit code, the traceback on --debug.
         return _fail(exc, 1, command, args.json, debug=debug, internal=True)
+
+
+def _leave(code: int) -> None:
+    """After a failed ``import torch`` the half-imported torch can crash the interpreter on exit
+    (SIGSEGV with torch_npu and no CANN), so the command ends here with ``code`` (its output is out)."""
+    from whichdevice.probes.common import torch_import_failed
+
+    if torch_import_failed():
+        os._exit(code)
 
 
 def _subcommand(prog: str) -> str | None:

@@ -24,6 +24,7 @@ __all__ = [
     "generation",
     "known_versions",
     "package_version",
+    "requirement_on",
     "simulated_packages",
     "transformers_problem",
     "version_at_least",
@@ -119,6 +120,31 @@ def known_versions() -> dict[str, str | None]:
     for layer in _simulated:
         out.update(layer)
     return out
+
+
+def requirement_on(name: str, dependency: str) -> str | None:
+    """The version specifier installed ``name`` declares for ``dependency`` ("==2.13.0.*"), or None.
+
+    From the Requires-Dist lines of its metadata (markers ignored); a simulated ``name`` has none.
+    """
+    if any(name in layer for layer in _simulated) or package_version(name) is None:
+        return None
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        lines = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return None
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if _normalize(req.name) == _normalize(dependency) and req.marker is None and str(req.specifier):
+            return str(req.specifier)
+    return None
 
 
 def cache_clear() -> None:

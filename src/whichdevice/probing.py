@@ -20,6 +20,7 @@ from typing import Any
 from whichdevice import packages
 from whichdevice.envhooks import release_scopes
 from whichdevice.errors import DeviceError
+from whichdevice.probes.common import torch_import_reason
 from whichdevice.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.registry import backends, get_backend, on_change, set_plugin_loader
 
@@ -288,8 +289,7 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
             # Every installed vendor package is tried in the same child (one torch import).
             trial.trial_imports(trial.risky_modules(backends()), timeout)
     except Exception as exc:
-        why = f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch"
-        return [], ProbeResult(backend.name, installed=False, available=False, reason=why)
+        return [], ProbeResult(backend.name, installed=False, available=False, reason=torch_import_reason(exc))
     bad = trial.bad_imports().get(backend.module.split(".")[0])
     if bad is None:
         return notes, None

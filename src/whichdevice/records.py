@@ -113,6 +113,9 @@ class ProbeResult:
     visible: Visibility | None = None
     simulated: bool = False
     seconds: float = 0.0
+    # What the installed stack cannot do on these devices (driver, kernel architectures, a plugin's
+    # torch), each with its fix: ``whichdevice check`` fails on any (see compatibility.py).
+    incompatible: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return self.available
@@ -148,6 +151,7 @@ class ProbeResult:
             ),
             "simulated": self.simulated,
             "seconds": round(self.seconds, 6),
+            "incompatible": list(self.incompatible),
         }
 
 

@@ -10,12 +10,15 @@ versions when the caller passes none (third-party probes call them that way).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from whichdevice.compatibility import plugin_problem
 from whichdevice.packages import package_version
 from whichdevice.records import Backend, DeviceInfo, EnvAction, ProbeResult
+from whichdevice.registry import backends
 from whichdevice.visible import Visibility
 
 __all__ = [
@@ -31,9 +34,13 @@ __all__ = [
     "module_devices",
     "not_installed",
     "physical_id",
+    "plugin_incompatible",
     "raise_import_error",
     "read_env",
     "read_module_devices",
+    "toolkit_note",
+    "torch_import_failed",
+    "torch_import_reason",
     "unusable_reason",
 ]
 
@@ -70,6 +77,8 @@ class RuntimeReadings:
     devices: tuple[DeviceReading, ...] = ()
     physical_count: int | None = None
     versions: Mapping[str, str] = field(default_factory=dict)
+    # The torch the backend's plugin package declares it needs ("==2.13.0.*"; None: says nothing).
+    requires_torch: str | None = None
 
 
 def read_env(names: Iterable[str]) -> dict[str, str]:
@@ -92,13 +101,82 @@ def import_failure(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
 
 
-def raise_import_error(readings: RuntimeReadings) -> None:
-    """Re-raise a failed import so probing reports the package as installed but broken."""
+def raise_import_error(readings: RuntimeReadings, backend: Backend | None = None) -> None:
+    """Re-raise a failed import so probing reports the package as installed but broken.
+
+    With ``backend``, a plugin built for another torch says so: that is the likeliest cause.
+    """
     if readings.import_error is None:
         return
     # A hook's variable stays set (the user may retry after fixing the install); say so.
     done = "; ".join(a.message for a in readings.env_set if a.action == "set")
-    raise ImportError(readings.import_error + (f" (whichdevice had {done})" if done else ""))
+    mismatch = plugin_incompatible(backend, readings) if backend is not None else ()
+    note = toolkit_note(backend.name, readings.import_error) if backend is not None else None
+    cause = "".join(f"; {m}" for m in (*mismatch, *([note] if note else [])))
+    raise ImportError(readings.import_error + (f" (whichdevice had {done})" if done else "") + cause)
+
+
+# Shared libraries a plugin loads from its vendor's toolkit, which pip does not install.
+TOOLKITS: dict[str, tuple[tuple[str, ...], str]] = {
+    "npu": (
+        ("libhccl", "libascend", "libacl", "libge_", "libgraph", "libruntime", "libc_sec", "libmmpa", "libopapi"),
+        "the CANN toolkit (Ascend's runtime libraries; not on PyPI): install CANN, then "
+        "`source /usr/local/Ascend/ascend-toolkit/set_env.sh` so its libraries are on the library path",
+    ),
+}
+
+
+def toolkit_note(backend_name: str, failure: str) -> str | None:
+    """Which vendor toolkit a failed import is missing, when the failure names one of its libraries."""
+    prefixes, toolkit = TOOLKITS.get(backend_name, ((), ""))
+    for word in failure.replace("'", " ").replace(":", " ").split():
+        if word.startswith(prefixes) and ".so" in word:
+            return f"{word} comes with {toolkit}"
+    return None
+
+
+_AUTOLOAD = re.compile(r"Failed to load the backend extension: (\w+(?:\.\w+)*)")
+# The first failure: a second ``import torch`` after a failed one fails with an unrelated error.
+_torch_failures: list[str] = []
+
+
+def torch_import_failed() -> bool:
+    """Whether ``import torch`` failed in this process (probing saw it)."""
+    return bool(_torch_failures)
+
+
+def torch_import_reason(exc: BaseException) -> str:
+    """Why ``import torch`` failed, with the fix; a device plugin torch auto-loads is named."""
+    if _torch_failures:
+        return _torch_failures[0]
+    match = _AUTOLOAD.search(str(exc))
+    if match is None:
+        _torch_failures.append(f"torch failed to import ({type(exc).__name__}: {exc}); reinstall it: pip install torch")
+        return _torch_failures[0]
+    module = match.group(1)
+    cause = exc.__cause__
+    found = [b for b in backends() if b.module.split(".")[0] == module]
+    dist = found[0].package if found else module
+    note = toolkit_note(found[0].name, str(cause)) if found and cause is not None else None
+    reason = (
+        f"importing torch fails because torch loads the {module} device extension on import and "
+        f"{module} failed to load"
+        + (f" ({import_failure(cause)})" if cause is not None else "")
+        + (f"; {note}" if note else "")
+        + f". Fix {dist}'s install, uninstall it (pip uninstall {dist}), or start torch without it: "
+        "export TORCH_DEVICE_BACKEND_AUTOLOAD=0"
+    )
+    _torch_failures.append(reason)
+    return reason
+
+
+def plugin_incompatible(backend: Backend, readings: RuntimeReadings) -> tuple[str, ...]:
+    """A plugin package built for another torch than the installed one (empty: it fits, or unknown)."""
+    if backend.package == "torch":
+        return ()
+    v = readings.versions
+    found = plugin_problem(backend.package, v.get(backend.package), v.get("torch"), readings.requires_torch)
+    return (found,) if found else ()
 
 
 def not_installed(
@@ -133,6 +211,7 @@ def finish(
     versions: Mapping[str, str] | None = None,
     unavailable_reason: str | None = None,
     simulated: bool = False,
+    incompatible: Sequence[str] = (),
 ) -> ProbeResult:
     """Build the result for an installed backend from its visible devices."""
     vis = visibility if visibility is not None else Visibility()
@@ -169,6 +248,7 @@ def finish(
         os_version=os_version,
         visible=vis,
         simulated=simulated,
+        incompatible=tuple(incompatible),
     )
 
 
@@ -231,6 +311,7 @@ def finish_runtime(
         env_set=readings.env_set,
         versions=readings.versions,
         unavailable_reason=unusable_reason(backend, readings, vis, present),
+        incompatible=plugin_incompatible(backend, readings),
     )
 
 

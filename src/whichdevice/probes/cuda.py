@@ -7,13 +7,12 @@ and the process can still fork; names, memory and compute capability come from N
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from importlib.util import find_spec
 from typing import Any
 
+import whichdevice.probes.nvidia as nvidia
+from whichdevice.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.envhooks import scoped_env
 from whichdevice.probes.common import (
     DeviceReading,
@@ -31,6 +30,7 @@ from whichdevice.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.visible import Visibility, visible_devices
 
 __all__ = [
+    "BUILDS",
     "ENV_VARIABLES",
     "CudaReadings",
     "cuda_order_warnings",
@@ -39,6 +39,9 @@ __all__ = [
     "probe_cuda",
     "read_cuda",
 ]
+
+# The builds this probe reports as ``ProbeResult.variant``, as a person names them.
+BUILDS = {"cuda": "CUDA", "rocm": "ROCm"}
 
 ENV_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
@@ -52,7 +55,10 @@ class CudaReadings(RuntimeReadings):
 
     ``inventory``: every physical GPU as NVML or nvidia-smi lists it (None: neither answered);
     ``mig_uuids``: the MIG instances the machine has (None: not read, as the reader does today);
-    ``earlier_visible``: other CUDA_VISIBLE_DEVICES values seen by earlier probes in this process.
+    ``earlier_visible``: other CUDA_VISIBLE_DEVICES values seen by earlier probes in this process;
+    ``driver_version``: the NVIDIA driver NVML or nvidia-smi reported; ``driver_error``: torch's own
+    words when no NVIDIA driver could be loaded; ``nvml_error``: why nvidia-ml-py could not be read;
+    ``arch_list``: the kernel architectures of the build (``torch.cuda.get_arch_list()``).
     """
 
     torch_version: str = ""
@@ -62,6 +68,10 @@ class CudaReadings(RuntimeReadings):
     inventory: tuple[DeviceReading, ...] | None = None
     mig_uuids: tuple[str, ...] | None = None
     earlier_visible: tuple[str | None, ...] = ()
+    driver_version: str | None = None
+    driver_error: str | None = None
+    nvml_error: str | None = None
+    arch_list: tuple[str, ...] = ()
 
 
 _cuda_visible_seen: list[str | None] = []
@@ -81,7 +91,8 @@ def read_cuda(backend: Backend) -> CudaReadings:
         return build
     env = read_env(ENV_VARIABLES)
     initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-    inventory = None
+    inventory = driver_error = None
+    nvml = nvidia.NvidiaStack()
     if initialized:
         count = torch.cuda.device_count()
         available = count > 0
@@ -93,7 +104,12 @@ def read_cuda(backend: Backend) -> CudaReadings:
             count = torch.cuda.device_count() if available else 0
         devices = (DeviceReading(),) * count
         # Also when CUDA is unavailable: GPUs that NVML lists then point at the driver.
-        inventory = tuple(_nvml_devices() or _smi_devices()) or None
+        nvml = nvidia.nvml_devices()
+        smi = nvidia.NvidiaStack() if nvml.devices else nvidia.smi_devices()
+        inventory = tuple(nvml.devices or smi.devices) or None
+        nvml = replace(nvml, driver=nvml.driver or smi.driver)
+        if not available and build.cuda_version:
+            driver_error = nvidia.driver_error(torch)
     current = env.get("CUDA_VISIBLE_DEVICES")
     earlier = tuple(v for v in _cuda_visible_seen if v != current)
     if current not in _cuda_visible_seen:  # distinct values only: refreshed probes must not grow it
@@ -107,6 +123,10 @@ def read_cuda(backend: Backend) -> CudaReadings:
         initialized=initialized,
         inventory=inventory,
         earlier_visible=earlier,
+        driver_version=nvml.driver,
+        driver_error=driver_error,
+        nvml_error=nvml.error,
+        arch_list=nvidia.arch_list(torch),
     )
 
 
@@ -142,20 +162,65 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
     devices = _cuda_devices(readings, vis, warnings)
     warnings += _initialised_warnings(readings, vis)
     warnings += cuda_order_warnings(vis, devices, readings.env.get("CUDA_DEVICE_ORDER"))
+    if readings.nvml_error:
+        warnings.append(
+            f"NVML (nvidia-ml-py) could not be read: {readings.nvml_error}; GPU names, memory and the "
+            "driver version come from nvidia-smi where it runs, and stay unknown otherwise"
+        )
     versions = dict(readings.versions)
     runtime = readings.hip_version if variant == "rocm" else readings.cuda_version
     if runtime:
         versions[variant] = runtime
+    if readings.driver_version:
+        versions["nvidia-driver"] = readings.driver_version
     present = len(inventory) if inventory else None
+    reason = unusable_reason(backend, readings, vis, present) or _no_gpu_reason(readings, variant, devices, vis)
     return finish(
         backend,
         devices,
         visibility=vis,
         variant=variant,
         warnings=warnings,
+        features=frozenset(readings.arch_list) if variant == "cuda" else frozenset(),
         versions=versions,
-        unavailable_reason=unusable_reason(backend, readings, vis, present),
+        unavailable_reason=reason,
+        incompatible=_incompatible(readings, variant, devices),
     )
+
+
+def _build(readings: CudaReadings, variant: str) -> str:
+    runtime = readings.hip_version if variant == "rocm" else readings.cuda_version
+    return f"torch {readings.torch_version} is a {BUILDS[variant]} {runtime} build"
+
+
+def _no_gpu_reason(readings: CudaReadings, variant: str, devices: Sequence[DeviceInfo], vis: Visibility) -> str | None:
+    """Why an installed CUDA or ROCm build shows no GPU: no driver (torch's words), or none here."""
+    if readings.driver_error:
+        needed = min_driver(readings.cuda_version)
+        return (
+            f"{_build(readings, variant)}, but this machine has no NVIDIA driver (torch: "
+            f"{readings.driver_error!r}): install the NVIDIA driver{f' ({needed} or newer)' if needed else ''}, "
+            "or run on a GPU node (a container needs --gpus all)"
+        )
+    if devices or (vis.ids is not None and not vis.ids):
+        return None  # devices, or a visible-devices variable that hides them all: finish says which
+    gpu = "AMD GPU" if variant == "rocm" else "NVIDIA GPU"
+    if vis.ids is not None:
+        return f"{_build(readings, variant)} and finds no {gpu} among the visible devices"
+    return f"{_build(readings, variant)} and finds no {gpu}: run on a machine (or container) that has one"
+
+
+def _incompatible(readings: CudaReadings, variant: str, devices: Sequence[DeviceInfo]) -> tuple[str, ...]:
+    if variant != "cuda":
+        return ()
+    capabilities = [d.capability for d in devices if d.capability] or [
+        d.capability for d in readings.inventory or () if d.capability
+    ]
+    found = (
+        arch_problem(capabilities, readings.arch_list, readings.cuda_version),
+        driver_problem(readings.driver_version, readings.cuda_version),
+    )
+    return tuple(f for f in found if f)
 
 
 def _cuda_devices(readings: CudaReadings, vis: Visibility, warnings: list[str]) -> list[DeviceInfo]:
@@ -235,71 +300,6 @@ def _match_physical(physical: Sequence[DeviceReading] | None, pid: str) -> Devic
         if dev.uuid and (dev.uuid.startswith(pid) or pid.startswith(dev.uuid)):
             return dev
     return None
-
-
-def _nvml_devices() -> list[DeviceReading]:
-    if find_spec("pynvml") is None:
-        return []
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            # NVML's free memory counts every process's allocations, and reading it starts no context.
-            memory = pynvml.nvmlDeviceGetMemoryInfo(h)
-            out.append(
-                DeviceReading(
-                    name.decode() if isinstance(name, bytes) else name,
-                    int(memory.total),
-                    (int(major), int(minor)),
-                    uuid.decode() if isinstance(uuid, bytes) else uuid,
-                    free=int(memory.free),
-                )
-            )
-        return out
-    except Exception:
-        return []
-
-
-def _smi_devices() -> list[DeviceReading]:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,compute_cap,uuid,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    devices = []
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 4:
-            continue
-        try:
-            major, minor = (int(x) for x in parts[2].split("."))
-            memory = int(float(parts[1])) * 1024**2
-        except ValueError:
-            continue
-        free = _mib(parts[4]) if len(parts) > 4 else None
-        devices.append(DeviceReading(parts[0], memory, (major, minor), parts[3], free=free))
-    return devices
-
-
-def _mib(text: str) -> int | None:
-    try:
-        return int(float(text)) * 1024**2
-    except ValueError:  # "[N/A]" on some boards
-        return None
 
 
 def probe_cuda(backend: Backend) -> ProbeResult:

@@ -12,7 +12,7 @@ from importlib.util import find_spec
 from typing import Any
 
 from whichdevice.envhooks import apply_env_defaults
-from whichdevice.packages import package_version, version_before
+from whichdevice.packages import package_version, requirement_on, version_before
 from whichdevice.probes.common import (
     RuntimeReadings,
     finish,
@@ -77,11 +77,16 @@ def read_hpu(backend: Backend) -> HpuReadings:
     if accelerate_block(accelerate) is not None:
         return HpuReadings(accelerate_version=accelerate, versions=versions)
     env_set = apply_env_defaults(backend, "import")
+    requires = requirement_on(backend.package, "torch")  # the plugin pins the torch it was built for
     try:
         import habana_frameworks.torch  # noqa: F401 - registers torch.hpu (and patches torch)
     except Exception as exc:
         return HpuReadings(
-            import_error=import_failure(exc), env_set=env_set, accelerate_version=accelerate, versions=versions
+            import_error=import_failure(exc),
+            env_set=env_set,
+            accelerate_version=accelerate,
+            versions=versions,
+            requires_torch=requires,
         )
     import torch
 
@@ -95,6 +100,7 @@ def read_hpu(backend: Backend) -> HpuReadings:
         devices=read_module_devices(hpu, count),
         versions=versions,
         accelerate_version=accelerate,
+        requires_torch=requires,
     )
 
 
@@ -112,7 +118,7 @@ def interpret_hpu(backend: Backend, readings: HpuReadings) -> ProbeResult:
     blocked = accelerate_block(readings.accelerate_version)
     if blocked is not None:
         return finish(backend, [], unavailable_reason=blocked, versions=readings.versions)
-    raise_import_error(readings)
+    raise_import_error(readings, backend)
     vis = visible_devices("hpu", readings.env)
     devices = [
         replace(d, generation=gaudi_generation(d.name), bf16=True) for d in module_devices(readings.devices, vis)

@@ -6,6 +6,7 @@ import importlib
 from dataclasses import dataclass
 from importlib.util import find_spec
 
+from whichdevice.compatibility import plugin_problem
 from whichdevice.packages import package_version
 from whichdevice.probes.common import (
     DeviceReading,
@@ -23,20 +24,26 @@ from whichdevice.visible import visible_devices
 
 __all__ = ["ENV_VARIABLES", "TpuReadings", "interpret_tpu", "probe_tpu", "read_tpu"]
 
-ENV_VARIABLES = ("TPU_VISIBLE_CHIPS",)
+ENV_VARIABLES = ("TPU_VISIBLE_CHIPS", "PJRT_DEVICE")
+
+# torch_xla is not this row's package, but users with a TPU often have it: the reason names it.
+XLA_PACKAGE = "torch_xla"
 
 
 @dataclass(frozen=True)
 class TpuReadings(RuntimeReadings):
-    """``accelerator``: the type ``torch.accelerator.current_accelerator()`` reported (None: none)."""
+    """``accelerator``: the type ``torch.accelerator.current_accelerator()`` reported (None: none);
+    ``xla_version``: torch_xla's, when it is installed (read from its metadata, never imported)."""
 
     accelerator: str | None = None
+    xla_version: str | None = None
 
 
 def read_tpu(backend: Backend) -> TpuReadings:
     versions = installed_versions(backend)
     if find_spec("torch_tpu") is None and package_version(backend.package) is None:
-        return TpuReadings(installed=False, versions=versions)
+        xla = package_version(XLA_PACKAGE)
+        return TpuReadings(installed=False, versions=versions, xla_version=xla, env=read_env(ENV_VARIABLES))
     import torch
 
     if find_spec("torch_tpu") is not None:
@@ -56,11 +63,25 @@ def read_tpu(backend: Backend) -> TpuReadings:
 def interpret_tpu(backend: Backend, readings: TpuReadings) -> ProbeResult:
     """TPU chips count only when torch's accelerator is a TPU (another accelerator is not ours)."""
     if not readings.installed:
-        return not_installed(backend, versions=readings.versions)
+        return not_installed(backend, _xla_reason(backend, readings), versions=readings.versions)
     raise_import_error(readings)
     vis = visible_devices("tpu", readings.env)
     devices = module_devices(readings.devices, vis) if readings.accelerator == "tpu" else []
     return finish_runtime(backend, readings, vis, devices)
+
+
+def _xla_reason(backend: Backend, readings: TpuReadings) -> str | None:
+    """torch_xla without torch-tpu: say that its devices are not this row's, and check the pair."""
+    if readings.xla_version is None:
+        return None
+    pjrt = readings.env.get("PJRT_DEVICE")
+    where = f" (PJRT_DEVICE={pjrt}: XLA runs on the CPU, not on a TPU)" if pjrt and pjrt.upper() == "CPU" else ""
+    pair = plugin_problem(XLA_PACKAGE, readings.xla_version, readings.versions.get("torch"), None)
+    return (
+        f"{backend.package} is not installed: {backend.install_command}. {XLA_PACKAGE} {readings.xla_version} is "
+        f"installed{where}, but whichdevice's tpu row is native TorchTPU and never picks torch_xla's "
+        "xla devices" + (f"; also, {pair}" if pair else "")
+    )
 
 
 def probe_tpu(backend: Backend) -> ProbeResult:

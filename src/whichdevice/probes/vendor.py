@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 
 from whichdevice.envhooks import apply_env_defaults, scoped_env
+from whichdevice.packages import requirement_on
 from whichdevice.probes.common import (
     RuntimeReadings,
     finish_runtime,
@@ -66,12 +67,15 @@ def read_vendor(backend: Backend) -> VendorReadings:
     if find_spec(backend.module.split(".")[0]) is None:
         return VendorReadings(installed=False, versions=versions)
     env_set = apply_env_defaults(backend, "import")
+    requires = requirement_on(backend.package, "torch")
     import torch
 
     try:
         importlib.import_module(backend.module)
     except Exception as exc:
-        return VendorReadings(import_error=import_failure(exc), env_set=env_set, versions=versions)
+        return VendorReadings(
+            import_error=import_failure(exc), env_set=env_set, versions=versions, requires_torch=requires
+        )
     module = getattr(torch, backend.name, None)
     if module is None:
         raise RuntimeError(f"{backend.module} imported but torch.{backend.name} does not exist")
@@ -85,6 +89,7 @@ def read_vendor(backend: Backend) -> VendorReadings:
         available=available,
         devices=read_module_devices(module, count),
         versions=versions,
+        requires_torch=requires,
     )
 
 
@@ -92,7 +97,7 @@ def interpret_vendor(backend: Backend, readings: RuntimeReadings) -> ProbeResult
     """Visible devices as the runtime listed them, with the physical id behind each."""
     if not readings.installed:
         return not_installed(backend, versions=readings.versions)
-    raise_import_error(readings)
+    raise_import_error(readings, backend)
     vis = visible_devices(backend.name, readings.env)
     return finish_runtime(backend, readings, vis, module_devices(readings.devices, vis))
 

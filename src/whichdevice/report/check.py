@@ -73,6 +73,11 @@ def _check_tasks(result: dict[str, Any], device: str | None, tasks: Sequence[str
         result.update(device=res.device, backend=res.backend.name, device_count=probe.device_count)
         if probe.device_count < min_devices:
             return 1, _too_few(res.backend.name, probe, min_devices)
+        if probe.incompatible:
+            # The devices are there, but the installed stack cannot run on them (see compatibility.py).
+            return 1, f"{res.device} is present, but this installation cannot run on it: " + "; ".join(
+                probe.incompatible
+            )
         message = f"ok: {res.device} is usable ({device_summary(res.backend, probe)})"
         if device is None:
             message += f"; resolved by {res.source} for {task}"

@@ -1,8 +1,9 @@
 """The WARNINGS section: what works but is probably not what the user meant, each said once.
 
-Sources: the probes' own warnings, GPUs of different models numbered differently by CUDA and
-nvidia-smi, a kernels package transformers ignores, an accelerate too old for Gaudi, and what the
-resolver found while deciding. The environment section adds its own (see ``environment.py``).
+Sources: the probes' own warnings, what the installed stack cannot run on (``incompatible``), GPUs
+of different models numbered differently by CUDA and nvidia-smi, a kernels package transformers
+ignores, an accelerate too old for Gaudi, and what the resolver found while deciding. The
+environment section adds its own (see ``environment.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def other_warnings(
 ) -> list[dict[str, str]]:
     """Every warning but the environment section's own, without repeats."""
     warnings = _probe_warnings(env, results)
+    warnings += [warning(f"compatibility:{r.backend}", m) for r in results for m in r.incompatible]
     warnings += _numbering_warnings(env, results)
     warnings += _package_warnings(versions)
     warnings += _resolution_warnings(resolutions, {w["message"] for w in warnings})

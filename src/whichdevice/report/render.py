@@ -161,8 +161,8 @@ def _backends(w: _Writer, rows: list[dict[str, Any]]) -> None:
             detail = f"{row['summary']} [{pkg}]" + (" SIMULATED" if row["simulated"] else "")
         else:
             detail = row["reason"] or ""
-            if row["install_command"] not in detail:
-                # Every row that is not usable says how to get it, even when the reason is another.
+            if status == "not installed" and row["install_command"] not in detail:
+                # A missing package says how to get it; an installed one's reason names its own fix.
                 detail += f" (install: {row['install_command']})"
             if row["version"]:
                 detail = f"[{row['package']} {row['version']}] {detail}"

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from whichdevice.probes.cuda import BUILDS
 from whichdevice.records import Backend, ProbeResult
 
 __all__ = ["BUILDS", "backend_row", "device_summary"]
-
-# The builds a probe reports as ``ProbeResult.variant``, as a person names them.
-BUILDS = {"cuda": "CUDA", "rocm": "ROCm"}
 
 
 def backend_row(backend: Backend, result: ProbeResult) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from dataclasses import replace
 from itertools import takewhile
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from whichdevice.envhooks import apply_env_defaults
 from whichdevice.packages import package_version
 from whichdevice.probes import cuda, hpu, tpu, vendor, xpu
@@ -30,7 +32,7 @@ from whichdevice.registry import get_backend
 from whichdevice.testing.spec import SimulatedDevice, family, gpu_details, parse_spec
 from whichdevice.visible import visible_devices
 
-__all__ = ["DEFAULTS", "simulated_readings"]
+__all__ = ["DEFAULTS", "RUNTIME_TEXTS", "simulated_readings"]
 
 _GiB = 1024**3
 
@@ -49,6 +51,27 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 BROKEN_IMPORT = "simulated: importing {module} failed (libascend_hal.so: cannot open shared object file)"
+
+# What the real runtimes print in the same situations, recorded from them on a machine without the
+# hardware (tests/test_vendor_stacks.py checks each against the real runtime, `nox -s vendor-stacks`).
+RUNTIME_TEXTS = {
+    # torch 2.14.1+cu130 (torch._C._cuda_init()) without libcuda.so.1
+    "cuda-no-driver": (
+        "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed "
+        "a driver from http://www.nvidia.com/Download/index.aspx"
+    ),
+    # nvidia-ml-py 13.615.71 (pynvml.nvmlInit()) without libnvidia-ml.so.1
+    "nvml-no-library": "NVML Shared Library Not Found",
+    # torch_npu 2.13.0 (import torch_npu) without the CANN toolkit
+    "npu-no-cann": "libhccl.so: cannot open shared object file: No such file or directory",
+    # torch-neuronx 1.0, the placeholder on PyPI (import torch_neuronx)
+    "neuron-placeholder": (
+        "WRONG PACKAGE. Please install the package from Neuron Repository - pip.repos.neuron.amazonaws.com"
+    ),
+}
+
+# The import failure of a simulated broken package, where the real runtime's is recorded.
+_BROKEN_TEXTS = {"npu": RUNTIME_TEXTS["npu-no-cann"], "neuron": RUNTIME_TEXTS["neuron-placeholder"]}
 
 Readings = CpuReadings | RuntimeReadings
 
@@ -116,7 +139,8 @@ def _runtime(
         return {"installed": False, "versions": versions}
     env_set = apply_env_defaults(backend, "import") if hooks else ()
     if sim.mode == "broken":
-        return {"import_error": BROKEN_IMPORT.format(module=backend.module), "env_set": env_set, "versions": versions}
+        failure = _BROKEN_TEXTS.get(backend.name, BROKEN_IMPORT.format(module=backend.module))
+        return {"import_error": failure, "env_set": env_set, "versions": versions}
     env = read_env(variables)
     present = present or index_present(sim.count)
     shown = 0 if sim.mode == "unavailable" else _shown(backend, env, sim.count, variant, present)
@@ -184,13 +208,20 @@ def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> R
         present=lambda pid: cuda.listed(readings, pid),
     )
     fields.pop("physical_count", None)  # NVML's list says how many there are
-    return replace(
+    readings = replace(
         readings,
         **fields,
         torch_version=versions.get("torch", "simulated"),
-        cuda_version=None if rocm else "simulated",
+        cuda_version=None if rocm else (sim.cuda or "simulated"),
         hip_version="simulated" if rocm else None,
+        arch_list=sim.arch or (),
     )
+    if sim.driver == "none" and sim.mode is None:
+        # No driver: NVML and nvidia-smi (both part of it) list nothing and torch says why.
+        return replace(
+            readings, available=False, devices=(), inventory=None, driver_error=RUNTIME_TEXTS["cuda-no-driver"]
+        )
+    return replace(readings, driver_version=sim.driver)
 
 
 def _hpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
@@ -230,7 +261,23 @@ def _xpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Re
 
 def _module(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:
     details = _details(sim, DEFAULTS.get(backend.name, {}))
-    return VendorReadings(**_runtime(backend, sim, versions, vendor.variables_for(backend), details, hooks=True))
+    fields = _runtime(backend, sim, versions, vendor.variables_for(backend), details, hooks=True)
+    return VendorReadings(**fields, requires_torch=_pinned_torch(backend, versions))
+
+
+# Plugins whose release X.Y.Z declares Requires-Dist: torch==X.Y.Z.* (torch_npu 2.13.0 does).
+_PINS_OWN_VERSION = ("npu",)
+
+
+def _pinned_torch(backend: Backend, versions: Mapping[str, str]) -> str | None:
+    """The torch a simulated plugin requires, when simulate(packages=...) gave its version."""
+    plugin = versions.get(backend.package)
+    if backend.name not in _PINS_OWN_VERSION or plugin in (None, "simulated"):
+        return None
+    try:
+        return f"=={Version(str(plugin)).base_version}.*"
+    except InvalidVersion:
+        return None
 
 
 _BUILDERS: dict[str, Callable[[Backend, SimulatedDevice, dict[str, str]], Readings]] = {

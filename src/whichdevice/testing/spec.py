@@ -48,6 +48,11 @@ _DETAIL_KEYS = {
     "macos": ("macos", {"mps"}),
     "flags": ("flags", {"cpu"}),
     "isa": ("isa", {"cpu"}),
+    # the NVIDIA driver ("550.54.15", or "none": no driver), the torch build's CUDA version and its
+    # kernel architectures ("sm_80+sm_90+compute_90"), for the compatibility checks
+    "driver": ("driver", {"cuda"}),
+    "cuda": ("cuda", {"cuda"}),
+    "arch": ("arch", {"cuda"}),
 }
 # Keys every backend takes: spec key -> field of SimulatedDevice
 _COMMON_KEYS = {"name": "name", "mem": "memory", "free": "free"}
@@ -76,6 +81,9 @@ class SimulatedDevice:
     # oneDNN's cap (ONEDNN_MAX_CPU_ISA) belongs to the simulated CPU: a spec that pins the flags is
     # not turned to emulated bf16 by the shell's value
     isa: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    arch: tuple[str, ...] | None = None
     mode: str | None = None
     # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
     # applies to every device, and devices past the list are idle (free = total).
@@ -187,6 +195,28 @@ def _is_zero(text: str) -> bool:
     return re.fullmatch(r"\s*0+(\.0*)?\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE) is not None
 
 
+def _parse_driver(key: str, text: str) -> str:
+    value = text.strip()
+    if value.lower() == "none":
+        return "none"
+    if not re.fullmatch(r"[0-9]{2,4}(\.[0-9]{1,3}){1,2}", value):
+        raise _bad(
+            key, text, "an NVIDIA driver version", f"a version such as {key}=580.65.06, or {key}=none for no driver"
+        )
+    return value
+
+
+def _parse_cuda_version(key: str, text: str) -> str:
+    value = text.strip()
+    if not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", value):
+        raise _bad(key, text, "a CUDA version", f"the torch build's CUDA major.minor, e.g. {key}=13.0")
+    return value
+
+
+def _parse_arch(key: str, text: str) -> tuple[str, ...]:
+    return tuple(a.lower() for a in re.split(r"[+ ]", text.strip()) if a)
+
+
 # spec key -> its parser: (key, text) -> value, raising DeviceError that names what is accepted
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "name": _parse_name,
@@ -199,6 +229,9 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "macos": _parse_macos,
     "flags": _parse_flags,
     "isa": _parse_isa,
+    "driver": _parse_driver,
+    "cuda": _parse_cuda_version,
+    "arch": _parse_arch,
 }
 
 
@@ -234,7 +267,7 @@ def _keys() -> list[str]:
 def parse_spec(spec: str) -> SimulatedDevice:
     """Parse one spec string ("cuda:8,cc=9.0,mem=141GiB") into a :class:`SimulatedDevice`."""
     if not isinstance(spec, str) or not spec.strip():
-        raise DeviceError(f"simulate: a spec is a string like 'cuda:4' or 'hpu:8,gen=gaudi3', not {spec!r}")
+        raise DeviceError(f"simulate: a spec is a string like 'cuda:4' or 'hpu:8,gen=gaudi3', not {_quote(spec, 80)}")
     head, *rest = [p.strip() for p in spec.split(",")]
     fields = _head(spec, head)
     extra: list[str] = []
@@ -292,6 +325,7 @@ def _check(spec: str, device: SimulatedDevice) -> None:
                 f"simulate: {key}= in {_quote(spec, 80)} is not something the {device.backend} runtime reports; "
                 f"{key}= applies to {', '.join(takers)}"
             )
+    _check_build(spec, device)
     if kind == "mps" and device.count > 1:
         raise DeviceError(f"simulate: {_quote(spec, 80)}: a Mac has one MPS device; write 'mps' (or 'mps:0' for none)")
     if kind == "cpu" and device.mode not in (None, "hangs"):
@@ -344,3 +378,22 @@ def _check_gpu(spec: str, device: SimulatedDevice) -> None:
     conflict = name_conflict(device.name, variant, device.capability, device.memory)
     if conflict is not None:
         raise DeviceError(f"simulate: {_quote(spec, 80)}: {conflict}")
+
+
+def _check_build(spec: str, device: SimulatedDevice) -> None:
+    """driver=, cuda= and arch= describe an NVIDIA driver and a CUDA build of torch."""
+    given = [k for k in ("driver", "cuda", "arch") if getattr(device, k) is not None]
+    if given and device.variant == "rocm":
+        raise DeviceError(
+            f"simulate: {'=, '.join(given)}= in {_quote(spec, 80)} describe a CUDA build; variant=rocm has none"
+        )
+    if device.driver not in (None, "none") and device.cuda is None:
+        raise DeviceError(
+            f"simulate: driver={device.driver} in {_quote(spec, 80)} is checked against the torch build's CUDA "
+            "version: give it too, e.g. cuda=13.0"
+        )
+    bad = [a for a in device.arch or () if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", a)]
+    if bad:
+        raise DeviceError(
+            f"simulate: arch= in {_quote(spec, 80)}: {', '.join(bad)} is not like sm_90, sm_90a or compute_90"
+        )
