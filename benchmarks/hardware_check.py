@@ -186,7 +186,25 @@ def spec_for(result: wd.ProbeResult) -> str | None:
         parts.append(f"bf16={'yes' if first.bf16 else 'no'}")
     if kind == "cpu":
         parts.append(f"flags={'+'.join(sorted(result.features))}")
+    if kind == "cuda" and result.variant != "rocm":
+        parts += _build_keys(result)
+    frees = [d.free_memory for d in result.devices]
+    if all(f is not None for f in frees):
+        parts.append("free=" + "/".join(str(f) for f in frees))
     return ",".join(parts)
+
+
+def _build_keys(result: wd.ProbeResult) -> list[str]:
+    """driver=, cuda= and arch= for the compatibility checks, as far as the probe read them."""
+    keys = []
+    for key, version in (("driver", "nvidia-driver"), ("cuda", "cuda")):
+        value = result.versions.get(version) or ""
+        if value[:1].isdigit():  # a simulation without the key says "simulated"
+            keys.append(f"{key}={value}")
+    arch = sorted(f for f in result.features if f.startswith(("sm_", "compute_")))
+    if arch:
+        keys.append("arch=" + "+".join(arch))
+    return keys
 
 
 def check_simulation(state: dict[str, Any]) -> tuple[str, Any]:

@@ -31,6 +31,7 @@ def _load() -> ModuleType:
     "spec",
     [
         "cuda:8,cc=9.0,mem=141GiB,name=NVIDIA H200",
+        "cuda:2,cc=8.0,free=2GiB/80GiB,driver=580.65.06,cuda=13.0,arch=sm_80+sm_90",
         "cuda:2,variant=rocm",
         "hpu:8,gen=gaudi3",
         "npu:4,bf16=no",
@@ -39,6 +40,7 @@ def _load() -> ModuleType:
         "tpu:4",
         "cpu,flags=avx512_bf16",
         "cpu,flags=",
+        "cpu,flags=amx_bf16+avx512_bf16,free=10GiB",
     ],
 )
 def test_the_derived_spec_simulates_the_same_probe_result(spec: str) -> None:
