@@ -18,12 +18,13 @@ PACKAGE_DIR = Path(whichdevice.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("records", ("errors", "records", "packages", "sizing")),
     ("registry", ("registry", "visible", "envhooks")),
-    ("probes", ("probes", "probing")),
+    ("probes", ("probes", "probing", "calibration")),
     (
         "deciders",
         (
             "model_support",
             "precision",
+            "measured_precision",
             "model_precision",
             "flash",
             "attention",

@@ -34,6 +34,7 @@ _DETAIL_KEYS = {
     "macos": ("macos", {"mps"}),
     "flags": ("flags", {"cpu"}),
     "isa": ("isa", {"cpu"}),
+    "calib": ("calibration", {"cpu"}),
 }
 _ALIASES = {"memory": "mem", "generation": "gen"}
 
@@ -60,6 +61,8 @@ class SimulatedDevice:
     # oneDNN's cap (ONEDNN_MAX_CPU_ISA) belongs to the simulated CPU: a spec that pins the flags is
     # not turned to emulated bf16 by the shell's value
     isa: str | None = None
+    # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.calibration)
+    calibration: str | None = None
     mode: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -89,6 +92,13 @@ def _parse_value(key: str, value: str) -> Any:
         return frozenset(f for f in re.split(r"[+ ]", value.strip()) if f)
     if key == "isa":
         return value.strip().upper()
+    if key == "calib":
+        from whichdevice.calibration import parse_figures
+
+        try:
+            parse_figures(value)
+        except ValueError as error:
+            raise DeviceError(f"simulate: calib={value!r}: {error}") from None
     return value.strip()
 
 
@@ -129,7 +139,7 @@ def parse_spec(spec: str) -> SimulatedDevice:
     if extra:
         raise DeviceError(
             f"simulate: unknown key(s) {', '.join(sorted(extra))} in {spec!r}; keys are "
-            "cc, mem, name, variant, gen, bf16, macos, flags, isa"
+            "cc, mem, name, variant, gen, bf16, macos, flags, isa, calib"
         )
     device = SimulatedDevice(**fields)
     _check(spec, device)
