@@ -208,12 +208,25 @@ def test_another_onednn_cap_is_another_machine(cache_dir, monkeypatch):
     assert calibration.cache_path() != plain
 
 
-def test_unsteady_figures_are_not_cached_and_not_used(cache_dir, monkeypatch):
+def test_unsteady_figures_are_not_used_nor_measured_again_by_the_next_process(cache_dir, monkeypatch):
     monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: (*FIGURES[:3], ["b4", "prompt"]))
     calib, why = calibration.calibration()
     assert calib is None and "could not be timed steadily" in why and "b4, prompt" in why
     assert "run `whichdevice calibrate` when it is quieter" in why
-    assert not cache_dir.exists() or not list(cache_dir.glob("cpu-calibration-*.json"))
+    res = wd.resolve_device(refresh=True)
+    assert "could not be timed steadily" in _line(res, "calibration") and "the CPU's flags decide" in _line(
+        res, "calibration"
+    )
+    # The next process reads the busy verdict instead of paying for the timing again...
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    assert calibration.calibration()[0] is None
+    # ...until it is old enough to try again.
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: FIGURES)
+    monkeypatch.setattr(calibration, "RETRY_S", -1)
+    calib, why = calibration.calibration()
+    assert calib is not None and "measured now" in why
 
 
 def test_without_a_cache_only_an_auto_dtype_measures(cache_dir, monkeypatch):

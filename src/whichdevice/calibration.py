@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
 _FORMAT = 1
+# A calibration that a busy machine kept from being steady is measured again after this long.
+RETRY_S = 6 * 3600
 _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -61,6 +63,7 @@ class Calibration:
     seconds: float | None = None  # what measuring took
     source: str = "measured"
     unsteady: tuple[str, ...] = ()  # figures other work on the machine kept moving: not to be relied on
+    measured_at: float | None = None  # time.time() of the measurement
 
     def speed(self, dtype: str, shape: str) -> float | None:
         """``dtype``'s speed over fp32 at ``shape`` ("b1".."b8", "prompt", "attention"); None: not measured."""
@@ -177,7 +180,9 @@ def _read(path: Path, key: Mapping[str, Any]) -> Calibration | None:
         speeds = {str(k): float(v) for k, v in data["speeds"].items()}
         fp32 = {str(k): float(v) for k, v in data["fp32_seconds"].items()}
         seconds = data.get("seconds")
-        return Calibration(speeds, fp32, data.get("threads"), seconds, f"cached in {path}")
+        unsteady = tuple(str(u) for u in data.get("unsteady", ()))
+        at = float(data["measured_unix"])
+        return Calibration(speeds, fp32, data.get("threads"), seconds, f"cached in {path}", unsteady, at)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # missing or damaged: measured again and rewritten
 
@@ -186,7 +191,8 @@ def _write(path: Path, key: Mapping[str, Any], calib: Calibration) -> str | None
     """Write atomically (a temporary file renamed over the old one); the error text, or None."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"key": dict(key), **calib.to_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(calib.measured_at))
+        data = {"key": dict(key), **calib.to_dict(), "measured_at": stamp, "measured_unix": calib.measured_at}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -228,7 +234,8 @@ def _cell(value: float | None) -> str:
 
 def run_calibration(budget_s: float | None = None) -> Calibration:
     """Measure this CPU now and rewrite its cache file (``whichdevice calibrate``); figures that
-    other work kept moving are reported in ``unsteady`` and not cached."""
+    other work kept moving are named in ``unsteady``, and such a calibration is cached only so that
+    the next processes do not measure again before ``RETRY_S`` (they keep to the flags)."""
     from whichdevice.probes.cpu_timing import BUDGET_S, measure
 
     key = _machine_key()
@@ -237,16 +244,15 @@ def run_calibration(budget_s: float | None = None) -> Calibration:
     speeds, fp32, threads, unsteady = measure(BUDGET_S if budget_s is None else budget_s)
     seconds = round(time.perf_counter() - start, 3)
     enabled, off = calibration_enabled()
+    calib = Calibration(speeds, fp32, threads, seconds, "measured now", tuple(unsteady), time.time())
     if not enabled:
         source = f"measured now in {seconds:.2f} s, not cached: {off}"
-    elif unsteady:
-        moved = ", ".join(unsteady)
-        source = f"measured now in {seconds:.2f} s, not cached: other work on this machine kept moving {moved}"
     else:
-        calib = Calibration(speeds, fp32, threads, seconds, "measured now")
         problem = _write(path, key, calib)
         source = f"measured now in {seconds:.2f} s, {problem or f'cached in {path}'}"
-    calib = Calibration(speeds, fp32, threads, seconds, source, tuple(unsteady))
+    if unsteady:
+        source += f"; other work on this machine kept moving {', '.join(unsteady)}"
+    calib = replace(calib, source=source)
     _remember(calib)
     return calib
 
@@ -266,9 +272,16 @@ def _variables() -> tuple[str | None, ...]:
     return (os.environ.get(ENV_CALIBRATION), os.environ.get(ONEDNN_ISA_VARIABLE), os.environ.get("XDG_CACHE_HOME"))
 
 
+def _answer(calib: Calibration) -> tuple[Calibration | None, str]:
+    if not calib.unsteady:
+        return calib, calib.source
+    again = "run `whichdevice calibrate` when it is quieter"
+    return None, f"this CPU could not be timed steadily ({calib.source}); {again}"
+
+
 def _remember(calib: Calibration) -> None:
     with _lock:
-        _answers[current_store()] = (_variables(), (None, calib.source) if calib.unsteady else (calib, calib.source))
+        _answers[current_store()] = (_variables(), _answer(calib))
 
 
 def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
@@ -287,14 +300,11 @@ def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
         key = _machine_key()
         path = cache_path(key)
         calib = _read(path, key)
-        if calib is None and not measure:
-            return None, "this CPU is not calibrated yet: run `whichdevice calibrate`"
-    if calib is None:
+    if measure and (calib is None or (calib.unsteady and time.time() - (calib.measured_at or 0) > RETRY_S)):
         calib = run_calibration()
-    answer: tuple[Calibration | None, str] = (calib, calib.source)
-    if calib.unsteady:
-        again = "run `whichdevice calibrate` when it is quieter"
-        answer = (None, f"this CPU could not be timed steadily ({calib.source}); {again}")
+    if calib is None:
+        return None, "this CPU is not calibrated yet: run `whichdevice calibrate`"
+    answer = _answer(calib)
     with _lock:
         _answers[store] = (_variables(), answer)
     return answer
