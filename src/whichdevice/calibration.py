@@ -251,7 +251,7 @@ def run_calibration(budget_s: float | None = None) -> Calibration:
         problem = _write(path, key, calib)
         source = f"measured now in {seconds:.2f} s, {problem or f'cached in {path}'}"
     if unsteady:
-        source += f"; other work on this machine kept moving {', '.join(unsteady)}"
+        source += f"; other work on this machine kept these from being timed steadily: {', '.join(unsteady)}"
     calib = replace(calib, source=source)
     _remember(calib)
     return calib
@@ -261,6 +261,16 @@ def run_calibration(budget_s: float | None = None) -> Calibration:
 _answers: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[Calibration | None, str]]] = weakref.WeakKeyDictionary()
 _pinned: weakref.WeakKeyDictionary[Any, tuple[Calibration | None, str]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread read the cache would leave the child's lock held forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pin(store: Any, calib: Calibration | None, why: str) -> None:

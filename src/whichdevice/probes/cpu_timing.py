@@ -33,8 +33,9 @@ _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 _ROUNDS = 5
 _MAX_ROUNDS = 15
 STEADY = 1.2
-# Past this many seconds no more rounds are added for unsteady figures (a machine so busy that
-# nothing is steady is reported as such, not timed for longer).
+# Past this many seconds no more rounds are added and no more shapes timed: a machine so busy that
+# nothing is steady is reported as such, not timed for longer (resolve_device() pays at most this
+# once, `whichdevice calibrate` allows 5 s).
 BUDGET_S = 1.0
 
 
@@ -60,7 +61,8 @@ def _best_of(runs: Mapping[str, Callable[..., Any]], deadline: float) -> tuple[d
         for name, run in runs.items():
             samples[name].append(_once(run))
         steady = all(_steady(s) for s in samples.values())
-        if round_ + 1 >= _ROUNDS and (steady or time.perf_counter() > deadline):
+        late = time.perf_counter() > deadline
+        if (round_ + 1 >= _ROUNDS and (steady or late)) or (late and round_ >= 1):
             break
     return {name: min(s) for name, s in samples.items()}, steady
 
@@ -76,6 +78,10 @@ def _matmul_speeds(
     live = [name for name in weights if name != "float32"]
     shapes = [*(f"b{b}" for b in BATCHES), "prompt"]
     for shape in shapes:
+        if time.perf_counter() > deadline:
+            # Out of time (a busy machine): the rest is not timed, and the whole is not to be used.
+            unsteady += [f"{rest} (out of time)" for rest in shapes[shapes.index(shape) :]]
+            break
         # As a model's linear layers see them: (batch, 1, width) for a step, (1, rows, width) for a prompt.
         size = (1, PROMPT_ROWS, WIDTH) if shape == "prompt" else (int(shape[1:]), 1, WIDTH)
         runs = {}
@@ -127,7 +133,7 @@ def measure(budget_s: float = BUDGET_S) -> tuple[dict[str, float], dict[str, flo
         with torch.inference_mode():
             speeds, fp32, unsteady = _matmul_speeds(torch, weights, deadline)
             for name in HALF_DTYPES:
-                if speeds[f"{_SHORT[name]}.b1"] >= HOPELESS:
+                if speeds.get(f"{_SHORT[name]}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
                     ratio, steady = _attention_ratio(torch, getattr(torch, name), deadline)
                     speeds[f"{_SHORT[name]}.attention"] = ratio
                     if not steady:
