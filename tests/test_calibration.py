@@ -235,11 +235,15 @@ def test_without_a_cache_only_an_auto_dtype_measures(cache_dir, monkeypatch):
     assert res.dtype_name == "float32" and _line(res, "calibration") == ""
 
 
-def test_the_real_timing_gives_every_figure(monkeypatch):
+def test_the_real_timing_gives_every_figure_or_says_it_ran_out_of_time():
+    # How far it gets depends on how busy this machine is; what it reports must not.
     speeds, fp32, threads, unsteady = cpu_timing.measure(budget_s=0.5)
-    assert {f"{d}.{s}" for d in ("bf16", "fp16") for s in ("b1", "b2", "b4", "b8", "prompt")} <= set(speeds)
+    shapes = {"b1", "b2", "b4", "b8", "prompt"}
+    assert "b1" in fp32 and set(fp32) <= shapes
+    assert {f"{shape} (out of time)" for shape in shapes - set(fp32)} <= set(unsteady)
+    assert {f"{d}.{s}" for d in ("bf16", "fp16") for s in fp32} <= set(speeds)
     assert all(v > 0 for v in [*speeds.values(), *fp32.values()])
-    assert threads == torch.get_num_threads() and set(unsteady) <= {*fp32, "bf16 attention", "fp16 attention"}
+    assert threads == torch.get_num_threads()
 
 
 # ---------------------------------------------------------------------- command and report
