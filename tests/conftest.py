@@ -12,6 +12,11 @@ import whichdevice as wd
 from whichdevice import probes, probing, registry
 from whichdevice.testing import simulate
 
+# The CPU's dtype follows its measured speeds (whichdevice.calibration), which depend on how busy
+# this machine is: tests pin figures with simulate("cpu,calib=...") instead, or turn it back on.
+# Child processes (the command, pytester) inherit it.
+os.environ["WHICHDEVICE_CALIBRATION"] = "off"
+
 pytest_plugins = ["pytester"]  # test_testing.py runs the simulated_hardware fixture in a session
 
 # pytest rewrites PYTEST_CURRENT_TEST around every test phase; torch's inductor exports its cache

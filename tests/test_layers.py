@@ -18,12 +18,13 @@ PACKAGE_DIR = Path(whichdevice.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("records", ("errors", "records", "packages", "envview", "modelfiles", "sizing")),
     ("registry", ("registry", "visible", "envhooks")),
-    ("probes", ("probes", "probing", "compatibility")),
+    ("probes", ("probes", "probing", "compatibility", "calibration")),
     (
         "deciders",
         (
             "model_support",
             "precision",
+            "measured_precision",
             "model_precision",
             "flash",
             "attention",

@@ -280,3 +280,30 @@ def test_the_command_exits_2_on_a_bad_report(tmp_path: Path, capsys: pytest.Capt
     assert cli.main(["--simulate-report", str(tmp_path / "nope.json")]) == 2
     assert "cannot read the report" in capsys.readouterr().err
     assert load_report(_good()).results["cuda"].available
+
+
+CALIBRATED_CPU = (
+    "cpu,flags=,calib=bf16.b1:1.17/bf16.b2:1.0/bf16.b4:0.72/bf16.b8:0.6/bf16.prompt:0.6"
+    "/fp16.b1:1.0/fp16.b2:1.0/fp16.b4:0.6/fp16.b8:0.5/fp16.prompt:0.4"
+)
+
+
+def test_the_cpu_calibration_replays_with_the_report() -> None:
+    # The figures that chose bf16 on the recorded CPU choose it in the replay, and say so the same way.
+    with simulate(CALIBRATED_CPU):
+        recorded = wd.resolve_device(batch_size=1, max_length=64)
+        machine = json.loads(json.dumps(report.gather()))
+    assert machine["calibration"]["spec"]
+    with simulate(report=machine):
+        replayed = wd.resolve_device(batch_size=1, max_length=64)
+    assert recorded.dtype_name == replayed.dtype_name == "bfloat16"
+    assert replayed.trace == recorded.trace
+
+
+@pytest.mark.parametrize("entry", [[], {"why": 3}, {"why": "x", "spec": 7}, {"why": "x", "spec": "bf16.b1:fast"}])
+def test_a_damaged_calibration_section_is_named(entry: object) -> None:
+    with simulate("cpu,flags="):
+        machine = json.loads(json.dumps(report.gather()))
+    machine["calibration"] = entry
+    with pytest.raises(wd.DeviceError, match="'calibration' section is damaged"), simulate(report=machine):
+        pass

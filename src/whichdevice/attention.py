@@ -9,6 +9,7 @@ from whichdevice.errors import ConfigConflictError, DeviceError
 from whichdevice.flash import FLASH, flash_attention_package, flash_fits
 
 if TYPE_CHECKING:
+    from whichdevice.calibration import Calibration
     from whichdevice.model_support import AttentionSupport
     from whichdevice.records import Backend, ProbeResult
 
@@ -58,10 +59,12 @@ def choose_attention(
     *,
     task: str = "inference",
     model: Any = None,
+    measured: Calibration | None = None,
 ) -> AttentionChoice:
     """Pass an implementation only when it beats what transformers picks by itself (FlashAttention,
     a Hub FlashAttention kernel, the CPU decode attention) and every class ``model=`` loads as supports
-    it; an explicit request is passed as asked, and refused when the model's classes refuse it."""
+    it; an explicit request is passed as asked, and refused when the model's classes refuse it.
+    ``measured``: the CPU's calibration, which decides the CPU decode attention where it was timed."""
     from whichdevice.model_support import attention_support
 
     support = attention_support(model) if model is not None else None
@@ -69,12 +72,18 @@ def choose_attention(
         name, why = _as_requested(backend, result, dtype, requested)
         line = why if why.startswith(name) else f"{name}: {why}"
         return AttentionChoice(name, True, line + _request_checked(name, support))
-    wanted, why = _wanted(backend, result, dtype, requested, task, model)
+    wanted, why = _wanted(backend, result, dtype, requested, task, model, measured)
     return _settle(wanted, why, support)
 
 
 def _wanted(
-    backend: Backend, result: ProbeResult, dtype: str | None, requested: str, task: str, model: Any
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    requested: str,
+    task: str,
+    model: Any,
+    measured: Calibration | None = None,
 ) -> tuple[str | None, str]:
     """The implementation whichdevice would pass on this hardware (None: transformers' own choice is best), and why."""
     for impl in ("flash_attention_3", "flash_attention_2"):
@@ -96,11 +105,18 @@ def _wanted(
                 f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
             )
         return _without_flash(
-            backend, dtype, task, model, f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}"
+            backend,
+            dtype,
+            task,
+            model,
+            f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}",
+            measured,
         )
     if installed:
-        return _without_flash(backend, dtype, task, model, f"{', '.join(installed)} installed but unusable here")
-    return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed")
+        return _without_flash(
+            backend, dtype, task, model, f"{', '.join(installed)} installed but unusable here", measured
+        )
+    return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed", measured)
 
 
 def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> AttentionChoice:
@@ -198,7 +214,9 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
     )
 
 
-def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str) -> tuple[str | None, str]:
+def _without_flash(
+    backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str, measured: Calibration | None = None
+) -> tuple[str | None, str]:
     """None (transformers' own choice), or on the CPU in bf16/fp16 for inference the decode attention
     (see decode_attention); and why, after ``no_flash``."""
     from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
@@ -209,6 +227,14 @@ def _without_flash(backend: Backend, dtype: str | None, task: str, model: Any, n
     # Read only here: everywhere else the architecture does not change the answer.
     model_type = model_type_of(model)
     faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
+    if measured is not None:
+        from whichdevice.measured_precision import measured_attention
+
+        wins, text = measured_attention(measured, dtype)
+        if wins is False:
+            return None, f"{no_flash}; {ATTENTION_NAME} not passed: {text}"
+        if wins:
+            faster = text
     if model is None:
         return None, f"{no_flash}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
     if model_type is None:

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     from whichdevice import __version__
 
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke,calibrate}", parser_class=_Parser)
     sub.add_parser(
         "report",
         parents=[common],
@@ -144,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Proves the resolution works end to end with nothing to download: a tiny Llama built from a "
             "config, saved, loaded with the resolved settings, generating and training a few steps."
+        ),
+    )
+    sub.add_parser(
+        "calibrate",
+        parents=[common],
+        help="time this CPU's fp32, bf16 and fp16 (about a second) and cache the figures",
+        description=(
+            "Runs or refreshes the CPU calibration that decides the CPU's dtype and decode attention, "
+            "and prints its figures. WHICHDEVICE_CALIBRATION=off turns calibration off; another value "
+            "is the folder of its cache."
         ),
     )
     return parser
@@ -282,7 +292,23 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return code
 
 
-_COMMANDS = {"report": _cmd_report, "check": _cmd_check, "smoke": _cmd_smoke}
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from whichdevice.calibration import calibration_enabled, render_calibration, run_calibration
+
+    if args.simulate:
+        raise DeviceError(
+            "calibrate times this machine's CPU; a simulated CPU takes its figures from its spec "
+            "(--simulate 'cpu,calib=bf16.b1:1.15/bf16.prompt:0.3')"
+        )
+    calib = run_calibration(budget_s=5.0)
+    if args.json:
+        _json({"kind": "calibration", "used": calibration_enabled()[0] and not calib.unsteady, **calib.to_dict()})
+    else:
+        _emit(render_calibration(calib))
+    return 0
+
+
+_COMMANDS = {"report": _cmd_report, "check": _cmd_check, "smoke": _cmd_smoke, "calibrate": _cmd_calibrate}
 
 
 # ---------------------------------------------------------------------------------------- main

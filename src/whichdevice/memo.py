@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from whichdevice import accelerate_settings, distributed, kernels_support, packages, request
+from whichdevice import accelerate_settings, calibration, distributed, kernels_support, packages, request
 from whichdevice.registry import backends, on_change
 from whichdevice.request import Arguments
 
@@ -20,7 +20,7 @@ __all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variabl
 
 # The modules on the resolve path that read the environment (tests/test_memo.py fails when a
 # module reads a variable it does not declare, or declares one this list does not reach).
-DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings)
+DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings, calibration)
 
 # os.environ.get costs about 0.7 us a name (str -> bytes, Mapping.get); the backing dict of bytes
 # answers in a tenth of that, which keeps a repeated resolve_device() well under 20 us.

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from whichdevice.measured_precision import Job, measured_dtype, measured_training
 from whichdevice.precision import choose_dtype, parse_dtype, supports
 from whichdevice.records import TraceStep
 from whichdevice.training_settings import training_precision
 
 if TYPE_CHECKING:
+    from whichdevice.calibration import Calibration
     from whichdevice.records import Backend, ProbeResult
     from whichdevice.sizing import CheckpointDtype
 
@@ -48,15 +50,26 @@ class Precision(NamedTuple):
 
 
 def decide_precision(
-    backend: Backend, result: ProbeResult, requested: Any, task: str, checkpoint: CheckpointDtype | None
+    backend: Backend,
+    result: ProbeResult,
+    requested: Any,
+    task: str,
+    checkpoint: CheckpointDtype | None,
+    measured: tuple[Calibration, Job] | None = None,
 ) -> tuple[Precision, list[TraceStep]]:
-    """The weights' dtype and the training flag that agrees with it, with the trace of why."""
+    """The weights' dtype and the training flag that agrees with it, with the trace of why.
+
+    ``measured``: the CPU's calibration and the job, which decide the CPU's dtype for dtype="auto"
+    in place of its flags (see measured_precision)."""
     steps = [TraceStep("dtype", f"checkpoint: {_read(checkpoint)}")] if checkpoint is not None else []
     if requested is None:
         precision, more = _left_to_transformers(backend, result, task, checkpoint)
     elif isinstance(requested, str) and requested == "auto":
         if task == "training":
-            precision, more = _training(backend, result, checkpoint)
+            precision, more = _training(backend, result, checkpoint, measured)
+        elif measured is not None:
+            weights, more = _measured_inference(measured, checkpoint)
+            precision = Precision(weights, _flag_for(backend, result, weights))
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))
@@ -112,10 +125,27 @@ def _inference(
     return "float16", [TraceStep("dtype", f"float16: {why}")]
 
 
+def _measured_inference(
+    measured: tuple[Calibration, Job], checkpoint: CheckpointDtype | None
+) -> tuple[str, list[TraceStep]]:
+    # bf16 has fp32's range, so it is always a candidate; fp16 only keeps an fp16 checkpoint as it is.
+    stored = checkpoint.dtype if checkpoint is not None else None
+    fp16 = ("float16",) if stored == "float16" and _unsafe(checkpoint) is None else ()
+    dtype, why = measured_dtype(measured[0], measured[1], ("bfloat16", *fp16))
+    cast = f" (the checkpoint is {stored})" if stored is not None and stored != dtype else ""
+    return dtype, [TraceStep("dtype", f"{dtype}{cast}: {why}")]
+
+
 def _training(
-    backend: Backend, result: ProbeResult, checkpoint: CheckpointDtype | None
+    backend: Backend,
+    result: ProbeResult,
+    checkpoint: CheckpointDtype | None,
+    measured: tuple[Calibration, Job] | None = None,
 ) -> tuple[Precision, list[TraceStep]]:
     mixed, why = training_precision(backend, result, None)
+    if measured is not None:
+        ok, why = measured_training(measured[0])
+        mixed = "bf16" if ok else None
     unsafe = _unsafe(checkpoint)
     steps: list[TraceStep] = []
     if mixed == "fp16" and unsafe is not None:

@@ -37,6 +37,7 @@ from whichdevice.envhooks import EnvAction, apply_env_defaults
 from whichdevice.envview import pinned
 from whichdevice.kernels_support import decide_kernels
 from whichdevice.launch_leftovers import launch_leftovers, refuse_leftovers
+from whichdevice.measured_precision import Job as Workload
 from whichdevice.memo import environment_mapping, memo_key, read_environment
 from whichdevice.model_precision import Precision, decide_precision
 from whichdevice.packages import transformers_problem
@@ -55,6 +56,7 @@ from whichdevice.resolution import Resolution, check_device_map
 from whichdevice.shapes import check_flag, check_map_devices, check_memory_devices, check_shapes
 
 if TYPE_CHECKING:
+    from whichdevice.calibration import Calibration
     from whichdevice.quantization import QuantizationPlan
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
@@ -164,9 +166,10 @@ def _resolve(args: Arguments) -> Resolution:
     if args.task == "training":
         trace.extend(trainer_device_steps(backend, result, request.index, dist))
     env_set = trace.take(_environment(backend, result))
-    precision = trace.take(_dtype(backend, result, args))
+    calibration = trace.take(_calibration(backend, args))
+    precision = trace.take(_dtype(backend, result, args, calibration))
     dtype = precision.weights
-    attention = _attention(backend, result, _computes_in(precision, args.task), args)
+    attention = _attention(backend, result, _computes_in(precision, args.task), args, calibration)
     trace.append(TraceStep("attention", attention.why))
     placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name))
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
@@ -226,14 +229,31 @@ def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction
     return env_set, steps
 
 
-def _dtype(backend: Backend, result: ProbeResult, args: Arguments) -> tuple[Precision, list[TraceStep]]:
+def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None, list[TraceStep]]:
+    """The CPU's measured speeds (whichdevice.calibration): measured on first need when the dtype is
+    "auto", else read from the cache only."""
+    if backend.name != "cpu":
+        return None, []
+    from whichdevice.calibration import calibration
+
+    auto = isinstance(args.dtype, str) and args.dtype == "auto"
+    calib, why = calibration(measure=auto)
+    if calib is None:
+        return None, [TraceStep("calibration", f"not used: {why}; the CPU's flags decide")] if auto else []
+    return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
+
+
+def _dtype(
+    backend: Backend, result: ProbeResult, args: Arguments, calibration: Calibration | None
+) -> tuple[Precision, list[TraceStep]]:
     """The weights' dtype and, for training, the mixed precision that agrees with it (model_precision)."""
     checkpoint = None
     if args.model is not None:
         from whichdevice.sizing import checkpoint_dtype
 
         checkpoint = checkpoint_dtype(args.model)
-    return decide_precision(backend, result, args.dtype, args.task, checkpoint)
+    measured = (calibration, Workload(args.batch_size, args.max_length)) if calibration is not None else None
+    return decide_precision(backend, result, args.dtype, args.task, checkpoint, measured)
 
 
 def _computes_in(precision: Precision, task: str) -> str | None:
@@ -243,8 +263,12 @@ def _computes_in(precision: Precision, task: str) -> str | None:
     return precision.weights
 
 
-def _attention(backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments) -> AttentionChoice:
-    return choose_attention(backend, result, dtype, args.attn_implementation, task=args.task, model=args.model)
+def _attention(
+    backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments, calibration: Calibration | None
+) -> AttentionChoice:
+    return choose_attention(
+        backend, result, dtype, args.attn_implementation, task=args.task, model=args.model, measured=calibration
+    )
 
 
 class _Placed(NamedTuple):

@@ -155,6 +155,7 @@ def gather(
         versions = package_versions()
         machine = _platform()
         replay = replay_section(env)
+        calibration_entry = _calibration()
     rows = [backend_row(b, r) for b, r in zip(backends(), results, strict=True)]
     entries, env_warnings = environment(env, {r.backend: r for r in results}, resolutions, device)
     simulated = bool(simulate) or simulate_report is not None
@@ -170,9 +171,18 @@ def gather(
         "environment": entries,
         "warnings": env_warnings + other_warnings(env, results, resolutions, versions),
         "resolutions": resolutions,
+        "calibration": calibration_entry,
         "exit_code": max((r["error"]["exit_code"] for r in resolutions if r["error"]), default=0),
         "replay": replay,
     }
+
+
+def _calibration() -> dict[str, Any]:
+    """The CPU's calibration as the resolutions used it (cached or simulated figures, never measured here)."""
+    from whichdevice.calibration import calibration
+
+    calib, why = calibration(measure=False)
+    return {"figures": calib.to_dict() if calib else None, "spec": calib.spec() if calib else None, "why": why}
 
 
 def _resolve(task: str, device: str | None) -> dict[str, Any]:

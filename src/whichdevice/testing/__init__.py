@@ -10,6 +10,7 @@ backend), the env hooks and the whole resolver run for real. Spec strings::
     "cuda:2,variant=rocm"                     AMD GPUs through the ROCm build
     "hpu:8,gen=gaudi3"   "npu:8,bf16=no"   "neuron:2"   "tpu:4"   "mps,macos=13.6"
     "cpu,flags=avx512_bf16"   "cpu,flags="    the CPU with (or without) native bf16
+    "cpu,calib=bf16.b1:1.15/bf16.b4:0.72/bf16.prompt:0.3"   the CPU's calibration figures
     "npu,broken"   "npu,hangs"   "npu,missing"   "cuda:0"  installed-but-broken, a hanging probe,
                                               not installed, installed with no device
 
@@ -36,6 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from whichdevice import probing as _probe
+from whichdevice.calibration import parse_figures, pin
 from whichdevice.envhooks import _forget
 from whichdevice.errors import DeviceError
 from whichdevice.packages import simulated_packages
@@ -74,6 +76,15 @@ class _SimulatedStore(_probe._Store):
         self.packages = packages
         self.release = release
         self.recorded = recorded
+        cpu = specs.get("cpu")
+        if recorded is not None:
+            # A replayed CPU keeps the figures its machine used, never this machine's.
+            pin(self, parse_figures(recorded.calibration) if recorded.calibration else None, recorded.calibration_why)
+        elif cpu is not None:
+            # A simulated CPU is timed by its spec's figures or not at all, never by this machine's.
+            figures = parse_figures(cpu.calibration) if cpu.calibration else None
+            why = "simulated figures (calib= in the spec)" if figures else "the simulated CPU has no calib= figures"
+            pin(self, figures, why)
 
     def function(self, backend: Backend) -> Callable[[Backend], ProbeResult]:
         if self.recorded is not None:

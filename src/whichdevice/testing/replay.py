@@ -86,6 +86,10 @@ class RecordedMachine:
     environ: Mapping[str, str]
     packages: Mapping[str, str | None]
     platform: Mapping[str, str]
+    # The CPU calibration the report's resolutions used: figures as simulate's calib= takes them
+    # (None: none were used) and why; a report from before the calibration has neither.
+    calibration: str | None = None
+    calibration_why: str = "the report has no CPU calibration figures"
 
     def probe_function(self, backend: Backend) -> Callable[[Backend], ProbeResult] | None:
         """What the probe of ``backend`` answers in the replay (None: the report has no such row)."""
@@ -134,7 +138,29 @@ def load_report(report: str | os.PathLike[str] | Mapping[str, Any]) -> RecordedM
         environ = decode(dict[str, str], section.get("environ", {}), f"{source}: replay.environ")
         packages = decode(dict[str, str | None], section.get("packages", {}), f"{source}: replay.packages")
     platform = decode(dict[str, str], data["platform"], f"{source}: platform")
-    return RecordedMachine(source, results, environ, packages, platform)
+    spec, why = _calibration(source, data.get("calibration"))
+    return RecordedMachine(source, results, environ, packages, platform, spec, why)
+
+
+def _calibration(source: str, entry: Any) -> tuple[str | None, str]:
+    if entry is None:
+        return None, RecordedMachine.calibration_why
+    damaged = DeviceError(f"{source}: the report's 'calibration' section is damaged; give the unchanged report")
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("why", ""), str):
+        raise damaged
+    # The recorded why is kept word for word, so the replayed trace is the recorded one.
+    spec, why = entry.get("spec"), entry.get("why") or RecordedMachine.calibration_why
+    if spec is None:
+        return None, why
+    from whichdevice.calibration import parse_figures
+
+    if not isinstance(spec, str):
+        raise damaged
+    try:
+        parse_figures(spec)
+    except ValueError:
+        raise damaged from None
+    return spec, why
 
 
 def _read(report: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:

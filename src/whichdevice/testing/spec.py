@@ -53,6 +53,7 @@ _DETAIL_KEYS = {
     "driver": ("driver", {"cuda"}),
     "cuda": ("cuda", {"cuda"}),
     "arch": ("arch", {"cuda"}),
+    "calib": ("calibration", {"cpu"}),
 }
 # Keys every backend takes: spec key -> field of SimulatedDevice
 _COMMON_KEYS = {"name": "name", "mem": "memory", "free": "free"}
@@ -84,6 +85,8 @@ class SimulatedDevice:
     driver: str | None = None
     cuda: str | None = None
     arch: tuple[str, ...] | None = None
+    # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.calibration)
+    calibration: str | None = None
     mode: str | None = None
     # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
     # applies to every device, and devices past the list are idle (free = total).
@@ -217,6 +220,16 @@ def _parse_arch(key: str, text: str) -> tuple[str, ...]:
     return tuple(a.lower() for a in re.split(r"[+ ]", text.strip()) if a)
 
 
+def _parse_calibration(key: str, text: str) -> str:
+    from whichdevice.calibration import parse_figures
+
+    try:
+        parse_figures(text)
+    except ValueError as error:
+        raise DeviceError(f"simulate: {key}={_quote(text)}: {error}") from None
+    return text.strip()
+
+
 # spec key -> its parser: (key, text) -> value, raising DeviceError that names what is accepted
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "name": _parse_name,
@@ -232,6 +245,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "driver": _parse_driver,
     "cuda": _parse_cuda_version,
     "arch": _parse_arch,
+    "calib": _parse_calibration,
 }
 
 

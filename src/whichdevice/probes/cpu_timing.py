@@ -1,0 +1,143 @@
+"""Timing the CPU: the matmuls and attention that dominate generation, in fp32, bf16 and fp16.
+
+A decode step multiplies a few rows (one per sequence of the batch) by every weight matrix; a
+prompt multiplies many rows by the same weights. Which dtype is faster differs between the two:
+halving the bytes a step reads wins where the arithmetic is cheap, and emulated bf16 arithmetic
+loses once there is much of it (the table in docs/backends/cpu.md). So both are timed, at the
+batch sizes that matter, plus one-token attention through torch's fused kernel and through plain
+matmuls (whichdevice_sdpa's decode path).
+
+The cost is bounded: a dtype whose figure falls below ``HOPELESS`` of fp32 is not timed at larger
+shapes (they only get worse), since an emulated fp16 matmul can take a hundred times fp32's time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "STEADY", "WIDTH", "measure"]
+
+# A representative width (between small models' 512-768 and 7B models' 4096): two matrices of
+# WIDTH x 2*WIDTH (16 MiB in fp32) stand for a layer's weights, larger than a core's L2 cache.
+WIDTH = 1024
+BATCHES = (1, 2, 4, 8)
+PROMPT_ROWS = 128
+HALF_DTYPES = ("bfloat16", "float16")
+HOPELESS = 0.25
+_SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+# Interleaved rounds, each dtype's best kept: other work on the machine only ever adds time, so the
+# minimum of neighbouring runs is the figure least moved by it. A figure counts as steady when its
+# two best runs agree within STEADY; more rounds are run until they do, up to _MAX_ROUNDS.
+_ROUNDS = 5
+_MAX_ROUNDS = 15
+STEADY = 1.2
+# Past this many seconds no more rounds are added and no more shapes timed: a machine so busy that
+# nothing is steady is reported as such, not timed for longer (resolve_device() pays at most this
+# once, `whichdevice calibrate` allows 5 s).
+BUDGET_S = 1.0
+
+
+def _once(run: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def _steady(samples: list[float]) -> bool:
+    if len(samples) < 2:
+        return False
+    first, second = sorted(samples)[:2]
+    return second <= first * STEADY
+
+
+def _best_of(runs: Mapping[str, Callable[..., Any]], deadline: float) -> tuple[dict[str, float], bool]:
+    """Each run's best time over interleaved rounds, and whether every best is steady."""
+    for run in runs.values():
+        run()  # oneDNN builds its kernel for a shape on the first call
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(_MAX_ROUNDS):
+        for name, run in runs.items():
+            samples[name].append(_once(run))
+        steady = all(_steady(s) for s in samples.values())
+        late = time.perf_counter() > deadline
+        if (round_ + 1 >= _ROUNDS and (steady or late)) or (late and round_ >= 1):
+            break
+    return {name: min(s) for name, s in samples.items()}, steady
+
+
+def _matmul_speeds(
+    torch: Any, weights: dict[str, list[Any]], deadline: float
+) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """(speeds over fp32 per "bf16.b1".."fp16.prompt", fp32 seconds per "b1".."b8" and prompt row,
+    the shapes whose figures were not steady)."""
+    fp32: dict[str, float] = {}
+    speeds: dict[str, float] = {}
+    unsteady: list[str] = []
+    live = [name for name in weights if name != "float32"]
+    shapes = [*(f"b{b}" for b in BATCHES), "prompt"]
+    for shape in shapes:
+        if time.perf_counter() > deadline:
+            # Out of time (a busy machine): the rest is not timed, and the whole is not to be used.
+            unsteady += [f"{rest} (out of time)" for rest in shapes[shapes.index(shape) :]]
+            break
+        # As a model's linear layers see them: (batch, 1, width) for a step, (1, rows, width) for a prompt.
+        size = (1, PROMPT_ROWS, WIDTH) if shape == "prompt" else (int(shape[1:]), 1, WIDTH)
+        runs = {}
+        for name in ["float32", *live]:
+            x = torch.randn(*size, dtype=getattr(torch, name))
+            runs[name] = lambda x=x, ws=weights[name]: [torch.nn.functional.linear(x, w) for w in ws]
+        best, steady = _best_of(runs, deadline)
+        if not steady:
+            unsteady.append(shape)
+        fp32[shape] = best["float32"] / (PROMPT_ROWS if shape == "prompt" else 1)
+        for name in live:
+            speeds[f"{_SHORT[name]}.{shape}"] = best["float32"] / best[name]
+        # Larger shapes only do more of the arithmetic a hopeless dtype emulates: not worth the time.
+        for name in [n for n in live if speeds[f"{_SHORT[n]}.{shape}"] < HOPELESS]:
+            live.remove(name)
+            for rest in shapes:
+                speeds.setdefault(f"{_SHORT[name]}.{rest}", speeds[f"{_SHORT[name]}.{shape}"])
+    return speeds, fp32, unsteady
+
+
+def _attention_ratio(torch: Any, dtype: Any, deadline: float) -> tuple[float, bool]:
+    """Fused sdpa's time over plain matmuls' for a one-token query (batch 4, 12 heads of 64, 256 cached)."""
+    q = torch.randn(4, 12, 1, 64, dtype=dtype)
+    k = torch.randn(4, 12, 256, 64, dtype=dtype)
+    v = torch.randn(4, 12, 256, 64, dtype=dtype)
+
+    def matmuls() -> Any:
+        scores = torch.matmul(q, k.transpose(2, 3)) * 0.125
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), v)
+
+    runs = {"fused": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), "matmuls": matmuls}
+    best, steady = _best_of(runs, deadline)
+    return best["fused"] / best["matmuls"], steady
+
+
+def measure(budget_s: float = BUDGET_S) -> tuple[dict[str, float], dict[str, float], int, list[str]]:
+    """(speeds, fp32 seconds, threads, unsteady): speeds are "bf16.b1", "bf16.prompt",
+    "bf16.attention", ..., each a dtype's speed over fp32's at that shape (above 1: faster); the
+    attention figure is the plain-matmul path's speed over torch's fused kernel for a one-token
+    query in that dtype. ``unsteady`` names the figures other work on the machine kept moving."""
+    import torch
+
+    deadline = time.perf_counter() + budget_s
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        base = [torch.empty(2 * WIDTH, WIDTH).uniform_(-0.03, 0.03) for _ in range(2)]
+        weights = {name: [w.to(getattr(torch, name)) for w in base] for name in ("float32", *HALF_DTYPES)}
+        with torch.inference_mode():
+            speeds, fp32, unsteady = _matmul_speeds(torch, weights, deadline)
+            for name in HALF_DTYPES:
+                if speeds.get(f"{_SHORT[name]}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
+                    ratio, steady = _attention_ratio(torch, getattr(torch, name), deadline)
+                    speeds[f"{_SHORT[name]}.attention"] = ratio
+                    if not steady:
+                        unsteady.append(f"{_SHORT[name]} attention")
+        return speeds, fp32, torch.get_num_threads(), unsteady
+    finally:
+        torch.random.set_rng_state(generator_state)

@@ -1,0 +1,274 @@
+"""The CPU's calibration: figures pinned by simulate("cpu,calib=...") decide the dtype and the decode
+attention for the job; the cache on disk is keyed, atomic and survives damage; the command prints it.
+
+No test here depends on how fast this machine is: the decisions are checked against pinned
+figures, and the cache tests replace only the timing (``cpu_timing.measure``) with fixed figures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import whichdevice as wd
+from tiny_models import save_tiny_llama
+from whichdevice import calibration, cli, probing
+from whichdevice.errors import DeviceError
+from whichdevice.probes import cpu_timing
+from whichdevice.report import gather
+from whichdevice.testing import simulate
+
+# The issue's AMD EPYC without native bf16: bf16 wins a batch-1 decode step, loses at batch 4 and
+# badly on prompts (its emulated arithmetic).
+EPYC = (
+    "cpu,flags=,calib=bf16.b1:1.17/bf16.b2:1.0/bf16.b4:0.72/bf16.b8:0.6/bf16.prompt:0.6"
+    "/fp16.b1:0.98/fp16.b4:0.66/fp16.prompt:0.2"
+)
+# A CPU with fast bf16 everywhere (AMX), where the one-token attention by matmuls loses to fused sdpa.
+AMX = (
+    "cpu,flags=amx_bf16+avx512_bf16,calib=bf16.b1:1.9/bf16.b2:1.9/bf16.b4:1.9/bf16.b8:1.9/bf16.prompt:2.0"
+    "/bf16.attention:0.9"
+)
+
+
+def _line(res: wd.Resolution, topic: str) -> str:
+    return " | ".join(s.message for s in res.trace if s.topic == topic)
+
+
+def _config(tmp_path: Path, dtype: str, model_type: str = "llama") -> str:
+    folder = tmp_path / f"{model_type}-{dtype}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type, "dtype": dtype}))
+    return str(folder)
+
+
+def test_batch_one_decodes_in_bf16_where_measured_faster_and_the_trace_quotes_it():
+    with simulate(EPYC):
+        res = wd.resolve_device(batch_size=1, max_length=160)
+    assert res.dtype_name == "bfloat16"
+    assert "bf16 decode 1.17x fp32 here at batch 1" in _line(res, "dtype")
+    assert "bf16 decode 1.17x" in _line(res, "calibration")
+
+
+def test_batch_four_stays_in_fp32_where_emulated_bf16_arithmetic_loses():
+    with simulate(EPYC):
+        res = wd.resolve_device(batch_size=4, max_length=160)
+    assert res.dtype_name == "float32"
+    line = _line(res, "dtype")
+    assert "bf16 decode 0.72x fp32 here at batch 4" in line and "fp32 is exact" in line
+
+
+def test_a_slow_prompt_outweighs_a_faster_decode_step():
+    # The same decode figures; with prompt-sized bf16 at 0.1x fp32 the prompt's share decides.
+    with simulate(EPYC.replace("bf16.prompt:0.6", "bf16.prompt:0.1")):
+        res = wd.resolve_device(batch_size=1, max_length=160)
+    assert res.dtype_name == "float32" and "prompt 0.10x" in _line(res, "dtype")
+
+
+def test_the_job_that_was_assumed_is_said():
+    with simulate(EPYC):
+        res = wd.resolve_device()
+    assert "batch 1 assumed (pass batch_size=)" in _line(res, "dtype")
+    assert "256 tokens assumed (pass max_length=)" in _line(res, "dtype")
+
+
+def test_native_bf16_flags_do_not_win_against_measured_figures():
+    slow = "cpu,flags=avx512_bf16,calib=bf16.b1:0.8/bf16.b2:0.8/bf16.b4:0.8/bf16.b8:0.8/bf16.prompt:0.5"
+    with simulate(slow):
+        inference = wd.resolve_device(batch_size=2)
+        training = wd.resolve_device(task="training")
+    assert inference.dtype_name == "float32"
+    assert training.mixed_precision is None and training.training_kwargs()["bf16"] is False
+    assert "prompt-sized bf16 matmul runs 0.50x fp32" in _line(training, "dtype")
+
+
+def test_training_uses_bf16_autocast_where_prompt_sized_bf16_is_measured_faster():
+    with simulate(AMX):
+        res = wd.resolve_device(task="training")
+    assert res.mixed_precision == "bf16" and res.dtype_name == "float32"
+    assert "2.00x fp32" in _line(res, "dtype")
+
+
+def test_fp16_is_only_kept_for_an_fp16_checkpoint_never_cast_to(tmp_path):
+    fast_fp16 = "cpu,flags=,calib=fp16.b1:1.5/fp16.b2:1.5/fp16.prompt:1.5/bf16.b1:1.1/bf16.b2:1.1/bf16.prompt:1.1"
+    with simulate(fast_fp16):
+        fp16 = wd.resolve_device(model=_config(tmp_path, "float16"), device_map="cpu", batch_size=1)
+        fp32 = wd.resolve_device(model=_config(tmp_path, "float32"), device_map="cpu", batch_size=1)
+        bf16 = wd.resolve_device(model=_config(tmp_path, "bfloat16"), device_map="cpu", batch_size=1)
+    assert fp16.dtype_name == "float16"
+    assert fp32.dtype_name == "bfloat16" and "(the checkpoint is float32)" in _line(fp32, "dtype")
+    assert bf16.dtype_name == "bfloat16"
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "t5"])
+def test_measured_speed_never_puts_an_fp16_unsafe_model_in_fp16(tmp_path, model_type):
+    fast_fp16 = "cpu,flags=,calib=fp16.b1:3/fp16.b2:3/fp16.prompt:3/bf16.b1:0.5/bf16.b2:0.5/bf16.prompt:0.5"
+    with simulate(fast_fp16):
+        res = wd.resolve_device(model=_config(tmp_path, "float16", model_type), device_map="cpu", batch_size=1)
+    assert res.dtype_name == "float32"
+
+
+def test_the_decode_attention_follows_its_measured_speed(tmp_path):
+    path = save_tiny_llama(tmp_path / "tiny", tokenizer=False)
+    wins = AMX.replace("bf16.attention:0.9", "bf16.attention:1.6")
+    with simulate(AMX):
+        loses = wd.resolve_device(model=path, batch_size=1)
+    with simulate(wins):
+        chosen = wd.resolve_device(model=path, batch_size=1)
+    assert loses.dtype_name == chosen.dtype_name == "bfloat16"
+    assert loses.attn_implementation == "sdpa" and not loses.attn_passed
+    assert "by plain matmuls measured 0.90x torch's fused kernel" in _line(loses, "attention")
+    assert chosen.attn_implementation == "whichdevice_sdpa" and chosen.attn_passed
+    assert "measured 1.60x" in _line(chosen, "attention")
+
+
+def test_a_simulated_cpu_without_figures_keeps_to_its_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv(calibration.ENV_CALIBRATION, str(tmp_path))
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    with simulate("cpu,flags=avx512_bf16"):
+        res = wd.resolve_device()
+    assert res.dtype_name == "bfloat16"
+    assert "the simulated CPU has no calib= figures; the CPU's flags decide" in _line(res, "calibration")
+
+
+def test_turned_off_the_flag_rule_applies_and_the_trace_says_so(cpu_kind):
+    res = wd.resolve_device(refresh=True)
+    assert res.dtype_name == cpu_kind.dtype
+    # the native-bf16 kind is a simulated CPU, which the spec times (or not), whatever the variable says
+    why = "no calib= figures" if cpu_kind.name == "native-bf16" else "WHICHDEVICE_CALIBRATION=off turns calibration off"
+    assert f"{why}; the CPU's flags decide" in _line(res, "calibration")
+
+
+def test_a_bad_calib_spec_names_the_form():
+    with pytest.raises(DeviceError, match=r"calib=.*dtype\.shape:number.*bf16\.b1:1\.15"):
+        simulate("cpu,calib=bf16.b3:1.1")
+    with pytest.raises(DeviceError, match="calib= applies to cpu"):
+        simulate("cuda:1,calib=bf16.b1:1.1")
+
+
+# ---------------------------------------------------------------------------------- the cache
+
+FIGURES = (
+    {"bf16.b1": 1.2, "bf16.b2": 1.1, "bf16.b4": 0.9, "bf16.b8": 0.7, "bf16.prompt": 0.4, "bf16.attention": 1.3},
+    {"b1": 1e-3, "b2": 1.2e-3, "b4": 1.4e-3, "b8": 1.8e-3, "prompt": 6e-5},
+    2,
+    [],
+)
+
+
+def _must_not_measure(*args: object) -> None:
+    raise AssertionError("measured although it must not")
+
+
+MEASURED: list[float] = []
+
+
+@pytest.fixture
+def cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Calibration on, with its cache in tmp_path and the timing replaced by fixed figures."""
+    monkeypatch.setenv(calibration.ENV_CALIBRATION, str(tmp_path / "cache"))
+    MEASURED.clear()
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: MEASURED.append(budget_s) or FIGURES)
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    probing.clear_cache()
+    return tmp_path / "cache"
+
+
+def test_measured_once_then_read_from_the_cache(cache_dir, monkeypatch):
+    res = wd.resolve_device(batch_size=1)
+    assert res.dtype_name == "bfloat16" and "measured now" in _line(res, "calibration")
+    files = list(cache_dir.glob("cpu-calibration-*.json"))
+    assert len(files) == 1 and len(MEASURED) == 1
+    assert json.loads(files[0].read_text())["key"]["threads"] == torch.get_num_threads()
+    # A fresh process: nothing remembered in memory, the file answers, nothing is measured.
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    again = wd.resolve_device(batch_size=1, refresh=True)
+    assert again.dtype_name == "bfloat16" and f"cached in {files[0]}" in _line(again, "calibration")
+
+
+def test_a_damaged_cache_file_is_measured_over_and_rewritten(cache_dir, monkeypatch):
+    path = calibration.cache_path()
+    cache_dir.mkdir(parents=True)
+    for damage in ("{not json", json.dumps({"key": "x"}), json.dumps([1, 2])):
+        path.write_text(damage)
+        monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+        calib, why = calibration.calibration()
+        assert calib is not None and "measured now" in why
+        assert json.loads(path.read_text())["speeds"]["bf16.b1"] == 1.2
+    assert not list(cache_dir.glob(".calibration-*"))  # no temporary file left behind
+
+
+def test_another_onednn_cap_is_another_machine(cache_dir, monkeypatch):
+    plain = calibration.cache_path()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert calibration.cache_path() != plain
+
+
+def test_unsteady_figures_are_not_used_nor_measured_again_by_the_next_process(cache_dir, monkeypatch):
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: (*FIGURES[:3], ["b4", "prompt"]))
+    calib, why = calibration.calibration()
+    assert calib is None and "could not be timed steadily" in why and "b4, prompt" in why
+    assert "run `whichdevice calibrate` when it is quieter" in why
+    res = wd.resolve_device(refresh=True)
+    assert "could not be timed steadily" in _line(res, "calibration") and "the CPU's flags decide" in _line(
+        res, "calibration"
+    )
+    # The next process reads the busy verdict instead of paying for the timing again...
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    assert calibration.calibration()[0] is None
+    # ...until it is old enough to try again.
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: FIGURES)
+    monkeypatch.setattr(calibration, "RETRY_S", -1)
+    calib, why = calibration.calibration()
+    assert calib is not None and "measured now" in why
+
+
+def test_without_a_cache_only_an_auto_dtype_measures(cache_dir, monkeypatch):
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    res = wd.resolve_device(dtype="float32")
+    assert res.dtype_name == "float32" and _line(res, "calibration") == ""
+
+
+def test_the_real_timing_gives_every_figure_or_says_it_ran_out_of_time():
+    # How far it gets depends on how busy this machine is; what it reports must not.
+    speeds, fp32, threads, unsteady = cpu_timing.measure(budget_s=0.5)
+    shapes = {"b1", "b2", "b4", "b8", "prompt"}
+    assert "b1" in fp32 and set(fp32) <= shapes
+    assert {f"{shape} (out of time)" for shape in shapes - set(fp32)} <= set(unsteady)
+    assert {f"{d}.{s}" for d in ("bf16", "fp16") for s in fp32} <= set(speeds)
+    assert all(v > 0 for v in [*speeds.values(), *fp32.values()])
+    assert threads == torch.get_num_threads()
+
+
+# ---------------------------------------------------------------------- command and report
+
+
+def test_the_command_measures_and_prints_the_figures(cache_dir, capsys):
+    assert cli.main(["calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "decode b1" in out and "1.20x" in out and "cached in" in out
+    assert cli.main(["calibrate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "calibration" and data["used"] is True and data["speeds"]["bf16.prompt"] == 0.4
+
+
+def test_the_command_refuses_a_simulation(capsys):
+    assert cli.main(["calibrate", "--simulate", "cpu"]) == 2
+    assert "cpu,calib=" in capsys.readouterr().err
+
+
+def test_the_report_carries_figures_that_replay():
+    report = gather(tasks=("inference",), simulate=[EPYC])
+    entry = report["calibration"]
+    assert entry["figures"]["speeds"]["bf16.b1"] == 1.17 and entry["why"].startswith("simulated")
+    with simulate(f"cpu,flags=,calib={entry['spec']}"):
+        replayed = wd.resolve_device(batch_size=1, max_length=160)
+    with simulate(EPYC):
+        original = wd.resolve_device(batch_size=1, max_length=160)
+    assert _line(replayed, "dtype") == _line(original, "dtype")
