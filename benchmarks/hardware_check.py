@@ -186,12 +186,26 @@ def spec_for(result: wd.ProbeResult) -> str | None:
         parts.append(f"bf16={'yes' if first.bf16 else 'no'}")
     if kind == "cpu":
         parts.append(f"flags={'+'.join(sorted(result.features))}")
+        # The real probe honours the shell's oneDNN cap; a simulated CPU takes it from its spec.
+        from whichdevice.probes.cpu import ONEDNN_ISA_VARIABLE
+
+        if not result.simulated and os.environ.get(ONEDNN_ISA_VARIABLE, "").strip():
+            parts.append(f"isa={os.environ[ONEDNN_ISA_VARIABLE].strip().upper()}")
+        parts += _calibration_keys()
     if kind == "cuda" and result.variant != "rocm":
         parts += _build_keys(result)
     frees = [d.free_memory for d in result.devices]
     if all(f is not None for f in frees):
         parts.append("free=" + "/".join(str(f) for f in frees))
     return ",".join(parts)
+
+
+def _calibration_keys() -> list[str]:
+    """calib= with the figures this machine's resolutions use (none when calibration is off or pending)."""
+    from whichdevice.calibration import calibration
+
+    calib, _ = calibration(measure=False)
+    return [f"calib={calib.spec()}"] if calib is not None else []
 
 
 def _build_keys(result: wd.ProbeResult) -> list[str]:

@@ -71,7 +71,11 @@ def test_steering_variables_travel_with_the_report(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     original = _json_round_trip(report.gather(simulate=["hpu:8"]))
-    assert original["replay"]["environ"] == {"HABANA_VISIBLE_MODULES": "0,1", "ACCELERATE_MIXED_PRECISION": "fp16"}
+    assert original["replay"]["environ"] == {
+        "HABANA_VISIBLE_MODULES": "0,1",
+        "ACCELERATE_MIXED_PRECISION": "fp16",
+        **_suite_settings(),
+    }
     # Here, the user's variables are gone and one of this machine's own is set: the replay sets
     # the recorded ones, unsets the rest, and gives every one back afterwards.
     monkeypatch.delenv("HABANA_VISIBLE_MODULES")
@@ -148,6 +152,12 @@ def test_a_hung_probe_replays_as_the_reason_it_gave() -> None:
 # ------------------------------------------------------------------------ this machine, for real
 
 
+def _suite_settings() -> dict[str, str]:
+    # tests/conftest.py turns the CPU calibration off for the suite: a steering variable, so recorded.
+    value = os.environ.get("WHICHDEVICE_CALIBRATION")
+    return {"WHICHDEVICE_CALIBRATION": value} if value is not None else {}
+
+
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in STEERING}
     clean.update(env)
@@ -164,7 +174,11 @@ def test_this_machines_real_report_replays_in_another_process(tmp_path: Path) ->
     path.write_text(written.stdout, encoding="utf-8")
     original = json.loads(written.stdout)
     assert not original["simulated"]
-    assert original["replay"]["environ"] == {"ACCELERATE_MIXED_PRECISION": "no", "CUDA_VISIBLE_DEVICES": "1"}
+    assert original["replay"]["environ"] == {
+        "ACCELERATE_MIXED_PRECISION": "no",
+        "CUDA_VISIBLE_DEVICES": "1",
+        **_suite_settings(),
+    }
     replayed_run = _cli("--simulate-report", str(path), "--json")
     assert replayed_run.returncode == original["exit_code"], replayed_run.stderr
     replayed = json.loads(replayed_run.stdout)

@@ -148,9 +148,14 @@ def _cache_dir() -> Path:
 
 
 def _machine_key() -> dict[str, Any]:
-    import torch
-
     from whichdevice.packages import package_version
+    from whichdevice.probes.plugins import import_torch
+    from whichdevice.probing import probe_timeout
+
+    # The calibration may be the first to import torch (`whichdevice check cpu`): through the same
+    # guarded import as a probe, so a torch.backends plugin that hangs cannot hang it.
+    import_torch(probe_timeout())
+    import torch
 
     name, flags, _ = cpu_facts()
     return {

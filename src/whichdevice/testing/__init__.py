@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from whichdevice import probing as _probe
-from whichdevice.calibration import parse_figures, pin
+from whichdevice.calibration import calibration_enabled, parse_figures, pin
 from whichdevice.envhooks import _forget
 from whichdevice.errors import DeviceError
 from whichdevice.packages import simulated_packages
@@ -83,7 +83,11 @@ class _SimulatedStore(_probe._Store):
         elif cpu is not None:
             # A simulated CPU is timed by its spec's figures or not at all, never by this machine's.
             figures = parse_figures(cpu.calibration) if cpu.calibration else None
-            why = "simulated figures (calib= in the spec)" if figures else "the simulated CPU has no calib= figures"
+            enabled, off = calibration_enabled()
+            if figures:
+                why = "simulated figures (calib= in the spec)"
+            else:  # said as the real CPU would say it when the variable turns calibration off
+                why = off if not enabled else "the simulated CPU has no calib= figures"
             pin(self, figures, why)
 
     def function(self, backend: Backend) -> Callable[[Backend], ProbeResult]:
