@@ -153,9 +153,10 @@ def test_a_hung_probe_replays_as_the_reason_it_gave() -> None:
 
 
 def _suite_settings() -> dict[str, str]:
-    # tests/conftest.py turns the CPU calibration off for the suite: a steering variable, so recorded.
-    value = os.environ.get("WHICHDEVICE_CALIBRATION")
-    return {"WHICHDEVICE_CALIBRATION": value} if value is not None else {}
+    # Steering variables the suite itself runs with, so recorded too: tests/conftest.py turns the
+    # CPU calibration off, and the README's second run caps oneDNN.
+    names = ("WHICHDEVICE_CALIBRATION", "ONEDNN_MAX_CPU_ISA")
+    return {name: os.environ[name] for name in names if name in os.environ}
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
