@@ -86,24 +86,31 @@ def cpu_facts() -> tuple[str | None, frozenset[str], int | None]:
 
 
 def _total_memory() -> int | None:
-    # psutil (accelerate depends on it) reads it the same way on Linux, macOS and Windows;
-    # about 7 ms to import after torch, once per process.
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # a broken psutil must not break the CPU probe
-        return None
+    return _memory("MemTotal", "total")
 
 
 def available_memory() -> int | None:
     """Memory the system can give a process now without swapping (psutil's ``available``); read on
     every probe, unlike the facts above, because it changes."""
+    return _memory("MemAvailable", "available")
+
+
+def _memory(meminfo_key: str, psutil_field: str) -> int | None:
+    # On Linux /proc/meminfo is what psutil reads, in microseconds; psutil itself costs 20-60 ms to
+    # import (more while probe threads run), which a fresh resolve_device() cannot afford.
     try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                key, _, value = line.partition(":")
+                if key == meminfo_key:
+                    return int(value.split()[0]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # macOS, Windows; psutil comes with accelerate
         import psutil
 
-        return int(psutil.virtual_memory().available)
-    except Exception:
+        return int(getattr(psutil.virtual_memory(), psutil_field))
+    except Exception:  # a broken psutil must not break the CPU probe
         return None
 
 
