@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import whichdevice as wd
+from kernels_versions import GOOD_KERNELS
 from whichdevice import memo
 from whichdevice.packages import simulated_packages
 from whichdevice.probing import ProbeResult
@@ -27,7 +28,7 @@ SRC = Path(wd.__file__).resolve().parent
 @pytest.fixture
 def compatible_kernels() -> Iterator[None]:
     # As tests/test_kernels_support.py: a kernels version the installed transformers accepts.
-    with simulated_packages({"kernels": "0.18.2"}):
+    with simulated_packages({"kernels": GOOD_KERNELS}):
         yield
 
 

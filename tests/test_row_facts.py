@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import whichdevice as wd
+from kernels_versions import GOOD_KERNELS
 from whichdevice import flash, kernels_support, placement, precision, quantization, training_settings
 from whichdevice.packages import simulated_packages
 from whichdevice.probing import DeviceInfo, ProbeResult
@@ -49,7 +50,7 @@ def kernels_usable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # As tests/test_kernels_support.py: a kernels version transformers accepts, and the Hub not off.
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LOCAL_KERNELS"):
         monkeypatch.delenv(name, raising=False)
-    with simulated_packages({"kernels": "0.18.2", "bitsandbytes": "0.50.0"}):
+    with simulated_packages({"kernels": GOOD_KERNELS, "bitsandbytes": "0.50.0"}):
         yield
 
 
