@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.probes.cpu import ONEDNN_ISA_VARIABLE, cpu_facts
+from whichdevice.probes.locks import ForkSafeLock
 from whichdevice.probing import current_store
 
 __all__ = [
@@ -265,17 +265,7 @@ def run_calibration(budget_s: float | None = None) -> Calibration:
 # Per store (the real machine's, each simulation's): the answer, keyed by the variables it read.
 _answers: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[Calibration | None, str]]] = weakref.WeakKeyDictionary()
 _pinned: weakref.WeakKeyDictionary[Any, tuple[Calibration | None, str]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    # A fork taken while another thread read the cache would leave the child's lock held forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_lock = ForkSafeLock()
 
 
 def pin(store: Any, calib: Calibration | None, why: str) -> None:

@@ -20,12 +20,12 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.probes.locks import ForkSafeLock
 from whichdevice.records import Backend
 
 __all__ = [
@@ -67,17 +67,7 @@ HUNG = "did not finish"
 _bad: dict[str, str] = {}
 # Top-level module -> the verdict of its trial ("" when it imported fine), for this process.
 _tried: dict[str, str] = {}
-_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    # A fork taken while another thread held the lock would leave the child waiting forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_lock = ForkSafeLock()
 
 _CHILD = r"""
 import importlib, json, os, sys
