@@ -46,7 +46,7 @@ def time_one_shape(dtype: Any, q_len: int, kv_len: int, repeats: int) -> tuple[f
     from torch.nn.functional import scaled_dot_product_attention
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    from whichdevice.decode_attention import decode_attention_forward
+    from whichdevice.attention.decode import decode_attention_forward
 
     module = type("Layer", (), {"num_key_value_groups": 1, "training": False, "is_causal": True})()
     g = torch.Generator().manual_seed(0)
@@ -89,7 +89,7 @@ def part_generation(quick: bool) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from whichdevice.decode_attention import ATTENTION_NAME, ensure_registered
+    from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

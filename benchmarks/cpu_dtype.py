@@ -64,7 +64,7 @@ def log(msg: str) -> None:
 
 
 def calibration_cost(cache: Path) -> dict[str, Any]:
-    from whichdevice import calibration
+    from whichdevice.hardware import calibration
 
     os.environ[calibration.ENV_CALIBRATION] = str(cache)
     start = time.perf_counter()
@@ -93,7 +93,7 @@ def child(
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     import whichdevice
-    from whichdevice.decode_attention import ensure_registered
+    from whichdevice.attention.decode import ensure_registered
 
     transformers.utils.logging.set_verbosity_error()
     cost = calibration_cost(cache)

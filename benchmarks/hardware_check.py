@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import whichdevice as wd
-from whichdevice.errors import DeviceError
-from whichdevice.flash import FLASH, flash_attention_package
-from whichdevice.packages import known_versions, package_version
+from whichdevice.attention.flash import FLASH, flash_attention_package
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.packages import known_versions, package_version
 from whichdevice.report import gather
 from whichdevice.smoke import run_smoke, tiny_llama_config
 from whichdevice.testing import simulate
@@ -187,7 +187,7 @@ def spec_for(result: wd.ProbeResult) -> str | None:
     if kind == "cpu":
         parts.append(f"flags={'+'.join(sorted(result.features))}")
         # The real probe honours the shell's oneDNN cap; a simulated CPU takes it from its spec.
-        from whichdevice.probes.cpu import ONEDNN_ISA_VARIABLE
+        from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE
 
         if not result.simulated and os.environ.get(ONEDNN_ISA_VARIABLE, "").strip():
             parts.append(f"isa={os.environ[ONEDNN_ISA_VARIABLE].strip().upper()}")
@@ -202,7 +202,7 @@ def spec_for(result: wd.ProbeResult) -> str | None:
 
 def _calibration_keys() -> list[str]:
     """calib= with the figures this machine's resolutions use (none when calibration is off or pending)."""
-    from whichdevice.calibration import calibration
+    from whichdevice.hardware.calibration import calibration
 
     calib, _ = calibration(measure=False)
     return [f"calib={calib.spec()}"] if calib is not None else []

@@ -133,8 +133,8 @@ def _build(name: str, folder: Path) -> Path:
 def _estimate(path: Path, task: str, batch: int, max_length: int) -> tuple[int, int, str]:
     """(weights, everything else) as resolve_device counts them on the CPU, and its trace line."""
     import whichdevice as wd
-    from whichdevice.job_memory import Job
-    from whichdevice.placement import estimate_job
+    from whichdevice.memory.job import Job
+    from whichdevice.memory.placement import estimate_job
 
     res = wd.resolve_device(
         "cpu", model=str(path), task=task, batch_size=batch, max_length=max_length, dtype="float32", quantize=None

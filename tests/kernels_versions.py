@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from whichdevice.kernels_support import transformers_kernels_range
+from whichdevice.attention.kernels import transformers_kernels_range
 
 LOW, HIGH = transformers_kernels_range()
 GOOD_KERNELS = LOW or "0.18.2"

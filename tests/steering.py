@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from whichdevice.registry import backends
+from whichdevice.hardware.registry import backends
 
 # Cleared so each test starts from a known environment.
 STEERING = {

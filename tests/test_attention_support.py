@@ -17,9 +17,9 @@ import torch
 
 import whichdevice as wd
 from tiny_models import TINY
-from whichdevice.decode_attention import ATTENTION_NAME, VERIFIED_MODEL_TYPES
-from whichdevice.model_support import attention_support, support_flag, transformers_default
-from whichdevice.packages import simulated_packages
+from whichdevice.attention.decode import ATTENTION_NAME, VERIFIED_MODEL_TYPES
+from whichdevice.core.packages import simulated_packages
+from whichdevice.model.support import attention_support, support_flag, transformers_default
 from whichdevice.testing import simulate
 
 pytestmark = pytest.mark.slow

@@ -25,16 +25,19 @@ import pytest
 import torch
 
 import whichdevice as wd
-from whichdevice import cli, kernels_support, packages, report, training
-from whichdevice.errors import (
+from whichdevice import cli, report
+from whichdevice.attention import kernels as kernels_support
+from whichdevice.core import packages
+from whichdevice.core.errors import (
     ConfigConflictError,
     DeviceError,
     DeviceUnavailableError,
     PackageVersionError,
     UnknownDeviceError,
 )
-from whichdevice.registry import backends
+from whichdevice.hardware.registry import backends
 from whichdevice.testing import simulate
+from whichdevice.training import arguments as training
 
 # Variables that steer device choice: unset for every test here, so the host cannot change a case.
 STEERING = sorted(

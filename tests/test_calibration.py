@@ -15,9 +15,10 @@ import torch
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
-from whichdevice import calibration, cli, probing
-from whichdevice.errors import DeviceError
-from whichdevice.probes import cpu_timing
+from whichdevice import cli
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware import calibration, probing
+from whichdevice.hardware.probes import cpu_timing
 from whichdevice.report import gather
 from whichdevice.testing import simulate
 

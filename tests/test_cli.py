@@ -19,7 +19,7 @@ import whichdevice as wd
 from steering import ANSI
 from steering import STEERING as _BASE
 from whichdevice import cli, report
-from whichdevice.registry import backends
+from whichdevice.hardware.registry import backends
 from whichdevice.report.streams import Streams, close, write
 
 STEERING = _BASE | {"TERM"}
@@ -202,7 +202,7 @@ def test_help_and_usage_errors() -> None:
 
 
 def test_version() -> None:
-    from whichdevice.packages import package_version
+    from whichdevice.core.packages import package_version
 
     proc = run("--version")
     assert proc.returncode == 0 and proc.stdout == f"whichdevice {wd.__version__}\n" and not proc.stderr
@@ -274,7 +274,7 @@ def test_a_plugin_backend_from_an_entry_point_is_in_the_json_report(tmp_path: Pa
     # dist-info folder whose entry point names its Backend record.
     (tmp_path / "plugdev_backend.py").write_text(
         "from whichdevice import Backend, EnvDefault\n"
-        "from whichdevice.probing import ProbeResult\n"
+        "from whichdevice.hardware.probing import ProbeResult\n"
         "RECORD = Backend(name='plugdev', hardware='Plugin accelerator', package='plugdev-torch',\n"
         "    module='plugdev_torch', probe_ref=lambda b: ProbeResult(b.name, installed=False, available=False,\n"
         "    reason='plugdev-torch is not installed'), visible_devices_env=('PLUGDEV_VISIBLE_DEVICES',),\n"

@@ -8,9 +8,10 @@ import json
 import pytest
 
 import whichdevice as wd
-from whichdevice import cli, probing
-from whichdevice.compatibility import MIN_DRIVER, arch_problem, driver_problem, kernels_cover, plugin_problem
-from whichdevice.errors import DeviceError, DeviceUnavailableError
+from whichdevice import cli
+from whichdevice.core.errors import DeviceError, DeviceUnavailableError
+from whichdevice.hardware import probing
+from whichdevice.hardware.compatibility import MIN_DRIVER, arch_problem, driver_problem, kernels_cover, plugin_problem
 from whichdevice.report import check, gather
 from whichdevice.testing import parse_spec, simulate
 from whichdevice.testing.readings import RUNTIME_TEXTS

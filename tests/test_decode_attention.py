@@ -14,7 +14,7 @@ import torch
 
 import whichdevice as wd
 from tiny_models import TINY
-from whichdevice.decode_attention import (
+from whichdevice.attention.decode import (
     ATTENTION_NAME,
     VERIFIED_MODEL_TYPES,
     decode_attention_forward,

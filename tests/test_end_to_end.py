@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import whichdevice as wd
-from whichdevice.decode_attention import ATTENTION_NAME
+from whichdevice.attention.decode import ATTENTION_NAME
 
 pytestmark = pytest.mark.slow
 

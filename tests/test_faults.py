@@ -30,10 +30,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from whichdevice import probing
-from whichdevice.envhooks import release_scopes, scoped_env
-from whichdevice.errors import DeviceError
-from whichdevice.probes import outcomes, plugins, trial
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware import probing
+from whichdevice.hardware.envhooks import release_scopes, scoped_env
+from whichdevice.hardware.probes import outcomes, plugins, trial
 
 LIMIT = "2"
 # Python start, torch imported twice (here and in the trial child) on a busy 2-core machine, then
@@ -418,7 +418,7 @@ def test_scoped_variables_of_a_given_up_thread_are_restored(
 
 def test_a_hung_probe_restores_its_scoped_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     import whichdevice as wd
-    from whichdevice.records import Backend
+    from whichdevice.core.records import Backend
 
     monkeypatch.delenv("WD_TEST_SWITCH", raising=False)
     release = threading.Event()
@@ -439,8 +439,8 @@ def test_a_hung_probe_restores_its_scoped_variable(monkeypatch: pytest.MonkeyPat
 
 def test_a_probe_that_edits_the_environment_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     import whichdevice as wd
-    from whichdevice.probes.common import not_installed
-    from whichdevice.records import Backend
+    from whichdevice.core.records import Backend
+    from whichdevice.hardware.probes.common import not_installed
 
     monkeypatch.delenv("WD_TEST_VENDOR_HOME", raising=False)
     monkeypatch.setenv("WD_TEST_VENDOR_PATH", "a")
@@ -481,7 +481,7 @@ def test_no_trial_without_vendor_packages() -> None:
     # The fresh-resolve cost on a plain machine: only installed vendor packages are tried.
     from importlib.util import find_spec
 
-    from whichdevice.registry import backends
+    from whichdevice.hardware.registry import backends
 
     assert all(find_spec(step.module) is not None for step in trial.risky_modules(backends()))
     assert plugins.torch_plugins() == []

@@ -16,8 +16,9 @@ import pytest
 
 import whichdevice as wd
 from kernels_versions import GOOD_KERNELS, at_maximum, below_range, inside_range
-from whichdevice import attention, kernels_support
-from whichdevice.packages import package_version, simulated_packages
+from whichdevice.attention import choose as attention
+from whichdevice.attention import kernels as kernels_support
+from whichdevice.core.packages import package_version, simulated_packages
 from whichdevice.testing import simulate
 
 
@@ -393,7 +394,7 @@ def test_hub_flash_tables_match_transformers():
 
 def test_kernel_device_keys_match_kernelconfig():
     """The registry's kernels keys are KernelConfig's device keys (and ROCm's "rocm")."""
-    from whichdevice.registry import backends
+    from whichdevice.hardware.registry import backends
 
     keys = {b.kernels_key for b in backends() if b.kernels_key} | {"rocm"}
     assert keys == {"cuda", "rocm", "xpu", "npu", "neuron", "tpu", "mps"}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import whichdevice as wd
-from whichdevice import memo
-from whichdevice.launch_leftovers import ENV_VARIABLES, launch_leftovers
+from whichdevice.launch.leftovers import ENV_VARIABLES, launch_leftovers
+from whichdevice.resolve import memo
 from whichdevice.testing import simulate
 
 GROUP = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -138,7 +138,7 @@ def test_real_launches_are_not_leftovers(env: dict[str, str], cpu: bool) -> None
 
 
 def test_a_scheduler_size_without_its_rank_is_not_a_launch() -> None:
-    from whichdevice.distributed import detect_distributed
+    from whichdevice.launch.distributed import detect_distributed
 
     assert detect_distributed({"OMPI_COMM_WORLD_SIZE": "4"}) is None
     assert detect_distributed({"SLURM_STEP_NUM_TASKS": "4"}) is None

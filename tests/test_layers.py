@@ -12,44 +12,24 @@ import whichdevice
 
 PACKAGE_DIR = Path(whichdevice.__file__).parent
 
-# Bottom to top. A module may import modules of its own layer or of a lower one. A package named
-# here ("probes") covers its submodules. A new module must be placed here before its imports are
-# accepted, which is the point: its place in the order is a decision.
+# Bottom to top: one folder a question (each folder's __init__ docstring says what it decides and
+# what it may import), then the surfaces. A module may import its own folder or a lower one. A new
+# folder or top-level module must be placed here before its imports are accepted, which is the point:
+# its place in the order is a decision.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("records", ("errors", "records", "packages", "envview", "modelfiles", "sizing")),
-    ("registry", ("registry", "visible", "envhooks")),
-    ("probes", ("probes", "probing", "compatibility", "calibration")),
-    (
-        "deciders",
-        (
-            "model_support",
-            "precision",
-            "measured_precision",
-            "model_precision",
-            "flash",
-            "attention",
-            "decode_attention",
-            "kernels_support",
-            "quantization",
-            "job_memory",
-            "offload",
-            "placement",
-            "distributed",
-            "launch_leftovers",
-            "training_settings",
-            "accelerate_settings",
-            "request",
-            "device_choice",
-            "shapes",
-            "detection",
-            "memo",
-            "steps",
-        ),
-    ),
-    ("resolver", ("resolution", "resolver")),
-    ("adapters", ("training", "lora")),
+    ("core", ("core",)),
+    ("hardware", ("hardware",)),
+    ("model", ("model",)),
+    ("launch", ("launch",)),
+    ("device", ("device",)),
+    ("precision", ("precision",)),
+    ("attention", ("attention",)),
+    ("memory", ("memory",)),
+    ("resolve", ("resolve",)),
+    ("training", ("training",)),
     ("surfaces", ("testing", "report", "smoke", "cli", "__main__", "pytest_plugin", "__init__")),
 )
+FOLDERS = tuple(layer for layer, _ in LAYERS[:-1])
 
 
 def _modules() -> dict[str, Path]:
@@ -92,7 +72,7 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
             if not name.startswith("whichdevice."):
                 continue
             dotted = name.removeprefix("whichdevice.")
-            # "from whichdevice.probes import finish" names the module probes, not probes.finish
+            # "from whichdevice.hardware.probes import finish" names the module probes, not probes.finish
             while dotted and dotted not in known:
                 dotted = dotted.rpartition(".")[0]
             if dotted and dotted != module:
@@ -114,6 +94,44 @@ def test_every_module_has_a_layer() -> None:
         except LookupError:
             unplaced.append(name)
     assert not unplaced, f"place these modules in LAYERS (tests/test_layers.py): {unplaced}"
+
+
+def test_every_listed_module_exists() -> None:
+    """A name in LAYERS that no file or folder carries is a stale list, not a layer."""
+    tops = {name.split(".")[0] for name in _modules()}
+    missing = [name for _, names in LAYERS for name in names if name not in tops]
+    assert missing == []
+
+
+def _may_import(folder: str) -> list[str]:
+    """The folders ``folder``'s docstring says it may import ("May import: core/, hardware/." or a
+    range "core/ ... memory/")."""
+    doc = __import__(f"whichdevice.{folder}", fromlist=["_"]).__doc__ or ""
+    assert "May import:" in doc, f"whichdevice/{folder}/__init__.py: say what it may import ('May import: ...')"
+    said = doc.split("May import:", 1)[1]
+    named = [f for f in FOLDERS if f"{f}/" in said]
+    if "..." in said and named:
+        named = list(FOLDERS[FOLDERS.index(named[0]) : FOLDERS.index(named[-1]) + 1])
+    return named
+
+
+def test_the_folders_are_the_layers() -> None:
+    """Every folder below the surfaces is a layer; its docstring names only folders below it, and
+    its modules import nothing beyond what the docstring names."""
+    on_disk = sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists())
+    assert sorted([*FOLDERS, "report", "smoke", "testing"]) == on_disk
+    graph = _graph()
+    for rank, folder in enumerate(FOLDERS):
+        allowed = _may_import(folder)
+        assert set(allowed) <= set(FOLDERS[:rank]), f"whichdevice/{folder} names a folder above it: {allowed}"
+        beyond = sorted(
+            f"{module} imports {target}"
+            for module, targets in graph.items()
+            if module.split(".")[0] == folder
+            for target in targets
+            if target.split(".")[0] not in (folder, *allowed)
+        )
+        assert beyond == [], f"whichdevice/{folder}/__init__.py allows {allowed}"
 
 
 def test_no_import_points_upward() -> None:
@@ -164,12 +182,15 @@ def test_no_import_cycles() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("from whichdevice.registry import backends", {"registry"}),
-        ("from whichdevice import probing", {"probing"}),
-        ("import whichdevice.resolver", {"resolver"}),
-        ("def f():\n    from whichdevice.resolver import Resolution", {"resolver"}),
-        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from whichdevice.lora import x", {"lora"}),
-        ("from .records import TraceStep", {"records"}),
+        ("from whichdevice.hardware.registry import backends", {"hardware.registry"}),
+        ("from whichdevice.hardware import probing", {"hardware", "hardware.probing"}),
+        ("import whichdevice.resolve.resolver", {"resolve.resolver"}),
+        ("def f():\n    from whichdevice.resolve.resolver import Resolution", {"resolve.resolver"}),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from whichdevice.training.lora import x",
+            {"training.lora"},
+        ),
+        ("from .records import TraceStep", {"core.records"}),
         ("import os", set()),
     ],
 )
@@ -178,10 +199,10 @@ def test_the_reader_sees_every_kind_of_import(tmp_path: Path, source: str, expec
     TYPE_CHECKING, relative and `from package import module` forms."""
     path = tmp_path / "mod.py"
     path.write_text(source)
-    assert _imports("errors", path, set(_modules())) == expected
+    assert _imports("core.errors", path, set(_modules())) == expected
 
 
 def test_an_upward_import_is_caught() -> None:
     """A lower module importing a higher one is reported (the check can fail)."""
-    assert _layer_of("resolver") > _layer_of("records")
-    assert _layer_of("probes.cuda") == _layer_of("probes")
+    assert _layer_of("resolve.resolver") > _layer_of("core.records")
+    assert _layer_of("hardware.probes.cuda") == _layer_of("hardware.probing")

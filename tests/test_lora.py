@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import whichdevice as wd
-from whichdevice.lora import kbit_training_kwargs, lora_target_modules
 from whichdevice.testing import simulate
+from whichdevice.training.lora import kbit_training_kwargs, lora_target_modules
 
 LLAMA_LINEAR = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
 

@@ -15,11 +15,11 @@ import pytest
 
 import whichdevice as wd
 from kernels_versions import GOOD_KERNELS
-from whichdevice import memo
-from whichdevice.packages import simulated_packages
-from whichdevice.probing import ProbeResult
-from whichdevice.records import EnvDefault
-from whichdevice.request import Arguments
+from whichdevice.core.packages import simulated_packages
+from whichdevice.core.records import EnvDefault
+from whichdevice.hardware.probing import ProbeResult
+from whichdevice.resolve import memo
+from whichdevice.resolve.arguments import Arguments
 from whichdevice.testing import simulate
 
 SRC = Path(wd.__file__).resolve().parent
@@ -81,12 +81,14 @@ def test_the_key_follows_the_registry(monkeypatch):
     assert "LATEDEV_SWITCH" in memo.memo_variables()
     monkeypatch.setenv("LATEDEV_SWITCH", "b")
     assert memo.memo_key(Arguments()) != key
-    wd.registry.unregister_backend("latedev")
+    wd.hardware.registry.unregister_backend("latedev")
     assert "LATEDEV_SWITCH" not in memo.memo_variables()
 
 
 def test_every_declared_variable_is_in_the_key():
-    from whichdevice import distributed, kernels_support, request
+    from whichdevice.attention import kernels as kernels_support
+    from whichdevice.device import request
+    from whichdevice.launch import distributed
 
     for module in (request, distributed, kernels_support):
         assert set(module.ENV_VARIABLES) <= set(memo.memo_variables()), module.__name__

@@ -10,10 +10,10 @@ import torch
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
-from whichdevice.model_precision import FP16_UNSAFE
-from whichdevice.sizing import checkpoint_dtype
+from whichdevice.model.size import checkpoint_dtype
+from whichdevice.precision.decide import FP16_UNSAFE
+from whichdevice.precision.training import check_precision_flag, precision_conflicts
 from whichdevice.testing import simulate
-from whichdevice.training_settings import check_precision_flag, precision_conflicts
 
 T4 = "cuda:1,cc=7.5,mem=16GiB,name=Tesla T4"
 H100 = "cuda:1,cc=9.0,mem=80GiB,name=NVIDIA H100"

@@ -1,4 +1,4 @@
-"""whichdevice.probes: pure interpretations of raw readings, and simulate() going through the same ones."""
+"""whichdevice.hardware.probes: pure interpretations of raw readings, and simulate() going through the same ones."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 import whichdevice as wd
-from whichdevice import envhooks, probes, registry, testing
-from whichdevice.packages import package_version
-from whichdevice.probes import (
+from whichdevice import testing
+from whichdevice.core.packages import package_version
+from whichdevice.core.records import EnvAction, ProbeResult
+from whichdevice.hardware import envhooks, probes, registry
+from whichdevice.hardware.probes import (
     CpuReadings,
     CudaReadings,
     DeviceReading,
@@ -22,8 +24,7 @@ from whichdevice.probes import (
     VendorReadings,
     XpuReadings,
 )
-from whichdevice.probes.common import installed_versions, read_env
-from whichdevice.records import EnvAction, ProbeResult
+from whichdevice.hardware.probes.common import installed_versions, read_env
 from whichdevice.testing import simulate
 
 GiB = 1024**3
@@ -404,7 +405,7 @@ def test_documented_import_paths() -> None:
     assert probes.ONEDNN_ISA_VARIABLE == "ONEDNN_MAX_CPU_ISA"
     assert callable(probes.cpu_result)
     for row in registry._BUILTIN:
-        assert isinstance(row.probe_ref, str) and row.probe_ref.startswith("whichdevice.probes:")
+        assert isinstance(row.probe_ref, str) and row.probe_ref.startswith("whichdevice.hardware.probes:")
         assert callable(row.probe)
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import whichdevice as wd
-from whichdevice import envhooks, probes, probing, registry
-from whichdevice.errors import DeviceError
-from whichdevice.probes import BF16_CPU_FLAGS
-from whichdevice.probes.nvidia import NvidiaStack
-from whichdevice.probing import ProbeResult
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware import envhooks, probes, probing, registry
+from whichdevice.hardware.probes import BF16_CPU_FLAGS
+from whichdevice.hardware.probes.nvidia import NvidiaStack
+from whichdevice.hardware.probing import ProbeResult
 from whichdevice.testing import simulate
 
 ROWS = ("neuron", "tpu", "npu", "hpu", "mlu", "musa", "cuda", "xpu", "mps", "cpu")
@@ -326,8 +326,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     monkeypatch.setattr(torch.cuda, "is_available", is_available)
     monkeypatch.setattr(torch.cuda, "device_count", device_count)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr("whichdevice.probes.nvidia.nvml_devices", NvidiaStack)
-    monkeypatch.setattr("whichdevice.probes.nvidia.smi_devices", NvidiaStack)
+    monkeypatch.setattr("whichdevice.hardware.probes.nvidia.nvml_devices", NvidiaStack)
+    monkeypatch.setattr("whichdevice.hardware.probes.nvidia.smi_devices", NvidiaStack)
     return seen
 
 

@@ -16,9 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import whichdevice as wd
-from whichdevice.distributed import detect_distributed
-from whichdevice.errors import DeviceError
-from whichdevice.visible import (
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware.visible import (
     Visibility,
     parse_cuda,
     parse_habana,
@@ -27,6 +26,7 @@ from whichdevice.visible import (
     parse_ze_affinity_mask,
     visible_devices,
 )
+from whichdevice.launch.distributed import detect_distributed
 
 SETTINGS = settings(max_examples=200, deadline=None)
 

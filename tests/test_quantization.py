@@ -12,8 +12,8 @@ import torch
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
-from whichdevice import quantization
-from whichdevice.registry import backends
+from whichdevice.hardware.registry import backends
+from whichdevice.memory import quantization
 from whichdevice.testing import simulate
 
 # The tiny Llama (hidden 64, 2 layers, vocab 256): 106,816 parameters, 208.62 KiB in bf16; its
@@ -165,7 +165,7 @@ def test_bad_quantize_values(bad):
 
 
 def test_bitsandbytes_not_installed(tiny):
-    from whichdevice.packages import simulated_packages
+    from whichdevice.core.packages import simulated_packages
 
     with simulated_packages({"bitsandbytes": None}):
         with simulate("cuda:1"), pytest.raises(wd.DoesNotFitError, match="pip install bitsandbytes"):

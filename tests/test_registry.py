@@ -11,9 +11,9 @@ import warnings
 import pytest
 
 import whichdevice as wd
-from whichdevice import registry
-from whichdevice.errors import UnknownDeviceError, closest_match
-from whichdevice.probing import ProbeResult
+from whichdevice.core.errors import UnknownDeviceError, closest_match
+from whichdevice.hardware import registry
+from whichdevice.hardware.probing import ProbeResult
 
 EXPECTED_ORDER = ("neuron", "tpu", "npu", "hpu", "mlu", "musa", "cuda", "xpu", "mps", "cpu")
 
@@ -210,7 +210,7 @@ def plugin_module(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
         textwrap.dedent(
             """
             from whichdevice import Backend
-            from whichdevice.probing import ProbeResult
+            from whichdevice.hardware.probing import ProbeResult
 
             def _probe(backend):
                 return ProbeResult(backend.name, installed=True, available=True, device_count=2)
@@ -332,7 +332,7 @@ def test_static_facts_match_accelerate_constants() -> None:
 
 def test_import_whichdevice_imports_no_heavy_package() -> None:
     code = (
-        "import sys, whichdevice, whichdevice.registry, whichdevice.visible, whichdevice.testing\n"
+        "import sys, whichdevice, whichdevice.hardware.registry, whichdevice.hardware.visible, whichdevice.testing\n"
         "whichdevice.backends(); whichdevice.get_backend('cuda')\n"
         "print(','.join(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))\n"
     )

@@ -16,9 +16,10 @@ import pytest
 
 import whichdevice as wd
 from steering import STEERING
-from whichdevice import cli, probing, report
-from whichdevice.errors import DeviceError
-from whichdevice.records import DeviceInfo, ProbeResult
+from whichdevice import cli, report
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.records import DeviceInfo, ProbeResult
+from whichdevice.hardware import probing
 from whichdevice.testing import simulate
 from whichdevice.testing.replay import comparable, decode, first_difference, load_report, steering_variables
 
@@ -95,12 +96,12 @@ def test_steering_variables_travel_with_the_report(monkeypatch: pytest.MonkeyPat
 
 def test_package_versions_travel_with_the_report() -> None:
     original = _json_round_trip(report.gather(simulate=["hpu:8"]))
-    assert original["replay"]["packages"]["accelerate"] == wd.packages.package_version("accelerate")
+    assert original["replay"]["packages"]["accelerate"] == wd.core.packages.package_version("accelerate")
     old = dict(original, replay={**original["replay"], "packages": {"accelerate": "1.4.0"}})
     with simulate(report=old):
-        assert wd.packages.package_version("accelerate") == "1.4.0"
+        assert wd.core.packages.package_version("accelerate") == "1.4.0"
         assert wd.report.gather()["versions"]["accelerate"] == "1.4.0"
-    assert wd.packages.package_version("accelerate") == original["versions"]["accelerate"]
+    assert wd.core.packages.package_version("accelerate") == original["versions"]["accelerate"]
 
 
 def test_a_file_report_replays_with_the_file_named(tmp_path: Path) -> None:

@@ -11,15 +11,15 @@ import pytest
 
 from steering import ANSI, STEERING
 from whichdevice import report
-from whichdevice.errors import (
+from whichdevice.core.errors import (
     ConfigConflictError,
     DeviceError,
     DeviceUnavailableError,
     DoesNotFitError,
     UnknownDeviceError,
 )
-from whichdevice.probing import DeviceInfo, ProbeResult
-from whichdevice.registry import Backend, EnvDefault, backends, register_backend
+from whichdevice.hardware.probing import DeviceInfo, ProbeResult
+from whichdevice.hardware.registry import Backend, EnvDefault, backends, register_backend
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +164,7 @@ def test_mixed_gpu_models_warn_about_numbering() -> None:
 
 
 def test_kernels_outside_the_supported_range_warn(monkeypatch: pytest.MonkeyPatch) -> None:
-    import whichdevice.kernels_support as ks
+    import whichdevice.attention.kernels as ks
 
     monkeypatch.setattr(ks, "kernels_compatibility", lambda: (False, "kernels 0.1 is too old"))
     found = report._other_warnings({}, [], [], {"kernels": "0.1", "accelerate": "1.16.0"})

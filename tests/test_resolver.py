@@ -294,7 +294,7 @@ def test_cpu_under_mpirun_uses_mpi_only_when_torch_has_it(monkeypatch):
 
 
 def test_xpu_before_torch_27_uses_oneccl(monkeypatch, torchrun_rank1):
-    from whichdevice.packages import simulated_packages
+    from whichdevice.core.packages import simulated_packages
 
     with simulated_packages({"torch": "2.6.0"}), simulate("xpu:2"):
         assert wd.resolve_device(task="training").training_kwargs()["ddp_backend"] == "ccl"

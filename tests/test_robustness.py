@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import whichdevice as wd
-from whichdevice import probing
+from whichdevice.hardware import probing
 
 
 def _stub_package(tmp_path, monkeypatch, name: str, body: str) -> None:

@@ -13,11 +13,15 @@ import pytest
 
 import whichdevice as wd
 from kernels_versions import GOOD_KERNELS
-from whichdevice import flash, kernels_support, placement, precision, quantization, training_settings
-from whichdevice.packages import simulated_packages
-from whichdevice.probing import DeviceInfo, ProbeResult
-from whichdevice.registry import backends
-from whichdevice.visible import visible_devices
+from whichdevice.attention import flash
+from whichdevice.attention import kernels as kernels_support
+from whichdevice.core.packages import simulated_packages
+from whichdevice.hardware.probing import DeviceInfo, ProbeResult
+from whichdevice.hardware.registry import backends
+from whichdevice.hardware.visible import visible_devices
+from whichdevice.memory import placement, quantization
+from whichdevice.precision import hardware as precision
+from whichdevice.precision import training as training_settings
 
 GiB = 1024**3
 
@@ -140,7 +144,7 @@ def test_distributed_backends_follow_the_row(monkeypatch):
         monkeypatch.setenv(name, value)
     import torch.distributed
 
-    from whichdevice.distributed import detect_distributed, process_group_backend
+    from whichdevice.launch.distributed import detect_distributed, process_group_backend
 
     expected = "mpi" if torch.distributed.is_mpi_available() else "plugccl"
     assert process_group_backend(wd.get_backend("plugdev"), detect_distributed()) == expected

@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 
 from whichdevice import report, smoke
-from whichdevice.errors import DeviceError
-from whichdevice.registry import backends
-from whichdevice.resolver import resolve_device
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware.registry import backends
+from whichdevice.resolve.resolver import resolve_device
 from whichdevice.testing import simulate
 
 STEERING = {

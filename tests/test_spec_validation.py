@@ -7,10 +7,10 @@ import re
 import pytest
 
 import whichdevice as wd
-from whichdevice.probes.cpu import ONEDNN_ISAS
-from whichdevice.probes.cuda import VARIANTS
-from whichdevice.probes.hpu import GAUDI_GENERATIONS
-from whichdevice.probes.mps import MACOS_RELEASES
+from whichdevice.hardware.probes.cpu import ONEDNN_ISAS
+from whichdevice.hardware.probes.cuda import VARIANTS
+from whichdevice.hardware.probes.hpu import GAUDI_GENERATIONS
+from whichdevice.hardware.probes.mps import MACOS_RELEASES
 from whichdevice.testing import parse_spec, simulate
 from whichdevice.testing.gpus import MODELS, capabilities
 from whichdevice.testing.spec import MAX_COUNT

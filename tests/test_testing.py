@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import whichdevice as wd
-from whichdevice import probing, testing
+from whichdevice import testing
+from whichdevice.hardware import probing
 from whichdevice.testing import parse_spec, simulate
 
 GiB = 1024**3
@@ -96,7 +97,7 @@ def test_simulated_gaudi_generation_comes_from_the_device_name() -> None:
 
 
 def test_simulated_gaudi1_has_no_fp16() -> None:
-    from whichdevice.precision import supports
+    from whichdevice.precision.hardware import supports
 
     with simulate("hpu:1,gen=gaudi1"):
         result = wd.probe("hpu")
@@ -436,7 +437,7 @@ def test_gen_and_a_matching_name_are_accepted() -> None:
 
 
 def test_simulated_packages_answer_for_the_duration() -> None:
-    from whichdevice.packages import package_version
+    from whichdevice.core.packages import package_version
 
     real = package_version("kernels")
     with simulate("cuda:1", packages={"accelerate": "1.4.0", "kernels": None}):

@@ -46,8 +46,8 @@ def test_bf16_on_a_cpu_without_native_bf16_runs_with_a_warning(tmp_path):
     ],
 )
 def test_precision_that_runs_at_a_cost_is_warned_not_refused(tmp_path, spec, flag, match):
-    from whichdevice.resolver import resolve_device
-    from whichdevice.training_settings import precision_conflicts
+    from whichdevice.precision.training import precision_conflicts
+    from whichdevice.resolve.resolver import resolve_device
 
     with simulate(spec):
         res = resolve_device(task="training")

@@ -12,7 +12,7 @@ from transformers import TrainingArguments
 
 import whichdevice as wd
 from whichdevice.testing import simulate
-from whichdevice.training import ArgumentsClassError
+from whichdevice.training.arguments import ArgumentsClassError
 
 # TrainingArguments exports ACCELERATE_* variables by design (see conftest.py)
 pytestmark = pytest.mark.usefixtures("restore_accelerate_variables")

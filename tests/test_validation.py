@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import whichdevice as wd
-from whichdevice import resolver, testing
-from whichdevice.errors import DamagedModelError, DeviceError
+from whichdevice import testing
+from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.resolve import resolver
 from whichdevice.testing import simulate
 
 
@@ -544,7 +545,7 @@ def test_no_default_config_of_this_transformers_is_called_damaged() -> None:
 
     from transformers import CONFIG_MAPPING
 
-    from whichdevice.modelfiles import check_config
+    from whichdevice.model.files import check_config
 
     refused = []
     with warnings.catch_warnings():
@@ -586,7 +587,7 @@ def test_lora_arguments_of_the_wrong_shape(kwargs, says) -> None:
 
 @pytest.mark.parametrize(("args", "says"), [(("cuda", 4), ("resolution='cuda'",)), ((None, 3), ("bits=3",))])
 def test_kbit_training_kwargs_arguments(args, says) -> None:
-    from whichdevice.lora import kbit_training_kwargs
+    from whichdevice.training.lora import kbit_training_kwargs
 
     resolution, bits = args
     with pytest.raises(DeviceError) as error:

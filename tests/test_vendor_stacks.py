@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from whichdevice.compatibility import min_driver
-from whichdevice.packages import package_version
+from whichdevice.core.packages import package_version
+from whichdevice.hardware.compatibility import min_driver
 from whichdevice.testing.readings import RUNTIME_TEXTS
 
 STACK = os.environ.get("WHICHDEVICE_VENDOR_STACK")
@@ -175,7 +175,7 @@ def test_xla_on_the_cpu_is_never_a_tpu() -> None:
         "import torch, torch_xla, torch_xla.runtime as xr\n"
         "print(torch_xla.device(), xr.device_type(), xr.global_runtime_device_count())\n"
         "import whichdevice\nres = whichdevice.resolve_device()\nprint(res.device)\n"
-        "print(whichdevice.probing.probe('tpu').reason)\n",
+        "print(whichdevice.hardware.probing.probe('tpu').reason)\n",
         env,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,9 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import whichdevice as wd
-from whichdevice.errors import DeviceError
-from whichdevice.testing import simulate
-from whichdevice.visible import (
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware.visible import (
     Visibility,
     parse_cuda,
     parse_habana,
@@ -18,6 +17,7 @@ from whichdevice.visible import (
     parse_ze_affinity_mask,
     visible_devices,
 )
+from whichdevice.testing import simulate
 
 # ---------------------------------------------------------------------------------------------- CUDA
 
@@ -426,7 +426,7 @@ _WRONG_SETTINGS = [
 def test_visible_devices_errors_name_the_value_to_write(
     backend: str, variant: str | None, env: dict[str, str], fix: str
 ) -> None:
-    from whichdevice.visible import visibility_error
+    from whichdevice.hardware.visible import visibility_error
 
     try:
         vis = visible_devices(backend, env, variant=variant)
@@ -438,7 +438,7 @@ def test_visible_devices_errors_name_the_value_to_write(
 
 
 def test_a_failed_probe_finds_the_rocm_setting_that_stopped_it() -> None:
-    from whichdevice.visible import visibility_error
+    from whichdevice.hardware.visible import visibility_error
 
     env = {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0,1"}
     with pytest.raises(DeviceError) as raised:
@@ -461,7 +461,7 @@ def test_a_failed_probe_finds_the_rocm_setting_that_stopped_it() -> None:
 )
 def test_rocm_mismatch_is_a_wrong_setting_for_check(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     from whichdevice import cli
-    from whichdevice.errors import DeviceUnavailableError
+    from whichdevice.core.errors import DeviceUnavailableError
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from whichdevice.errors import (
+from whichdevice.core.errors import (
     ConfigConflictError,
     DamagedModelError,
     DeviceError,
@@ -26,31 +26,31 @@ if TYPE_CHECKING:
     from typing import Any
 
     from whichdevice import testing
-    from whichdevice.lora import LoraTraining, lora_training
-    from whichdevice.probing import DeviceInfo, ProbeResult, probe, probe_all
-    from whichdevice.registry import Backend, EnvDefault, backends, get_backend, register_backend
-    from whichdevice.resolver import Resolution, parse_device, resolve_device
-    from whichdevice.training import training_arguments
+    from whichdevice.hardware.probing import DeviceInfo, ProbeResult, probe, probe_all
+    from whichdevice.hardware.registry import Backend, EnvDefault, backends, get_backend, register_backend
+    from whichdevice.resolve.resolver import Resolution, parse_device, resolve_device
+    from whichdevice.training.arguments import training_arguments
+    from whichdevice.training.lora import LoraTraining, lora_training
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it, imported when the name is first used
 _LAZY = {
-    "Backend": "whichdevice.registry",
-    "EnvDefault": "whichdevice.registry",
-    "backends": "whichdevice.registry",
-    "get_backend": "whichdevice.registry",
-    "register_backend": "whichdevice.registry",
-    "DeviceInfo": "whichdevice.probing",
-    "ProbeResult": "whichdevice.probing",
-    "probe": "whichdevice.probing",
-    "probe_all": "whichdevice.probing",
-    "Resolution": "whichdevice.resolver",
-    "parse_device": "whichdevice.resolver",
-    "resolve_device": "whichdevice.resolver",
-    "training_arguments": "whichdevice.training",
-    "LoraTraining": "whichdevice.lora",
-    "lora_training": "whichdevice.lora",
+    "Backend": "whichdevice.hardware.registry",
+    "EnvDefault": "whichdevice.hardware.registry",
+    "backends": "whichdevice.hardware.registry",
+    "get_backend": "whichdevice.hardware.registry",
+    "register_backend": "whichdevice.hardware.registry",
+    "DeviceInfo": "whichdevice.hardware.probing",
+    "ProbeResult": "whichdevice.hardware.probing",
+    "probe": "whichdevice.hardware.probing",
+    "probe_all": "whichdevice.hardware.probing",
+    "Resolution": "whichdevice.resolve.resolver",
+    "parse_device": "whichdevice.resolve.resolver",
+    "resolve_device": "whichdevice.resolve.resolver",
+    "training_arguments": "whichdevice.training.arguments",
+    "LoraTraining": "whichdevice.training.lora",
+    "lora_training": "whichdevice.training.lora",
 }
 
 __all__ = [

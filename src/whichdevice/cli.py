@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from whichdevice.errors import DeviceError
+from whichdevice.core.errors import DeviceError
 
 __all__ = ["main"]
 
@@ -245,7 +245,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from whichdevice.report import check
-    from whichdevice.resolver import parse_device
+    from whichdevice.resolve.resolver import parse_device
 
     # "is not None": an empty DEVICE (check "$UNSET_VAR") is bad input, not "detect one".
     device = args.check_device if args.check_device is not None else args.device
@@ -293,7 +293,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from whichdevice.calibration import calibration_enabled, render_calibration, run_calibration
+    from whichdevice.hardware.calibration import calibration_enabled, render_calibration, run_calibration
 
     if args.simulate:
         raise DeviceError(
@@ -373,7 +373,7 @@ def _main(argv: list[str], debug: bool) -> int:
 def _leave(code: int) -> None:
     """After a failed ``import torch`` the half-imported torch can crash the interpreter on exit
     (SIGSEGV with torch_npu and no CANN), so the command ends here with ``code`` (its output is out)."""
-    from whichdevice.probes.common import torch_import_failed
+    from whichdevice.hardware.probes.common import torch_import_failed
 
     if torch_import_failed():
         os._exit(code)

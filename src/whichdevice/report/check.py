@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from whichdevice.errors import DeviceError
-from whichdevice.probing import gave_up
-from whichdevice.records import ProbeResult
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.records import ProbeResult
+from whichdevice.hardware.probing import gave_up
 from whichdevice.report.gather import SCHEMA_VERSION, Replayable, exit_code_for, simulation, simulation_dict
 from whichdevice.report.rows import device_summary
-from whichdevice.resolver import resolve_device
+from whichdevice.resolve.resolver import resolve_device
 
 __all__ = ["check"]
 

@@ -4,7 +4,7 @@ The per-backend rows come from the registry: every backend's visible-devices var
 (``Backend.visible_devices_env``) and the variables its env-setup hooks set
 (``Backend.env_defaults``), so a backend a plugin registers gets its rows without a line here.
 Which build of a runtime reads a visible-devices variable is asked of the parsers in
-``whichdevice.visible``, not listed again.
+``whichdevice.hardware.visible``, not listed again.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from whichdevice.accelerate_settings import (
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.records import Backend, EnvDefault, ProbeResult, Visibility
+from whichdevice.hardware.registry import backends
+from whichdevice.hardware.visible import visible_devices
+from whichdevice.launch.accelerate_settings import (
     ENV_MIXED_PRECISION,
     ENV_USE_CPU,
     AccelerateSettings,
     read_accelerate_settings,
 )
-from whichdevice.distributed import detect_distributed
-from whichdevice.errors import DeviceError
-from whichdevice.records import Backend, EnvDefault, ProbeResult, Visibility
-from whichdevice.registry import backends
+from whichdevice.launch.distributed import detect_distributed
 from whichdevice.report.findings import warning
 from whichdevice.report.rows import BUILDS
-from whichdevice.resolver import ENV_DEVICE, parse_device
-from whichdevice.visible import visible_devices
+from whichdevice.resolve.resolver import ENV_DEVICE, parse_device
 
 __all__ = ["environment"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from whichdevice.packages import version_before
-from whichdevice.records import ProbeResult
-from whichdevice.registry import backends
+from whichdevice.core.packages import version_before
+from whichdevice.core.records import ProbeResult
+from whichdevice.hardware.registry import backends
 
 __all__ = ["ACCELERATE_MIN_FOR_GAUDI", "dedupe", "other_warnings", "warning"]
 
@@ -78,7 +78,7 @@ def _numbering_warnings(env: Mapping[str, str], results: Sequence[ProbeResult]) 
 
 
 def _package_warnings(versions: Mapping[str, str | None]) -> list[dict[str, str]]:
-    from whichdevice.kernels_support import kernels_compatibility
+    from whichdevice.attention.kernels import kernels_compatibility
 
     out = []
     if versions.get("kernels") is not None:

@@ -15,14 +15,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeAlias
 
-from whichdevice import probing
-from whichdevice.errors import DeviceError, DeviceUnavailableError, DoesNotFitError
-from whichdevice.packages import known_versions, package_version
-from whichdevice.registry import backends
+from whichdevice.core.errors import DeviceError, DeviceUnavailableError, DoesNotFitError
+from whichdevice.core.packages import known_versions, package_version
+from whichdevice.hardware import probing
+from whichdevice.hardware.registry import backends
 from whichdevice.report.environment import environment
 from whichdevice.report.findings import other_warnings
 from whichdevice.report.rows import backend_row
-from whichdevice.resolver import TASKS, parse_device, resolve_device
+from whichdevice.resolve.resolver import TASKS, parse_device, resolve_device
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -179,7 +179,7 @@ def gather(
 
 def _calibration() -> dict[str, Any]:
     """The CPU's calibration as the resolutions used it (cached or simulated figures, never measured here)."""
-    from whichdevice.calibration import calibration
+    from whichdevice.hardware.calibration import calibration
 
     calib, why = calibration(measure=False)
     return {"figures": calib.to_dict() if calib else None, "spec": calib.spec() if calib else None, "why": why}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from whichdevice.probes.cuda import BUILDS
-from whichdevice.records import Backend, ProbeResult
+from whichdevice.core.records import Backend, ProbeResult
+from whichdevice.hardware.probes.cuda import BUILDS
 
 __all__ = ["BUILDS", "backend_row", "device_summary"]
 

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from whichdevice.envhooks import scoped_env
-from whichdevice.errors import DeviceError
+from whichdevice.core.errors import DeviceError
+from whichdevice.hardware.envhooks import scoped_env
 from whichdevice.report.gather import SCHEMA_VERSION
 from whichdevice.smoke.progress import (
     Progress,

@@ -49,7 +49,7 @@ def tiny_llama_config() -> Any:
 
 
 def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) -> str:
-    from whichdevice.resolver import resolve_device
+    from whichdevice.resolve.resolver import resolve_device
 
     for task in tasks:
         state[task] = resolve_device(device, task=task)
@@ -61,8 +61,8 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
 
 
 def _import_transformers(state: dict[str, Any]) -> None:
-    from whichdevice.errors import PackageVersionError
-    from whichdevice.packages import transformers_problem
+    from whichdevice.core.errors import PackageVersionError
+    from whichdevice.core.packages import transformers_problem
 
     # Fail here, with the pip command, rather than steps later inside from_pretrained.
     problem = transformers_problem()
@@ -89,7 +89,7 @@ def _build(state: dict[str, Any], tmp: Path) -> str:
 def _load(state: dict[str, Any], tmp: Path, task: str) -> str:
     from transformers import AutoModelForCausalLM
 
-    from whichdevice.resolver import resolve_device
+    from whichdevice.resolve.resolver import resolve_device
 
     # Resolved again with the saved model, as a user loading it would: placement checks its size
     # and the attention can be the one verified for its architecture.
@@ -157,7 +157,7 @@ def _train(state: dict[str, Any], tmp: Path, result: dict[str, Any], progress: P
     torch = state["torch"]
     from transformers import PrinterCallback, ProgressCallback, Trainer
 
-    from whichdevice.training import training_arguments
+    from whichdevice.training.arguments import training_arguments
 
     res = state["training"]
     model = state["model_training"]

@@ -36,14 +36,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from whichdevice import probing as _probe
-from whichdevice.calibration import calibration_enabled, parse_figures, pin
-from whichdevice.envhooks import _forget
-from whichdevice.errors import DeviceError
-from whichdevice.packages import simulated_packages
-from whichdevice.probes import interpret, not_installed
-from whichdevice.records import Backend, ProbeResult
-from whichdevice.registry import backend_names, get_backend
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.packages import simulated_packages
+from whichdevice.core.records import Backend, ProbeResult
+from whichdevice.hardware import probing as _probe
+from whichdevice.hardware.calibration import calibration_enabled, parse_figures, pin
+from whichdevice.hardware.envhooks import _forget
+from whichdevice.hardware.probes import interpret, not_installed
+from whichdevice.hardware.registry import backend_names, get_backend
 from whichdevice.testing.readings import simulated_readings
 from whichdevice.testing.replay import RecordedMachine, load_report, replay_environment, replaying
 from whichdevice.testing.spec import SimulatedDevice, parse_spec
@@ -158,7 +158,7 @@ class simulate(contextlib.ContextDecorator):  # noqa: N801 - reads as a verb at 
 
     ``others="absent"`` (default) reports every backend no spec names as not present (the CPU is
     probed for real); ``others="real"`` probes them for real. ``packages`` maps distribution names
-    to the versions ``whichdevice.packages.package_version`` reports (None: not installed). Nests;
+    to the versions ``whichdevice.core.packages.package_version`` reports (None: not installed). Nests;
     restores everything on exit, including variables the env-setup hooks set while it was on.
 
     ``report`` (a ``whichdevice --json`` file's path, or its parsed dict) replays the machine that

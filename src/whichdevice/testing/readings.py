@@ -16,21 +16,21 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from whichdevice.envhooks import apply_env_defaults
-from whichdevice.packages import package_version
-from whichdevice.probes import cuda, hpu, tpu, vendor, xpu
-from whichdevice.probes.common import DeviceReading, RuntimeReadings, index_present, read_env
-from whichdevice.probes.cpu import ONEDNN_ISA_VARIABLE, CpuReadings, read_cpu
-from whichdevice.probes.cuda import CudaReadings
-from whichdevice.probes.hpu import HpuReadings, accelerate_block
-from whichdevice.probes.mps import MpsReadings
-from whichdevice.probes.tpu import TpuReadings
-from whichdevice.probes.vendor import VendorReadings
-from whichdevice.probes.xpu import XpuReadings
-from whichdevice.records import Backend
-from whichdevice.registry import get_backend
+from whichdevice.core.packages import package_version
+from whichdevice.core.records import Backend
+from whichdevice.hardware.envhooks import apply_env_defaults
+from whichdevice.hardware.probes import cuda, hpu, tpu, vendor, xpu
+from whichdevice.hardware.probes.common import DeviceReading, RuntimeReadings, index_present, read_env
+from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, CpuReadings, read_cpu
+from whichdevice.hardware.probes.cuda import CudaReadings
+from whichdevice.hardware.probes.hpu import HpuReadings, accelerate_block
+from whichdevice.hardware.probes.mps import MpsReadings
+from whichdevice.hardware.probes.tpu import TpuReadings
+from whichdevice.hardware.probes.vendor import VendorReadings
+from whichdevice.hardware.probes.xpu import XpuReadings
+from whichdevice.hardware.registry import get_backend
+from whichdevice.hardware.visible import visible_devices
 from whichdevice.testing.spec import SimulatedDevice, family, gpu_details, parse_spec
-from whichdevice.visible import visible_devices
 
 __all__ = ["DEFAULTS", "RUNTIME_TEXTS", "simulated_readings"]
 

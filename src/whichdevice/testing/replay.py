@@ -1,7 +1,7 @@
 """Replaying a report: ``simulate(report="machine.json")`` answers as the machine that wrote it.
 
 ``whichdevice --json`` carries, per registry row, every field of the probe's
-:class:`~whichdevice.records.ProbeResult`; its ``replay`` section adds the steering environment
+:class:`~whichdevice.core.records.ProbeResult`; its ``replay`` section adds the steering environment
 variables that were set and every package version whichdevice asked for. A replay hands those
 results to the probe machinery (cache, time limit, one run per backend), sets those variables and
 answers those versions for its duration, and runs the env hooks and the whole resolver for real.
@@ -24,12 +24,12 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from whichdevice import probes, probing
-from whichdevice.envhooks import _forget, apply_env_defaults
-from whichdevice.errors import DeviceError
-from whichdevice.memo import memo_variables
-from whichdevice.records import Backend, ProbeResult, Visibility
-from whichdevice.registry import backend_names
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.records import Backend, ProbeResult, Visibility
+from whichdevice.hardware import probes, probing
+from whichdevice.hardware.envhooks import _forget, apply_env_defaults
+from whichdevice.hardware.registry import backend_names
+from whichdevice.resolve.memo import memo_variables
 
 __all__ = [
     "RecordedMachine",
@@ -152,7 +152,7 @@ def _calibration(source: str, entry: Any) -> tuple[str | None, str]:
     spec, why = entry.get("spec"), entry.get("why") or RecordedMachine.calibration_why
     if spec is None:
         return None, why
-    from whichdevice.calibration import parse_figures
+    from whichdevice.hardware.calibration import parse_figures
 
     if not isinstance(spec, str):
         raise damaged

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from whichdevice.errors import DeviceError
-from whichdevice.probes.cpu import ONEDNN_ISAS
-from whichdevice.probes.cuda import VARIANTS
-from whichdevice.probes.hpu import GAUDI_GENERATIONS, gaudi_generation
-from whichdevice.probes.mps import MACOS_RELEASES, MPS_MIN_MACOS
-from whichdevice.registry import backend_names, unknown_name_message
-from whichdevice.sizing import format_bytes, parse_size
+from whichdevice.core.errors import DeviceError
+from whichdevice.core.sizes import format_bytes, parse_size
+from whichdevice.hardware.probes.cpu import ONEDNN_ISAS
+from whichdevice.hardware.probes.cuda import VARIANTS
+from whichdevice.hardware.probes.hpu import GAUDI_GENERATIONS, gaudi_generation
+from whichdevice.hardware.probes.mps import MACOS_RELEASES, MPS_MIN_MACOS
+from whichdevice.hardware.registry import backend_names, unknown_name_message
 from whichdevice.testing.gpus import capabilities, gpu_details, name_conflict
 
 __all__ = ["MAX_COUNT", "MODES", "SimulatedDevice", "family", "gpu_details", "parse_spec"]
@@ -85,7 +85,7 @@ class SimulatedDevice:
     driver: str | None = None
     cuda: str | None = None
     arch: tuple[str, ...] | None = None
-    # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.calibration)
+    # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.hardware.calibration)
     calibration: str | None = None
     mode: str | None = None
     # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
@@ -221,7 +221,7 @@ def _parse_arch(key: str, text: str) -> tuple[str, ...]:
 
 
 def _parse_calibration(key: str, text: str) -> str:
-    from whichdevice.calibration import parse_figures
+    from whichdevice.hardware.calibration import parse_figures
 
     try:
         parse_figures(text)

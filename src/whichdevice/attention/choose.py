@@ -1,0 +1,250 @@
+"""Which attention implementation to ask transformers for, read from installed metadata only."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fits
+from whichdevice.core.errors import ConfigConflictError, DeviceError
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.hardware.calibration import Calibration
+    from whichdevice.model.support import AttentionSupport
+
+__all__ = [
+    "AUTO_HUB",
+    "KNOWN_IMPLEMENTATIONS",
+    "AttentionChoice",
+    "choose_attention",
+    "flash_attention_package",
+    "is_hub_kernel",
+]
+
+# Opt-in: like "auto", but when no FlashAttention package is usable, the Hub kernel transformers
+# swaps in for it (kernels-community/flash-attn2, ...) where one exists and can be had.
+AUTO_HUB = "auto-hub"
+
+KNOWN_IMPLEMENTATIONS = (
+    "sdpa",
+    "whichdevice_sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+)
+
+
+def is_hub_kernel(value: str) -> bool:
+    """Whether ``value`` names a Hub kernel ("org/repo", "org/repo@rev", "org/repo:name"), as
+    transformers' ``is_kernel`` accepts for attn_implementation."""
+    return re.fullmatch(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?", value) is not None
+
+
+class AttentionChoice(NamedTuple):
+    """The attention decision: what the model runs with, whether model_kwargs() passes it, and why."""
+
+    name: str | None  # None: transformers decides, and whichdevice cannot tell what (no model= to read)
+    passed: bool
+    why: str
+
+
+def choose_attention(
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    requested: str = "auto",
+    *,
+    task: str = "inference",
+    model: Any = None,
+    measured: Calibration | None = None,
+) -> AttentionChoice:
+    """Pass an implementation only when it beats what transformers picks by itself (FlashAttention,
+    a Hub FlashAttention kernel, the CPU decode attention) and every class ``model=`` loads as supports
+    it; an explicit request is passed as asked, and refused when the model's classes refuse it.
+    ``measured``: the CPU's calibration, which decides the CPU decode attention where it was timed."""
+    from whichdevice.model.support import attention_support
+
+    support = attention_support(model) if model is not None else None
+    if requested not in ("auto", AUTO_HUB):
+        name, why = _as_requested(backend, result, dtype, requested)
+        line = why if why.startswith(name) else f"{name}: {why}"
+        return AttentionChoice(name, True, line + _request_checked(name, support))
+    wanted, why = _wanted(backend, result, dtype, requested, task, model, measured)
+    return _settle(wanted, why, support)
+
+
+def _wanted(
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    requested: str,
+    task: str,
+    model: Any,
+    measured: Calibration | None = None,
+) -> tuple[str | None, str]:
+    """The implementation whichdevice would pass on this hardware (None: transformers' own choice is best), and why."""
+    for impl in ("flash_attention_3", "flash_attention_2"):
+        version = flash_attention_package(impl)
+        if version is None:
+            continue
+        ok, why = flash_fits(impl, backend, result, dtype)
+        if ok:
+            return impl, f"{FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
+    installed = [impl for impl in FLASH if flash_attention_package(impl)]
+    if requested == AUTO_HUB:
+        from whichdevice.attention.kernels import hub_flash_attention
+
+        repo, why = hub_flash_attention(backend, result, dtype)
+        have = f"{', '.join(installed)} installed but unusable here" if installed else "no FlashAttention package"
+        if repo is not None:
+            return repo, (
+                f"{have}, so the Hub kernel transformers uses in its place "
+                f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
+            )
+        return _without_flash(
+            backend,
+            dtype,
+            task,
+            model,
+            f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}",
+            measured,
+        )
+    if installed:
+        return _without_flash(
+            backend, dtype, task, model, f"{', '.join(installed)} installed but unusable here", measured
+        )
+    return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed", measured)
+
+
+def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> AttentionChoice:
+    """Pass ``wanted`` where the model's classes are read and support it; else leave it to transformers."""
+    from whichdevice.model.support import transformers_default
+
+    if support is None:
+        if wanted is not None:
+            why = f"{wanted} would fit ({why}), but without model= its support cannot be checked; pass model= to get it"
+        return AttentionChoice(
+            None, False, f"left to transformers (sdpa where the model supports it, else eager): {why}"
+        )
+    if support.unknown is not None:
+        skipped = f"{wanted} not passed, " if wanted is not None else ""
+        return AttentionChoice(
+            None,
+            False,
+            f"left to transformers: {skipped}the model's attention support is unknown ({support.unknown}); {why}",
+        )
+    refusal = support.refusal(wanted) if wanted is not None else None
+    if wanted is not None and refusal is None:
+        return AttentionChoice(wanted, True, f"{wanted}: {why}; supported by {support.checked()}")
+    if refusal is not None:
+        why = f"{wanted} not passed: {refusal}; {why}"
+    default = transformers_default(support)
+    if default is None:
+        return AttentionChoice(
+            None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}"
+        )
+    return AttentionChoice(
+        default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}"
+    )
+
+
+def _defaults(support: AttentionSupport) -> str:
+    eager = support.refusal("sdpa")
+    if eager is None:
+        return f"{support.checked()} support sdpa"
+    return f"{eager}, so transformers runs eager there (passing 'sdpa' would fail)"
+
+
+def _request_checked(name: str, support: AttentionSupport | None) -> str:
+    """Nothing to add, or the model's classes' support for an explicit request; raises when they refuse it."""
+    if support is None:
+        return ""
+    if support.unknown is not None:
+        return f"; not checked against the model: {support.unknown}"
+    refusal = support.refusal(name)
+    if refusal is not None:
+        from whichdevice.model.support import transformers_default
+
+        default = transformers_default(support) or "sdpa or eager per model part"
+        raise ConfigConflictError(
+            f"attn_implementation={name!r}: {refusal}, so from_pretrained would refuse it; leave "
+            f"attn_implementation='auto' (transformers then picks {default} itself) or pass 'eager'"
+        )
+    return f"; supported by {support.checked()}"
+
+
+def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requested: Any) -> tuple[str, str]:
+    """An explicit attn_implementation: kept as asked, checked, and said what it will do."""
+    if isinstance(requested, str) and is_hub_kernel(requested):
+        from whichdevice.attention.kernels import hub_access, kernels_compatibility
+
+        kernel = requested.split("@")[0].split(":")[0]
+        problems = [why for ok, why in (kernels_compatibility(), hub_access(kernel)) if not ok]
+        return requested, f"{requested}: a Hub kernel, as you asked" + (
+            f"; transformers will not load it: {'; '.join(problems)}" if problems else ""
+        )
+    if not isinstance(requested, str) or requested not in KNOWN_IMPLEMENTATIONS:
+        raise DeviceError(
+            f"attn_implementation={requested!r} is not known; use 'auto', '{AUTO_HUB}' (also a Hub "
+            f"FlashAttention kernel), a Hub kernel ('org/repo') or one of {', '.join(KNOWN_IMPLEMENTATIONS)}"
+        )
+    if requested not in FLASH:
+        return requested, "as you asked"
+    ok, why = flash_fits(requested, backend, result, dtype)
+    if not ok:
+        raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
+    if FLASH[requested][0] in backend.flash_attention_native:
+        return requested, f"{requested} as you asked: served by {backend.module}'s own FlashAttention"
+    if flash_attention_package(requested) is not None:
+        return requested, "as you asked"
+    from whichdevice.attention.kernels import hub_flash_attention
+
+    package = FLASH[requested][1]
+    repo, why = hub_flash_attention(backend, result, dtype, requested)
+    if repo is not None:
+        return requested, (
+            f"{requested} as you asked; {package} is not installed, so transformers loads the Hub kernel {why}"
+        )
+    return requested, (
+        f"{requested} as you asked, but {package} is not installed and transformers cannot "
+        f"use a Hub kernel instead ({why}), so loading the model will fail: pip install {package}"
+    )
+
+
+def _without_flash(
+    backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str, measured: Calibration | None = None
+) -> tuple[str | None, str]:
+    """None (transformers' own choice), or on the CPU in bf16/fp16 for inference the decode attention
+    (see decode_attention); and why, after ``no_flash``."""
+    from whichdevice.attention.decode import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
+
+    # The decode attention is a fix for torch's fused CPU kernel: a fact about the CPU, not a capability.
+    if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
+        return None, no_flash
+    # Read only here: everywhere else the architecture does not change the answer.
+    model_type = model_type_of(model)
+    faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
+    if measured is not None:
+        from whichdevice.precision.measured import measured_attention
+
+        wins, text = measured_attention(measured, dtype)
+        if wins is False:
+            return None, f"{no_flash}; {ATTENTION_NAME} not passed: {text}"
+        if wins:
+            faster = text
+    if model is None:
+        return None, f"{no_flash}; pass model= to get {ATTENTION_NAME} ({faster}) for a verified architecture"
+    if model_type is None:
+        return (
+            None,
+            f"{no_flash}; {ATTENTION_NAME} needs the model's architecture, and model= has no readable model_type",
+        )
+    if model_type not in VERIFIED_MODEL_TYPES:
+        return None, f"{no_flash}; {ATTENTION_NAME} is not verified for model_type {model_type!r}"
+    return ATTENTION_NAME, (
+        f"sdpa for prompts and a plain matmul for one-token decode steps, since "
+        f"{faster}; verified for model_type {model_type!r}; {no_flash}"
+    )

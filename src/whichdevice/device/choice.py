@@ -1,0 +1,58 @@
+"""Which device of several, when none was named: the one with the most free memory, device 0 on a tie.
+
+On a shared machine device 0 is often the busy one (every program's default). Free memory comes from
+the probe (NVML for CUDA, read without starting a context); where it is unknown, or where device 0
+has about as much as the best, device 0 stays, so a single-user machine behaves as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from whichdevice.core.records import TraceStep
+from whichdevice.core.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
+
+__all__ = ["BUSY_FRACTION", "least_busy"]
+
+# Device 0 counts as busy when it has less than this share of the best device's free memory: a few
+# hundred MiB held by a driver or a desktop must not move a job off device 0.
+BUSY_FRACTION = 0.9
+
+
+def _free(info: DeviceInfo) -> int | None:
+    return info.free_memory
+
+
+def least_busy(backend: Backend, result: ProbeResult, task: str) -> tuple[int, list[TraceStep]]:
+    """The index to use among ``result``'s devices, and the trace lines that say why."""
+    devices = list(result.devices)
+    if len(devices) < 2 or any(_free(d) is None for d in devices):
+        return 0, []
+    best = max(devices, key=lambda d: (_free(d) or 0, -d.index))
+    first = devices[0]
+    if (_free(first) or 0) >= BUSY_FRACTION * (_free(best) or 0):
+        return 0, []
+    busy = (
+        f"{backend.name}:0 has {format_bytes(_free(first) or 0)} free of {format_bytes(first.total_memory or 0)} "
+        "(another process uses it)"
+    )
+    if task == "training":
+        # Trainer in one process always trains on device 0: only the visible-devices variable moves it.
+        variable = result.visible.variable if result.visible and result.visible.variable else None
+        variable = variable or (backend.visible_devices_env[0] if backend.visible_devices_env else None)
+        fix = f"{variable or 'the visible-devices variable'}={best.physical_id or best.index}"
+        return 0, [
+            TraceStep(
+                "warning",
+                f"{busy}; {backend.name}:{best.index} has {format_bytes(_free(best) or 0)} free. Trainer trains on "
+                f"{backend.name}:0 in one process: start with {fix} python train.py to train there",
+            )
+        ]
+    why = (
+        f"{backend.name}:{best.index}: the most free memory of the {len(devices)} visible devices "
+        f"({format_bytes(_free(best) or 0)} of {format_bytes(best.total_memory or 0)}); {busy}"
+    )
+    return best.index, [TraceStep("device", why)]

@@ -1,0 +1,233 @@
+"""Which backend and which device string: detection in the declared order, or the one asked for, checked.
+
+Detection walks the registry's order (``prefer``/``exclude`` reorder it) and takes the first backend
+whose probe says it is usable. A backend asked for by name is probed alone; when it cannot be used,
+or its index is not visible, the error says why, what this machine has, and what to change.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.core.errors import DeviceError, DeviceUnavailableError
+from whichdevice.core.records import Backend, ProbeResult, TraceStep
+from whichdevice.device.choice import least_busy
+from whichdevice.device.request import ENV_DEVICE, DeviceRequest, device_names
+from whichdevice.hardware import probing
+from whichdevice.hardware.registry import backends, get_backend
+
+if TYPE_CHECKING:
+    from whichdevice.launch.distributed import DistributedContext
+
+__all__ = ["choose_backend", "describe", "detection_order", "device_string"]
+
+
+# (the backend, its probe result), and the trace lines that say why
+_Chosen = tuple[tuple[Backend, ProbeResult], list[TraceStep]]
+
+
+def choose_backend(request: DeviceRequest, prefer: Any, exclude: Any) -> _Chosen:
+    """The backend and its probe result: the one asked for, or the first usable in the order."""
+    if request.detect:
+        order, steps = detection_order(prefer, exclude)
+        steps.append(
+            TraceStep(
+                "request",
+                f"no device given and {ENV_DEVICE} unset: first available in the order "
+                + ", ".join(b.name for b in order),
+            )
+        )
+        chosen, found = _detect(order)
+        return chosen, steps + found
+    return _asked_for(request)
+
+
+def detection_order(prefer: Any, exclude: Any) -> tuple[list[Backend], list[TraceStep]]:
+    """The registry's order with ``exclude`` removed and ``prefer`` moved to the front."""
+    preferred = device_names(prefer, "prefer")
+    excluded = set(device_names(exclude, "exclude"))
+    order = [b for b in backends() if b.name not in excluded]
+    steps = []
+    if preferred:
+        rank = {name: i for i, name in enumerate(preferred)}
+        order.sort(key=lambda b: rank.get(b.name, len(rank)))
+        steps.append(TraceStep("order", f"prefer={preferred} moves them to the front"))
+    if excluded:
+        steps.append(TraceStep("order", f"exclude={sorted(excluded)} removes them"))
+    return order, steps
+
+
+def _detect(order: list[Backend]) -> _Chosen:
+    steps = []
+    for position, backend in enumerate(order):
+        result = probing.probe(backend.name)
+        if result.available:
+            steps.append(TraceStep(backend.name, f"chosen: {describe(backend, result)}", True))
+            for later in order[position + 1 :]:
+                steps.append(TraceStep(later.name, f"not probed: {backend.name} comes first in the order", False))
+            return (backend, result), steps
+        steps.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
+    raise DeviceUnavailableError(
+        "no usable device: every backend in "
+        + ", ".join(b.name for b in order)
+        + " is unavailable (see the reasons in `whichdevice`); leave 'cpu' out of exclude= to fall back to it"
+    )
+
+
+def _asked_for(request: DeviceRequest) -> _Chosen:
+    backend = get_backend(request.name)
+    result = probing.probe(request.name)
+    asked, source = request.asked or request.name, request.source
+    if not result.available:
+        raise _unavailable(asked, backend, result, source)
+    if request.index is not None and request.index >= result.device_count:
+        raise _index_error(asked, backend, result, request.index, source)
+    steps = [
+        TraceStep(other.name, f"not considered: {source} asked for {asked!r}", False)
+        for other in backends()
+        if other.name != request.name
+    ]
+    steps.append(TraceStep(request.name, f"chosen: {describe(backend, result)}", True))
+    return (backend, result), steps
+
+
+def describe(backend: Backend, result: ProbeResult) -> str:
+    """ "NVIDIA GPU, 8 devices; NVIDIA H200": the hardware, its count and its device names."""
+    names = sorted({d.name for d in result.devices if d.name})
+    # The cuda row covers two vendors; the probe's variant says which one this is.
+    what = (
+        backend.hardware if backend.name != "cuda" else ("AMD GPU (ROCm)" if result.variant == "rocm" else "NVIDIA GPU")
+    )
+    detail = f"; {', '.join(names)}" if names else ""
+    return f"{what}, {result.device_count} device{'s' if result.device_count != 1 else ''}{detail}"
+
+
+def _machine_has() -> str:
+    found = [
+        f"{r.backend} ({r.device_count} device{'s' if r.device_count != 1 else ''})"
+        for r in probing.probe_all()
+        if r.available
+    ]
+    return ", ".join(found) or "nothing usable"
+
+
+def _unavailable(asked: str, backend: Backend, result: ProbeResult, source: str) -> DeviceError:
+    where = f"{source}={asked!r}" if source != "device" else f"device {asked!r}"
+    fix = "" if source == "device" else f" Fix or unset {source}."
+    setting = _visibility_error(backend, result)
+    if setting is not None:
+        # A visible-devices variable no runtime accepts is a wrong request (exit 2), not missing hardware.
+        return DeviceError(f"{where} cannot be used: {setting}")
+    reason = result.reason or f"{backend.name} is not available"
+    vis = result.visible
+    if vis is not None and vis.variable and vis.ids is not None and vis.variable not in reason:
+        # The variable chose which devices this process sees: say so, or the user looks elsewhere.
+        said = [w for w in result.warnings if vis.variable in w]
+        reason += "; " + ("; ".join(said) if said else f"{vis.variable}={vis.raw!r} selects the visible devices")
+        reason += f": fix or unset {vis.variable}"
+    return DeviceUnavailableError(f"{where} is not usable here: {reason}. This machine has: {_machine_has()}.{fix}")
+
+
+def _visibility_error(backend: Backend, result: ProbeResult) -> DeviceError | None:
+    """The error of a malformed visible-devices variable when that is what stopped the probe."""
+    if not result.installed or result.available or result.visible is not None:
+        return None
+    from whichdevice.hardware.visible import visibility_error
+
+    return visibility_error(backend.name, variant=result.variant, reason=result.reason)
+
+
+def _index_error(asked: str, backend: Backend, result: ProbeResult, index: int, source: str) -> DeviceError:
+    count = result.device_count
+    vis = result.visible
+    valid = f"{backend.name}:0..{backend.name}:{count - 1}" if count > 1 else f"{backend.name}:0"
+    because = ""
+    if vis is not None and vis.variable:
+        because = f" because {vis.variable}={vis.raw!r}"
+    fix = f" Fix or unset {source}." if source != "device" else ""
+    return DeviceUnavailableError(
+        f"{source} {asked!r} asks for {backend.name} index {index}, but {count} "
+        f"{'is' if count == 1 else 'are'} visible{because}; use {valid}"
+        + (f" or change {vis.variable}" if because and vis is not None else "")
+        + f".{fix}"
+    )
+
+
+def device_string(
+    backend: Backend,
+    result: ProbeResult,
+    request: DeviceRequest,
+    dist: DistributedContext | None,
+    task: str = "inference",
+) -> tuple[tuple[str, int], list[TraceStep]]:
+    """The device string and how many devices this process uses.
+
+    In a distributed run each process takes the device accelerate will give it: the device of its
+    local rank; its current device on a backend without indices in its device strings (Gaudi,
+    Trainium, TPU: accelerate uses ``torch.device("hpu", current_device())``, each process owning
+    one device); ``ACCELERATE_TORCH_DEVICE`` as given when set (Ray Train sets it); and the one
+    device every process shares on the CPU. Otherwise, with no index asked for, the device with the
+    most free memory (:func:`whichdevice.device.choice.least_busy`; device 0 on a tie).
+    """
+    index = request.index
+    if dist is not None and not backend.shared_device:
+        if backend.distributed_backend is None:
+            raise DeviceError(
+                f"{dist.launcher} started {dist.world_size} processes, but {backend.name} has no "
+                f"distributed backend ({backend.hardware} runs one process); run a single process or "
+                "use device='cpu' (gloo)"
+            )
+        if index is not None:
+            return (f"{backend.name}:{index}", 1), []
+        return _rank_device(backend, result, dist)
+    steps = _accelerate_device_differs(backend, dist)
+    if backend.shared_device:
+        return (backend.name, 1), steps
+    if index is not None:
+        return (f"{backend.name}:{index}", 1), steps
+    if backend.indexed:
+        chosen, why = least_busy(backend, result, task)
+        return (f"{backend.name}:{chosen}", result.device_count), steps + why
+    return (backend.name, result.device_count), steps
+
+
+def _rank_device(
+    backend: Backend, result: ProbeResult, dist: DistributedContext
+) -> tuple[tuple[str, int], list[TraceStep]]:
+    if dist.local_rank >= result.device_count:
+        vis = result.visible
+        because = f" ({vis.variable}={vis.raw!r})" if vis is not None and vis.variable else ""
+        raise DeviceUnavailableError(
+            f"{dist.local_rank_variable}={dist.local_rank} but only {result.device_count} "
+            f"{backend.name} device(s) are visible{because}; start at most "
+            f"{result.device_count} processes per node (--nproc_per_node={result.device_count}) "
+            "or make more devices visible"
+        )
+    given = dist.accelerate_device
+    if given is not None and given.partition(":")[0] == backend.name and dist.seen:
+        why = f"ACCELERATE_TORCH_DEVICE={given!r} ({dist.launcher}): the device accelerate will use"
+        return (given, 1), [TraceStep("device", why)]
+    if not backend.indexed:
+        why = (
+            f"{backend.name}: local rank {dist.local_rank} ({dist.local_rank_variable}) owns one device, "
+            f"which is its current device; accelerate uses torch.device({backend.name!r}, current_device()) "
+            "and device_map stays on it"
+        )
+        return (backend.name, 1), [TraceStep("device", why)]
+    device = f"{backend.name}:{dist.local_rank}"
+    why = f"{device}: local rank {dist.local_rank} ({dist.local_rank_variable}) picks its own device"
+    return (device, 1), [TraceStep("device", why), *_accelerate_device_differs(backend, dist)]
+
+
+def _accelerate_device_differs(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
+    """A warning when ACCELERATE_TORCH_DEVICE will put the Trainer on another kind of device."""
+    given = dist.accelerate_device if dist is not None and dist.seen else None
+    if given is None or given.partition(":")[0] == backend.name:
+        return []
+    return [
+        TraceStep(
+            "warning",
+            f"ACCELERATE_TORCH_DEVICE={given!r}: accelerate will train on {given}, not on {backend.name}; "
+            f"pass device={given.partition(':')[0]!r} or unset ACCELERATE_TORCH_DEVICE",
+        )
+    ]

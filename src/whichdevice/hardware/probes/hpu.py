@@ -1,0 +1,144 @@
+"""The Intel Gaudi probe: accelerate's minimum first, the int64 hook before the import, then torch.hpu.
+
+Importing ``habana_frameworks.torch`` patches torch (gather, scatter, compile, ...), so the reader
+stops before it when accelerate is too old for the result to be usable anyway.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from importlib.util import find_spec
+from typing import Any
+
+from whichdevice.core.packages import package_version, requirement_on, version_before
+from whichdevice.core.records import Backend, ProbeResult
+from whichdevice.hardware.envhooks import apply_env_defaults
+from whichdevice.hardware.probes.common import (
+    RuntimeReadings,
+    finish,
+    finish_runtime,
+    import_failure,
+    installed_versions,
+    module_devices,
+    not_installed,
+    raise_import_error,
+    read_env,
+    read_module_devices,
+)
+from whichdevice.hardware.visible import Visibility, visible_devices
+
+__all__ = [
+    "ENV_VARIABLES",
+    "GAUDI_GROUP_SIZES",
+    "HpuReadings",
+    "accelerate_block",
+    "gaudi_generation",
+    "hpu_group_warnings",
+    "interpret_hpu",
+    "probe_hpu",
+    "read_hpu",
+]
+
+ENV_VARIABLES = ("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES")
+
+# Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis.
+GAUDI_GROUP_SIZES = (2, 4)
+
+# The generations gaudi_generation() reads from a device name; a new one is added here.
+GAUDI_GENERATIONS = ("gaudi1", "gaudi2", "gaudi3")
+
+# transformers' and accelerate's is_torch_hpu_available() is False before this accelerate.
+_MIN_ACCELERATE = "1.5.0"
+
+
+@dataclass(frozen=True)
+class HpuReadings(RuntimeReadings):
+    """torch.hpu's readings, and the accelerate version (read first: it decides whether to import)."""
+
+    accelerate_version: str | None = None
+
+
+def accelerate_block(accelerate_version: str | None) -> str | None:
+    """Why this accelerate makes Gaudi unusable, or None."""
+    if accelerate_version is None or not version_before(accelerate_version, _MIN_ACCELERATE):
+        return None
+    return (
+        f"accelerate {accelerate_version} is too old for Gaudi (transformers and accelerate "
+        f"ignore HPUs before {_MIN_ACCELERATE}): pip install 'accelerate>={_MIN_ACCELERATE}'"
+    )
+
+
+def read_hpu(backend: Backend) -> HpuReadings:
+    versions = installed_versions(backend)
+    if find_spec("habana_frameworks") is None or find_spec("habana_frameworks.torch") is None:
+        return HpuReadings(installed=False, versions=versions)
+    accelerate = package_version("accelerate")
+    if accelerate_block(accelerate) is not None:
+        return HpuReadings(accelerate_version=accelerate, versions=versions)
+    env_set = apply_env_defaults(backend, "import")
+    requires = requirement_on(backend.package, "torch")  # the plugin pins the torch it was built for
+    try:
+        import habana_frameworks.torch  # noqa: F401 - registers torch.hpu (and patches torch)
+    except Exception as exc:
+        return HpuReadings(
+            import_error=import_failure(exc),
+            env_set=env_set,
+            accelerate_version=accelerate,
+            versions=versions,
+            requires_torch=requires,
+        )
+    import torch
+
+    hpu: Any = getattr(torch, "hpu")  # noqa: B009 - registered at run time by the import above
+    available = bool(hpu.is_available())
+    count = int(hpu.device_count()) if available else 0
+    return HpuReadings(
+        env_set=env_set,
+        env=read_env(ENV_VARIABLES),
+        available=available,
+        devices=read_module_devices(hpu, count),
+        versions=versions,
+        accelerate_version=accelerate,
+        requires_torch=requires,
+    )
+
+
+def gaudi_generation(name: str | None) -> str | None:
+    """ "gaudi3" for "GAUDI3" or "Intel Gaudi 3"; a Gaudi without a number is the first one."""
+    text = name or ""
+    gen = re.search(r"gaudi\s*(\d)", text, re.IGNORECASE)
+    return f"gaudi{gen.group(1)}" if gen else ("gaudi1" if "gaudi" in text.lower() else None)
+
+
+def interpret_hpu(backend: Backend, readings: HpuReadings) -> ProbeResult:
+    """Every Gaudi computes bf16; its generation comes from the device name."""
+    if not readings.installed:
+        return not_installed(backend, versions=readings.versions)
+    blocked = accelerate_block(readings.accelerate_version)
+    if blocked is not None:
+        return finish(backend, [], unavailable_reason=blocked, versions=readings.versions)
+    raise_import_error(readings, backend)
+    vis = visible_devices("hpu", readings.env)
+    devices = [
+        replace(d, generation=gaudi_generation(d.name), bf16=True) for d in module_devices(readings.devices, vis)
+    ]
+    return finish_runtime(backend, readings, vis, devices, hpu_group_warnings(vis))
+
+
+def hpu_group_warnings(vis: Visibility) -> list[str]:
+    """Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis."""
+    if vis.ids is None or not vis.ids:
+        return []
+    n = len(vis.ids)
+    if n == 1 or n in GAUDI_GROUP_SIZES or n >= 8:
+        return []
+    return [
+        f"{vis.variable}={vis.raw!r} selects {n} Gaudi devices; on a partial server Intel supports "
+        "distributed work only in groups of 2 or 4 (hl-smi -Q index,module_id -f csv maps indices "
+        "to module ids)"
+    ]
+
+
+def probe_hpu(backend: Backend) -> ProbeResult:
+    return interpret_hpu(backend, read_hpu(backend))

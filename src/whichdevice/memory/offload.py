@@ -1,0 +1,143 @@
+"""Offload on request (CPU memory, then disk), and what a job that fits nowhere would need instead.
+
+whichdevice never offloads unasked: a model that spills to the CPU runs many times slower, and a
+user who did not expect it reads that as a hang. With ``offload="cpu"`` or ``"disk"`` the devices
+keep what they can and accelerate puts the rest in ``max_memory["cpu"]``, then ``offload_folder``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.core.errors import ConfigConflictError, DeviceError, DoesNotFitError
+from whichdevice.core.records import TraceStep
+from whichdevice.core.sizes import format_bytes
+from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION
+from whichdevice.memory.job import ADAPTER_FRACTION, OFFLOADS, Job, JobMemory, job_memory
+from whichdevice.model.size import ModelSize
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend
+    from whichdevice.memory.job import ModelShape
+
+__all__ = ["check_offload", "cpu_available", "offload_placement", "remedies"]
+
+_MiB = 1024**2
+
+
+def check_offload(offload: Any, offload_folder: Any, task: str) -> None:
+    """Raise for an offload request that cannot work, naming what to pass instead."""
+    if offload is None:
+        if offload_folder is not None:
+            raise DeviceError(f"offload_folder={offload_folder!r} without offload='disk': pass both, or neither")
+        return
+    if offload not in OFFLOADS:
+        raise DeviceError(f"offload={offload!r}: use 'cpu' or 'disk' (with offload_folder=...), or leave it out")
+    if offload == "disk" and not offload_folder:
+        raise DeviceError("offload='disk' needs a folder for the weights: pass offload_folder='path/to/folder'")
+    if offload == "cpu" and offload_folder is not None:
+        raise DeviceError("offload_folder= is for offload='disk'; with offload='cpu' leave it out")
+    if task == "training":
+        raise ConfigConflictError(
+            f"offload={offload!r} with task='training': accelerate's offloaded layers are for inference and "
+            "do not train; train LoRA adapters in 4-bit (quantize='auto'), or shard with DeepSpeed ZeRO-Offload"
+        )
+
+
+def cpu_available() -> int | None:
+    """The CPU memory a process can take now (psutil's available), else the total; None if unknown."""
+    from whichdevice.hardware import probing
+
+    result = probing.probe("cpu")
+    if not result.devices:
+        return None
+    info = result.devices[0]
+    return info.free_memory if info.free_memory is not None else info.total_memory
+
+
+def offload_placement(
+    weights: int,
+    extra: int,
+    backend: Backend,
+    caps: dict[int | str, int],
+    budget_given: bool,
+    job: Job,
+    trace: list[TraceStep],
+) -> tuple[str, dict[int | str, str], None, str | None]:
+    """device_map="auto" with the devices' budgets, ``max_memory["cpu"]`` and, for disk, the folder."""
+    if backend.memory_by_name and job.offload == "cpu":
+        raise ConfigConflictError(
+            f"offload='cpu' on {backend.name}: the model is in the memory CPU offload would use already; "
+            "use offload='disk' with offload_folder=..."
+        )
+    fraction = 1.0 if budget_given else SPLIT_FRACTION
+    total = sum(caps.values())
+    if extra >= total * fraction:
+        # The KV cache and activations live on the devices; offload moves weights only.
+        raise DoesNotFitError(
+            f"offload={job.offload!r} moves weights only, and the job's other memory ({format_bytes(extra)}) "
+            f"alone needs more than the {backend.name} devices offer ({format_bytes(int(total * fraction))}); "
+            "lower max_length or batch_size, or use more devices"
+        )
+    budget = {k: max(0, int(c * fraction - extra * c / total)) for k, c in caps.items()}
+    cpu = cpu_available() or 0
+    if not backend.memory_by_name:
+        budget["cpu"] = int(cpu * SPLIT_FRACTION)
+    on_devices = sum(v for k, v in budget.items() if k != "cpu")
+    spill = max(0, weights - on_devices)
+    if job.offload == "cpu" and weights > sum(budget.values()):
+        raise DoesNotFitError(
+            f"the weights ({format_bytes(weights)}) do not fit even with offload='cpu': the devices keep "
+            f"{format_bytes(on_devices)} and the CPU has {format_bytes(budget['cpu'])} to spare; use "
+            "offload='disk' with offload_folder=..., or quantize='auto'"
+        )
+    where = "the CPU" if job.offload == "cpu" else f"the CPU, then {job.offload_folder}"
+    trace.append(
+        TraceStep(
+            "placement",
+            f"device_map='auto' with offload={job.offload!r} as you asked: {backend.name} keeps "
+            f"{format_bytes(on_devices)} and about {format_bytes(spill)} of the weights go to {where} "
+            "(slow: offloaded layers are copied in on every forward pass)",
+        )
+    )
+    max_memory: dict[int | str, str] = {k: f"{v // _MiB}MiB" for k, v in budget.items()}
+    return "auto", max_memory, None, job.offload_folder if job.offload == "disk" else None
+
+
+def remedies(
+    shape: ModelShape | None,
+    size: ModelSize,
+    memory: JobMemory,
+    backend: Backend,
+    caps: dict[int | str, int],
+    dtype: str,
+    job: Job,
+) -> str:
+    """The ways out of a DoesNotFitError, each with what it would need."""
+    weights = size.bytes_in(dtype)
+    need = weights + memory.bytes
+    one = next(iter(caps.values()))
+    ways = []
+    if job.task == "training":
+        lora = job_memory(
+            shape, size.parameters, "training", dtype, job.batch_size, job.max_length, trainable=ADAPTER_FRACTION
+        )
+        qlora = size.bytes_quantized(4, dtype) + lora.bytes
+        eight = job_memory(
+            shape, size.parameters, "training", dtype, job.batch_size, job.max_length, optimizer="adamw_8bit"
+        )
+        ways += [
+            f"LoRA adapters on the {dtype} weights (about {format_bytes(weights + lora.bytes)}: "
+            "whichdevice.lora_training)",
+            f"4-bit weights with LoRA adapters (QLoRA, quantize='auto': about {format_bytes(qlora)})",
+            f"an 8-bit optimizer (optim='adamw_bnb_8bit': about {format_bytes(weights + eight.bytes)})",
+        ]
+    if one and not backend.memory_by_name:
+        count = math.ceil(need / (one * SPLIT_FRACTION))
+        how = "sharded with FSDP or DeepSpeed ZeRO-3" if job.task == "training" else "with device_map='auto'"
+        ways.append(f"{count} {backend.name} devices like this one ({format_bytes(one)} each), {how}")
+    if job.task != "training" and job.offload is None:
+        spill = format_bytes(max(0, need - int(one * FIT_FRACTION)))
+        ways.append(f"offload='cpu' or offload='disk' (a slow run: about {spill} would leave the device)")
+    return f". The whole job needs {memory.describe(weights)}; ways out: " + "; ".join(ways) if ways else ""

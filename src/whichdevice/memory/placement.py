@@ -1,0 +1,330 @@
+"""Placement for a known model: which devices, how much memory each, and quantization when needed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.core.errors import DeviceError, DoesNotFitError
+from whichdevice.core.records import TraceStep
+from whichdevice.core.sizes import format_bytes, parse_size
+from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
+from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory, model_shape
+from whichdevice.memory.offload import check_offload, offload_placement, remedies
+from whichdevice.model.size import ModelSize, estimate_model_size
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
+    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.memory.quantization import QuantizationPlan
+
+__all__ = ["capacities", "estimate_job", "place_model"]
+
+
+def capacities(
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dist: DistributedContext | None,
+    max_memory: Mapping[int | str, Any] | None,
+) -> dict[int | str, int] | None:
+    """Memory per usable device (max_memory key -> bytes); None when the hardware does not say."""
+    _, _, idx = device.partition(":")
+    if max_memory is not None:
+        wanted: dict[int | str, int] = {}
+        for key, value in max_memory.items():
+            if key == backend.name or (isinstance(key, int) and not backend.shared_device):
+                wanted[key] = parse_size(value, f"max_memory[{key!r}]")
+        if not wanted:
+            keys = f"{backend.name!r}" if backend.shared_device else f"device indices (0, 1, ...) for {backend.name}"
+            raise DeviceError(
+                f"max_memory={dict(max_memory)!r} has no entry for the resolved device {device}; give {keys}"
+            )
+        if idx and int(idx) in wanted:
+            # The chosen device first, so the one-device check is against it.
+            wanted = {int(idx): wanted[int(idx)], **wanted}
+        return wanted
+    if backend.memory_by_name:
+        memory = _usable(result.devices[0]) if result.devices else None
+        return {backend.name: memory} if memory else None
+    devices = _devices(result, device, dist)
+    if not devices or any(d.total_memory is None for d in devices):
+        return None
+    return {d.index: int(_usable(d) or 0) for d in devices}
+
+
+def _devices(result: ProbeResult, device: str, dist: DistributedContext | None) -> list[DeviceInfo]:
+    """The devices a model may go on, the chosen one first (only it in a distributed run)."""
+    _, _, idx = device.partition(":")
+    devices = list(result.devices)
+    if idx:
+        devices = [d for d in devices if d.index == int(idx)] + [d for d in devices if d.index != int(idx)]
+    return devices[:1] if dist is not None else devices
+
+
+def _usable(info: DeviceInfo) -> int | None:
+    # Free memory where the runtime said it (another process may hold the rest), else the total.
+    if info.free_memory is not None and info.total_memory is not None:
+        return min(info.free_memory, info.total_memory)
+    return info.total_memory
+
+
+def memory_step(backend: Backend, result: ProbeResult, device: str, dist: DistributedContext | None) -> TraceStep:
+    """Which figure placement sizes against, free or total, for each device it may use."""
+    devices = result.devices[:1] if backend.memory_by_name else _devices(result, device, dist)
+    parts = []
+    for d in devices:
+        name = backend.name if backend.memory_by_name else f"{backend.name}:{d.index}"
+        total = format_bytes(d.total_memory) if d.total_memory is not None else "unknown"
+        if d.free_memory is not None:
+            parts.append(f"{name} {format_bytes(_usable(d) or 0)} free of {total}")
+        else:
+            parts.append(f"{name} {total} total (free memory not reported)")
+    return TraceStep("memory", "sized against " + ", ".join(parts))
+
+
+Placed = tuple[str | dict[str, Any], dict[int | str, str] | None, "QuantizationPlan | None", str | None]
+
+
+def estimate_job(model: Any, job: Job, dtype: str, *, trainable: float = 1.0) -> tuple[ModelSize, JobMemory]:
+    """The size of ``model`` and what ``job`` needs besides its weights in ``dtype``."""
+    size = estimate_model_size(model)
+    shape = model_shape(model)
+    eager = job.attention == "eager"
+    memory = job_memory(
+        shape, size.parameters, job.task, dtype, job.batch_size, job.max_length, trainable=trainable, eager=eager
+    )
+    return size, memory
+
+
+def place_model(
+    model: Any,
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dist: DistributedContext | None,
+    dtype: str,
+    max_memory: Mapping[int | str, Any] | None,
+    quantize: str | None,
+    trace: list[TraceStep],
+    job: Job | None = None,
+) -> Placed:
+    """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
+    splits a model that fits.
+
+    The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
+    cache, activations, gradients and optimizer state, against each device's free memory where the
+    runtime says it. A model that does not fit in ``dtype`` is quantized with bitsandbytes when
+    ``quantize`` allows it (one device when the quantized weights fit there, else split like an
+    unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It is
+    offloaded to the CPU or disk only when ``job.offload`` asks.
+    """
+    from whichdevice.memory.quantization import check_quantize
+
+    job = job or Job()
+    check_quantize(quantize)
+    check_offload(job.offload, job.offload_folder, job.task)
+    caps = capacities(backend, result, device, dist, max_memory)
+    if model is None:
+        assert caps is not None
+        budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
+        trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
+        # Without a model there is nothing to size, but the budget is the user's: pass it on.
+        return device, budget, None, None
+    size, memory = _sized(model, job, dtype, trace)
+    weights = size.bytes_in(dtype)
+    if max_memory is None and caps is not None:
+        trace.append(memory_step(backend, result, device, dist))
+    if caps is None:
+        return _unchecked(size, backend, result, device, dtype, quantize, trace)
+    fit = _Fit(device, caps, max_memory is not None, _can_split(backend, dist), backend.name, memory.bytes, job)
+    explicit = quantize in ("4bit", "8bit")
+    does_not_fit: str | None = None
+    if not explicit:
+        placement = fit.plan(weights)
+        if placement.fits:
+            trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+            return placement.device_map, placement.max_memory, None, None
+        does_not_fit = f"in {dtype}, {placement.note}"
+        adapters = _lora_fits(model, job, dtype, fit, weights, does_not_fit, trace)
+        if adapters is not None:
+            return adapters
+        if job.offload is not None and quantize is None:
+            return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+    try:
+        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace)
+    except DoesNotFitError as err:
+        if job.offload is not None and not explicit:
+            return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+        raise DoesNotFitError(
+            f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}"
+        ) from None
+
+
+def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
+    """The model's size and the job's other memory, each said in the trace."""
+    size, memory = estimate_job(model, job, dtype)
+    weights = size.bytes_in(dtype)
+    trace.append(
+        TraceStep(
+            "model",
+            f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
+        )
+    )
+    if memory.terms:
+        trace.append(TraceStep("memory", f"{job.task} needs {memory.describe(weights)}"))
+    trace.extend(TraceStep("memory", note) for note in memory.assumed)
+    return size, memory
+
+
+def _unchecked(
+    size: ModelSize,
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dtype: str,
+    quantize: str | None,
+    trace: list[TraceStep],
+) -> Placed:
+    from whichdevice.memory.quantization import plan_quantization
+
+    plan = None
+    if quantize in ("4bit", "8bit"):
+        plan = plan_quantization(size, backend, result, dtype, quantize, None, None)
+        trace.append(TraceStep("quantization", plan.explanation))
+    trace.append(
+        TraceStep("placement", f"device_map={device!r}: {backend.name} does not report its memory, so fit is unchecked")
+    )
+    return device, None, plan, None
+
+
+def _can_split(backend: Backend, dist: DistributedContext | None) -> bool:
+    """Whether Accelerate may split a model over several of ``backend``'s devices in this process."""
+    return backend.device_map_auto and dist is None and not backend.memory_by_name
+
+
+_SPLITS = ("auto", "balanced_low_0")
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The devices a model goes on, how plan_placement is to fit weights into them, and the job's
+    memory besides the weights (``extra``)."""
+
+    device: str
+    caps: dict[int | str, int]
+    budget_given: bool
+    can_split: bool
+    backend: str
+    extra: int = 0
+    job: Job = field(default_factory=Job)
+
+    def plan(self, weights: int) -> Placement:
+        what = "the weights and the job's memory" if self.extra else "the weights"
+        placed = plan_placement(
+            weights + self.extra,
+            self.device,
+            self.caps,
+            budget_given=self.budget_given,
+            can_split=self.can_split,
+            backend=self.backend,
+            what=what,
+        )
+        if not (placed.fits and placed.device_map == "auto"):
+            return placed
+        # max_memory bounds the weights only: each device keeps its share of the rest free.
+        fraction = 1.0 if self.budget_given else SPLIT_FRACTION
+        total = sum(self.caps.values())
+        budget = {
+            k: f"{max(0, int(c * fraction - self.extra * c / total)) // 1024**2}MiB" for k, c in self.caps.items()
+        }
+        if not self.job.generation:
+            return replace(placed, max_memory=budget)
+        note = (
+            f"{placed.note}; 'balanced_low_0' keeps {self.device.split(':')[0]}:0 light for generate()'s "
+            "inputs and logits, as transformers advises for generation"
+        )
+        return replace(
+            placed,
+            device_map="balanced_low_0",
+            max_memory=budget,
+            note=note.replace("device_map='auto'", "device_map='balanced_low_0'"),
+        )
+
+
+def _lora_fits(
+    model: Any, job: Job, dtype: str, fit: _Fit, weights: int, does_not_fit: str, trace: list[TraceStep]
+) -> Placed | None:
+    """Training that does not fit in full, where LoRA adapters on the unquantized weights do."""
+    if job.task != "training":
+        return None
+    _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
+    placed = replace(fit, extra=adapters.bytes).plan(weights)
+    if not placed.fits:
+        return None
+    trace.append(TraceStep("memory", f"with LoRA adapters: {adapters.describe(weights)}"))
+    trace.append(
+        TraceStep(
+            "warning",
+            f"full fine-tuning does not fit ({does_not_fit}); LoRA adapters on the {dtype} weights do: wrap "
+            "the model with whichdevice.lora_training(model, resolution) (peft) before training",
+        )
+    )
+    trace.append(TraceStep("placement", f"device_map={placed.device_map!r}: {placed.note}"))
+    return placed.device_map, placed.max_memory, None, None
+
+
+def _place_quantized(
+    model: Any,
+    size: ModelSize,
+    backend: Backend,
+    result: ProbeResult,
+    fit: _Fit,
+    dtype: str,
+    quantize: str | None,
+    does_not_fit: str | None,
+    job: Job,
+    trace: list[TraceStep],
+) -> Placed:
+    """Quantized: on one device when the quantized weights fit there, else split like any model,
+    minus the share of max_memory that bitsandbytes keeps for its buffers. Training a quantized
+    model trains LoRA adapters, so only theirs are the gradients and optimizer state counted."""
+    from whichdevice.memory.quantization import BNB_MAX_MEMORY_FACTOR, plan_quantization
+
+    bits = 8 if quantize == "8bit" else 4
+    quantized = size.bytes_quantized(bits, dtype)
+    if job.task == "training":
+        _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
+        fit = replace(fit, extra=adapters.bytes)
+        trace.append(TraceStep("memory", f"in {bits}-bit with LoRA adapters: {adapters.describe(quantized)}"))
+    qplace = fit.plan(quantized)
+    split = qplace.fits and qplace.device_map in _SPLITS
+    if split:
+        qplace = fit.plan(int(quantized / BNB_MAX_MEMORY_FACTOR))
+    first = next(iter(fit.caps.values()))
+    if split:
+        usable = int(sum(fit.caps.values()) * (1.0 if fit.budget_given else SPLIT_FRACTION) * BNB_MAX_MEMORY_FACTOR)
+    else:
+        usable = int(first * (1.0 if fit.budget_given else FIT_FRACTION))
+    still_too_big = None if qplace.fits else f"in {bits}-bit, {qplace.note}"
+    plan = plan_quantization(size, backend, result, dtype, quantize, does_not_fit, usable, still_too_big=still_too_big)
+    trace.append(TraceStep("quantization", plan.explanation))
+    if split:
+        note = (
+            f"device_map={qplace.device_map!r}: even the {bits}-bit weights ({format_bytes(quantized)}) need more "
+            f"than one {backend.name} device; split over {len(fit.caps)} devices (bitsandbytes keeps "
+            f"{100 - int(BNB_MAX_MEMORY_FACTOR * 100)}% of max_memory for its buffers)"
+        )
+    else:
+        room = (
+            f"({format_bytes(usable)} budget)"
+            if fit.budget_given
+            else f"({format_bytes(usable)} usable: {int(FIT_FRACTION * 100)}% of {format_bytes(first)})"
+        )
+        what = f"the {bits}-bit weights ({format_bytes(quantized)})"
+        if fit.extra:
+            what = f"the {bits}-bit weights and the job's memory ({format_bytes(quantized + fit.extra)})"
+        note = f"device_map={fit.device!r}: {what} fit there {room}"
+    trace.append(TraceStep("placement", note))
+    return qplace.device_map, qplace.max_memory, plan, None

@@ -1,0 +1,216 @@
+"""The dtype a model loads in and the mixed precision it trains with, from the hardware and the checkpoint.
+
+Inference follows vLLM's rule: keep a checkpoint's half-precision dtype when this hardware runs it,
+downcast an fp32 checkpoint to the hardware's half precision, never cast bf16-trained weights to
+fp16 without saying so, and never run an architecture known to overflow in fp16 (``FP16_UNSAFE``)
+in fp16. Training keeps fp32 weights under mixed precision: ``fp16=True`` needs them (torch's
+GradScaler refuses to unscale fp16 gradients), and bf16 weights lose most small optimizer updates.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from whichdevice.core.records import TraceStep
+from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
+from whichdevice.precision.measured import Job, measured_dtype, measured_training
+from whichdevice.precision.training import training_precision
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.hardware.calibration import Calibration
+    from whichdevice.model.size import CheckpointDtype
+
+__all__ = ["FP16_UNSAFE", "Precision", "decide_precision"]
+
+_VLLM = "vLLM's _FLOAT16_NOT_SUPPORTED_MODELS (vllm/config/model.py): numerical instability in fp16"
+# model_type -> why it must not compute in fp16: activations beyond fp16's 65504 become inf, then NaN.
+FP16_UNSAFE: dict[str, str] = {
+    "gemma2": _VLLM,
+    "gemma3": f"{_VLLM}; NaN in fp16, transformers #39686 and #39972",
+    "gemma3_text": f"{_VLLM}; NaN in fp16, transformers #39686 and #39972",
+    "glm4": _VLLM,
+    "plamo2": _VLLM,
+    "t5": "feed-forward outputs overflow fp16 (transformers #4586, #5651, #9295, #10956); "
+    "trained with bf16 activations (google-research/text-to-text-transfer-transformer #539)",
+    "mt5": "T5's architecture and bf16 training: the same fp16 overflow (transformers #10956)",
+    "umt5": "T5's architecture and bf16 training: the same fp16 overflow (transformers #10956)",
+}
+
+# Measured here (AMD EPYC, torch 2.13 CPU): one AdamW step at lr=2e-5 on a 5.6M-parameter Llama.
+PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (18% in fp32: those without a gradient)"
+
+
+class Precision(NamedTuple):
+    """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
+    ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none)."""
+
+    weights: str | None
+    mixed: str | None
+
+
+def decide_precision(
+    backend: Backend,
+    result: ProbeResult,
+    requested: Any,
+    task: str,
+    checkpoint: CheckpointDtype | None,
+    measured: tuple[Calibration, Job] | None = None,
+) -> tuple[Precision, list[TraceStep]]:
+    """The weights' dtype and the training flag that agrees with it, with the trace of why.
+
+    ``measured``: the CPU's calibration and the job, which decide the CPU's dtype for dtype="auto"
+    in place of its flags (see measured_precision)."""
+    steps = [TraceStep("dtype", f"checkpoint: {_read(checkpoint)}")] if checkpoint is not None else []
+    if requested is None:
+        precision, more = _left_to_transformers(backend, result, task, checkpoint)
+    elif isinstance(requested, str) and requested == "auto":
+        if task == "training":
+            precision, more = _training(backend, result, checkpoint, measured)
+        elif measured is not None:
+            weights, more = _measured_inference(measured, checkpoint)
+            precision = Precision(weights, _flag_for(backend, result, weights))
+        else:
+            weights, more = _inference(backend, result, checkpoint)
+            precision = Precision(weights, _flag_for(backend, result, weights))
+    else:
+        precision, more = _as_asked(backend, result, parse_dtype(requested), task, checkpoint)
+    return precision, steps + more
+
+
+def _read(checkpoint: CheckpointDtype) -> str:
+    dtype = checkpoint.dtype or "no float dtype stated"
+    arch = f", model_type {checkpoint.model_type!r}" if checkpoint.model_type else ""
+    return f"{dtype}{arch} (read from {checkpoint.source})"
+
+
+def _unsafe(checkpoint: CheckpointDtype | None) -> str | None:
+    if checkpoint is None or checkpoint.model_type is None:
+        return None
+    return FP16_UNSAFE.get(checkpoint.model_type)
+
+
+def _flag_for(backend: Backend, result: ProbeResult, weights: str | None) -> str | None:
+    # The mixed-precision flag that can train these weights: never fp16 over fp16 weights.
+    if weights == "float16":
+        return None
+    return training_precision(backend, result, weights)[0]
+
+
+def _inference(
+    backend: Backend, result: ProbeResult, checkpoint: CheckpointDtype | None
+) -> tuple[str, list[TraceStep]]:
+    hardware, why = choose_dtype(backend, result)
+    stored = checkpoint.dtype if checkpoint is not None else None
+    unsafe = _unsafe(checkpoint)
+    keep = stored in ("bfloat16", "float16") and (stored != "float16" or unsafe is None)
+    if keep and stored is not None and supports(backend, result, stored)[0]:
+        return stored, [TraceStep("dtype", f"{stored}: the checkpoint's own dtype, which runs natively here")]
+    if hardware != "float16":
+        fits = "the checkpoint's fp32 downcast: " if stored == "float32" and hardware != "float32" else ""
+        return hardware, [TraceStep("dtype", f"{hardware}: {fits}{why}")]
+    # fp16 is this hardware's half precision (T4, V100, MPS, GPUs without bf16).
+    if unsafe is not None:
+        safe = "bfloat16" if supports(backend, result, "bfloat16")[0] else "float32"
+        return safe, [TraceStep("dtype", f"{safe}, not fp16: {checkpoint.model_type!r} is unsafe in fp16 ({unsafe})")]  # type: ignore[union-attr]
+    if stored == "bfloat16":
+        return "float16", [
+            TraceStep("dtype", f"float16: {why}"),
+            TraceStep(
+                "warning",
+                "the checkpoint is bf16, cast to fp16 here: activations beyond fp16's range (65504) become "
+                "inf and then NaN; pass dtype='float32' if outputs are NaN",
+            ),
+        ]
+    return "float16", [TraceStep("dtype", f"float16: {why}")]
+
+
+def _measured_inference(
+    measured: tuple[Calibration, Job], checkpoint: CheckpointDtype | None
+) -> tuple[str, list[TraceStep]]:
+    # bf16 has fp32's range, so it is always a candidate; fp16 only keeps an fp16 checkpoint as it is.
+    stored = checkpoint.dtype if checkpoint is not None else None
+    fp16 = ("float16",) if stored == "float16" and _unsafe(checkpoint) is None else ()
+    dtype, why = measured_dtype(measured[0], measured[1], ("bfloat16", *fp16))
+    cast = f" (the checkpoint is {stored})" if stored is not None and stored != dtype else ""
+    return dtype, [TraceStep("dtype", f"{dtype}{cast}: {why}")]
+
+
+def _training(
+    backend: Backend,
+    result: ProbeResult,
+    checkpoint: CheckpointDtype | None,
+    measured: tuple[Calibration, Job] | None = None,
+) -> tuple[Precision, list[TraceStep]]:
+    mixed, why = training_precision(backend, result, None)
+    if measured is not None:
+        ok, why = measured_training(measured[0])
+        mixed = "bf16" if ok else None
+    unsafe = _unsafe(checkpoint)
+    steps: list[TraceStep] = []
+    if mixed == "fp16" and unsafe is not None:
+        mixed, why = None, f"no fp16 autocast: {checkpoint.model_type!r} is unsafe in fp16 ({unsafe})"  # type: ignore[union-attr]
+    elif mixed == "fp16" and checkpoint is not None and checkpoint.dtype == "bfloat16":
+        steps.append(
+            TraceStep(
+                "warning",
+                "the checkpoint is bf16 and trains here under fp16 autocast: activations beyond fp16's "
+                "range (65504) become inf; the loss scaler skips such steps, and a loss that stays NaN "
+                "means this model needs dtype='float32' with fp16=False",
+            )
+        )
+    if mixed is None:
+        return Precision("float32", None), [
+            TraceStep("dtype", f"float32 weights, fp32 training: {why.removeprefix('fp32 training: ')}"),
+            *steps,
+        ]
+    scaler = (
+        "; torch's GradScaler unscales only fp32 gradients ('Attempting to unscale FP16 gradients')"
+        if mixed == "fp16"
+        else f"; not pure bf16 weights: {PURE_BF16_COST}"
+    )
+    line = f"float32 weights with {mixed} mixed precision ({mixed}=True autocast): {why}{scaler}"
+    return Precision("float32", mixed), [TraceStep("dtype", line), *steps]
+
+
+def _as_asked(
+    backend: Backend, result: ProbeResult, dtype: str, task: str, checkpoint: CheckpointDtype | None
+) -> tuple[Precision, list[TraceStep]]:
+    ok, why = supports(backend, result, dtype)
+    note = "" if ok else f" (slow or unsupported here: {why})"
+    steps = [TraceStep("dtype", f"{dtype} as you asked{note}")]
+    if dtype == "float16" and _unsafe(checkpoint) is not None:
+        steps.append(TraceStep("warning", f"{checkpoint.model_type!r} is unsafe in fp16: {_unsafe(checkpoint)}"))  # type: ignore[union-attr]
+    if task != "training":
+        return Precision(dtype, _flag_for(backend, result, dtype)), steps
+    if dtype == "float16":
+        steps.append(
+            TraceStep(
+                "training",
+                "fp16=False: fp16 weights train without loss scaling, since fp16=True would stop at the first "
+                "step ('Attempting to unscale FP16 gradients'); for fp16 mixed precision keep dtype='auto' "
+                "(fp32 weights)",
+            )
+        )
+        return Precision(dtype, None), steps
+    mixed = training_precision(backend, result, None)[0]
+    if dtype == "bfloat16":
+        mixed = "bf16" if ok else None
+        steps.append(TraceStep("training", f"pure bf16 weights as you asked: {PURE_BF16_COST}"))
+    if mixed == "fp16" and _unsafe(checkpoint) is not None:
+        mixed = None
+    return Precision(dtype, mixed), steps
+
+
+def _left_to_transformers(
+    backend: Backend, result: ProbeResult, task: str, checkpoint: CheckpointDtype | None
+) -> tuple[Precision, list[TraceStep]]:
+    steps = [TraceStep("dtype", "dtype=None: left to transformers (the checkpoint's own dtype)")]
+    stored = checkpoint.dtype if checkpoint is not None else None
+    mixed = training_precision(backend, result, None)[0]
+    if mixed == "fp16" and (stored != "float32" or _unsafe(checkpoint) is not None):
+        # bf16 autocast trains weights of any dtype; fp16=True only fp32 ones (known to be fp32 here).
+        mixed = None
+    if task == "training" and mixed is None:
+        steps.append(TraceStep("training", "no mixed precision: the weights' dtype is the checkpoint's"))
+    return Precision(None, mixed), steps

@@ -1,0 +1,129 @@
+"""Which dtype this hardware computes fastest in, and why (rules from BACKENDS.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.core.errors import DeviceError
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, ProbeResult
+
+__all__ = ["DTYPE_NAMES", "choose_dtype", "dtype_name", "parse_dtype", "supports"]
+
+DTYPE_NAMES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+def parse_dtype(value: Any) -> str:
+    """Canonical name ("bfloat16", "float16", "float32") of a dtype given as string or torch dtype."""
+    if isinstance(value, str):
+        key = value.strip().lower().removeprefix("torch.")
+        if key in DTYPE_NAMES:
+            return DTYPE_NAMES[key]
+    elif type(value).__name__ == "dtype":
+        name = str(value).removeprefix("torch.")
+        if name in DTYPE_NAMES:
+            return DTYPE_NAMES[name]
+    raise DeviceError(
+        f"dtype={value!r} is not one whichdevice chooses between; pass 'auto', 'bfloat16', "
+        "'float16', 'float32' (or the torch dtype)"
+    )
+
+
+def dtype_name(name: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[name]
+
+
+def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, str]:
+    """Whether ``dtype`` runs *natively and fast* here, with the fact that decides it."""
+    # Four vendors have rules of their own, read from what their probes report: NVIDIA's compute
+    # capability, the Gaudi generation, the macOS version, the CPU's flags. Every other row,
+    # plugins included, is decided by its fields and its runtime's answer (_from_the_row).
+    name = backend.name
+    if dtype == "float32":
+        return True, "fp32 runs everywhere"
+    if name == "cuda":
+        if result.variant == "rocm":
+            return True, "AMD GPUs (ROCm) support bf16 and fp16"
+        cc = result.min_capability
+        if cc is None:
+            return dtype == "float16", "compute capability unknown; fp16 is the safe half precision"
+        cc_text = f"{cc[0]}.{cc[1]}"
+        if dtype == "bfloat16":
+            return cc >= (8, 0), f"bf16 needs compute capability 8.0 (Ampere) or newer; this GPU has {cc_text}"
+        if cc >= (7, 0):
+            return True, f"fp16 tensor cores from compute capability 7.0 (Volta); this GPU has {cc_text}"
+        if cc >= (5, 3):
+            # The project's rule (bf16 on Ampere or newer, fp16 on older GPUs), followed without a
+            # Pascal/Maxwell GPU here to time: fp16 halves weight memory and runs there, tensor cores or not.
+            return True, (
+                f"fp16 on compute capability {cc_text}: no tensor cores before 7.0, but fp16 runs from 5.3 and "
+                "whichdevice follows its rule for GPUs older than Ampere (not timed on such a GPU)"
+            )
+        return False, f"fp16 arithmetic needs compute capability 5.3 or newer; this GPU has {cc_text}"
+    if name == "hpu":
+        gen = next((d.generation for d in result.devices if d.generation), None)
+        if dtype == "float16" and gen == "gaudi1":
+            return False, "Gaudi 1 has no fp16; it runs bf16"
+        return True, f"{gen or 'Gaudi'} supports {dtype_name(dtype)}"
+    if name == "mps":
+        if dtype == "float16":
+            return True, "Apple GPUs run fp16"
+        version = result.os_version or "unknown"
+        ok = bool(result.devices and result.devices[0].bf16)
+        return ok, f"MPS supports bf16 from macOS 14; this is macOS {version}"
+    if name == "cpu":
+        flags = sorted(result.features)
+        if dtype == "bfloat16":
+            if flags and result.devices and result.devices[0].bf16:
+                return True, f"this CPU has native bf16 ({', '.join(flags)})"
+            if flags:
+                cap = next((w for w in result.warnings if "AVX512_CORE_BF16" in w), "its native bf16 is turned off")
+                return False, f"this CPU has {', '.join(flags)}, but {cap}"
+            return (
+                False,
+                "this CPU lacks native bf16 (no avx512_bf16/amx_bf16 or Arm bf16), so bf16 is emulated and slow",
+            )
+        return False, "CPUs compute fp16 slowly (about 4x slower than fp32 measured here)"
+    return _from_the_row(backend, result, dtype)
+
+
+def _from_the_row(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, str]:
+    """xpu, npu, mlu, musa, tpu, neuron and third-party backends: the row's facts and the runtime's answer."""
+    if not backend.fast_fp16 and backend.default_dtype == "bfloat16":
+        # Built for bf16 (TPU, Trainium).
+        if dtype == "bfloat16":
+            return True, f"{backend.hardware} computes in bf16 natively"
+        return False, f"{backend.hardware} is built for bf16; fp16 is not its native half precision"
+    bf16 = next((d.bf16 for d in result.devices if d.bf16 is not None), None)
+    if dtype == "bfloat16":
+        if bf16 is None:
+            return backend.default_dtype == "bfloat16", f"{backend.hardware}: bf16 support not reported"
+        return bf16, f"{backend.hardware} {'supports' if bf16 else 'does not support'} bf16"
+    if not backend.fast_fp16:
+        return False, f"{backend.hardware} has no fast fp16"
+    return True, f"{backend.hardware} runs fp16"
+
+
+def choose_dtype(backend: Backend, result: ProbeResult) -> tuple[str, str]:
+    """The fastest dtype that runs natively here, and the sentence that says why."""
+    if backend.name == "mps":
+        # Apple's quirk: bf16 runs from macOS 14, but fp16 stays the fast one.
+        return "float16", "Apple GPUs are fastest in fp16"
+    for candidate in ("bfloat16", "float16"):
+        if candidate == "float16" and not backend.fast_fp16:
+            break
+        ok, why = supports(backend, result, candidate)
+        if ok:
+            return candidate, why
+    _, why = supports(backend, result, "bfloat16")
+    return "float32", f"{why}; fp32 is the fast choice here"

@@ -1,0 +1,238 @@
+"""resolve_device()'s arguments, checked before anything is probed: values that exist (task, quantize,
+offload, counts, model=) and the right shapes (True/False switches, device_map, max_memory, the devices
+they name).
+
+Each check names the form to write instead. A string where True or False belongs is refused, not
+read: Python reads every non-empty string as true, and which words mean "no" is a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.device.request import TASKS, _is_index, parse_device
+from whichdevice.hardware.registry import backends
+from whichdevice.memory.offload import check_offload
+from whichdevice.memory.quantization import check_quantize
+from whichdevice.model.files import check_model
+
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, ProbeResult
+
+__all__ = [
+    "DEVICE_MAP_WORDS",
+    "Arguments",
+    "check_arguments",
+    "check_count",
+    "check_device_map_shape",
+    "check_dtype_override",
+    "check_flag",
+    "check_lora_arguments",
+    "check_map_devices",
+    "check_max_memory",
+    "check_memory_devices",
+    "check_shapes",
+]
+
+
+def check_shapes(args: Arguments) -> None:
+    """resolve_device()'s switches, use_kernels, device_map and max_memory, before anything is probed."""
+    check_flag(args.torch_compile, "torch_compile")
+    if not (args.use_kernels in (None, "auto") or isinstance(args.use_kernels, bool)):
+        raise ConfigConflictError(f"use_kernels={args.use_kernels!r}: use 'auto', True or False")
+    if args.device_map is not None:
+        check_device_map_shape(args.device_map)
+    if args.max_memory is not None:
+        check_max_memory(args.max_memory)
+
+
+def check_flag(value: Any, name: str) -> None:
+    """``value`` is True or False. A string is refused, not read: ``"false"`` is truthy in Python,
+    and guessing which words mean no would differ from one library to the next."""
+    if not isinstance(value, bool):
+        hint = " (a string is not read as a switch: write the bare word)" if isinstance(value, str) else ""
+        raise DeviceError(f"{name}={value!r}: pass True or False{hint}")
+
+
+# from_pretrained's device_map words; anything else names a device or maps modules to devices.
+DEVICE_MAP_WORDS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map_shape(device_map: Any, what: str = "device_map") -> None:
+    """A form from_pretrained takes: a word above, a device ("cuda:1", 0, torch.device), or a dict of
+    module name -> device (or "cpu"/"disk")."""
+    if isinstance(device_map, Mapping):
+        for key, value in device_map.items():
+            if not isinstance(key, str):
+                raise DeviceError(f"{what} key {key!r}: a key is a module name such as 'model.layers.0' ('' for all)")
+            if value != "disk":
+                _check_map_device(value, f"{what}[{key!r}]")
+        return
+    if isinstance(device_map, str) and device_map in DEVICE_MAP_WORDS:
+        return
+    _check_map_device(device_map, what)
+
+
+def _check_map_device(value: Any, what: str) -> None:
+    words = ", ".join(repr(w) for w in DEVICE_MAP_WORDS)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise DeviceError(f"{what}={value!r}: device indices start at 0")
+        return
+    if isinstance(value, str) or type(value).__name__ == "device":
+        try:
+            parse_device(value, what)
+            return
+        except DeviceError as exc:
+            raise DeviceError(f"{exc} ({what} also takes {words}, or a dict of module name -> device)") from None
+    raise DeviceError(
+        f"{what}={value!r}: use {words}, a device such as 'cuda:0' or 0, or a dict of module name -> device"
+    )
+
+
+_MEMORY_FORM = "a dict of device -> size, e.g. {0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}"
+
+
+def check_max_memory(max_memory: Any) -> None:
+    """``max_memory`` in from_pretrained's form: device index (or 'cpu', 'disk', 'mps') -> size."""
+    from whichdevice.core.sizes import parse_size
+
+    if not isinstance(max_memory, Mapping):
+        raise DeviceError(f"max_memory={max_memory!r}: give {_MEMORY_FORM}")
+    if not max_memory:
+        raise DeviceError(f"max_memory={{}} names no device; give {_MEMORY_FORM}, or leave it out")
+    # Besides device indices: the backends whose memory is named ("cpu", "mps"), and accelerate's "disk".
+    words = (*(b.name for b in backends() if b.memory_by_name), "disk")
+    for key, value in max_memory.items():
+        if isinstance(key, bool) or not ((isinstance(key, int) and key >= 0) or key in words):
+            fix = ""
+            if isinstance(key, str) and ":" in key and _is_index(key.rsplit(":", 1)[1]):
+                fix = f"; write {int(key.rsplit(':', 1)[1])} for {key!r}"
+            raise DeviceError(
+                f"max_memory key {key!r}: keys are device indices (0, 1, ...) or {', '.join(map(repr, words))}{fix}"
+            )
+        parse_size(value, f"max_memory[{key!r}]")
+
+
+def check_memory_devices(max_memory: Mapping[Any, Any], backend: Backend, result: ProbeResult) -> None:
+    """Every device ``max_memory`` names exists here (on this machine or the simulated one)."""
+    indices = [] if backend.memory_by_name else sorted(d.index for d in result.devices if d.index is not None)
+    for key in max_memory:
+        if isinstance(key, int) and key not in indices:
+            have = (
+                f"{backend.name} devices {', '.join(map(str, indices))}"
+                if indices
+                else f"no device {key} (the memory of {backend.name} is named {backend.name!r})"
+                if backend.memory_by_name
+                else f"no {backend.name} device"
+            )
+            raise DeviceError(f"max_memory names device {key}, but this machine has {have}; remove it")
+        if isinstance(key, str) and key != "disk" and key not in ("cpu", backend.name):
+            raise DeviceError(f"max_memory names {key!r}, but the device is {backend.name}; remove it")
+
+
+def check_map_devices(device_map: Any, backend: Backend, result: ProbeResult) -> None:
+    """Every device ``device_map`` places weights on exists here ("disk" and "cpu" always do)."""
+    values = list(device_map.values()) if isinstance(device_map, Mapping) else [device_map]
+    indices = sorted(d.index for d in result.devices if d.index is not None)
+    for value in values:
+        if value in (*DEVICE_MAP_WORDS, "disk"):
+            continue
+        index: int | None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if backend.memory_by_name:
+                raise DeviceError(
+                    f"device_map places weights on accelerator {value}, but there is no accelerator here "
+                    f"(the device is {backend.name}); use {backend.name!r}"
+                )
+            name, index = backend.name, value
+        else:
+            name, index = parse_device(value, "device_map")
+        if name == "cpu":
+            continue
+        if name != backend.name:
+            raise DeviceError(
+                f"device_map places weights on {value!r}, but the device is {backend.name}; use {backend.name!r}"
+            )
+        if index is not None and not backend.memory_by_name and index not in indices:
+            have = ", ".join(f"{backend.name}:{i}" for i in indices) or f"no {backend.name} device"
+            raise DeviceError(f"device_map places weights on {backend.name}:{index}, but this machine has {have}")
+
+
+def check_lora_arguments(r: Any, lora_alpha: Any, lora_dropout: Any, target_modules: Any, checkpointing: Any) -> None:
+    """lora_training()'s numbers and names, checked before PEFT builds anything."""
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise DeviceError(f"r={r!r}: the LoRA rank is a whole number of 1 or more (8, 16, 64, ...)")
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, (int, float)) or not 0 < lora_alpha < float("inf"):
+        raise DeviceError(f"lora_alpha={lora_alpha!r}: a positive number (often 2 * r)")
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
+        raise DeviceError(f"lora_dropout={lora_dropout!r}: a probability from 0 up to (not including) 1")
+    if target_modules is not None and not (
+        isinstance(target_modules, str)
+        or (
+            isinstance(target_modules, (list, tuple, set))
+            and target_modules
+            and all(isinstance(t, str) for t in target_modules)
+        )
+    ):
+        raise DeviceError(
+            f"target_modules={target_modules!r}: module names (['q_proj', 'v_proj']), 'all-linear', or None for "
+            "every linear layer but the output head"
+        )
+    check_flag(checkpointing, "gradient_checkpointing")
+
+
+def check_dtype_override(value: Any, what: str) -> None:
+    """A dtype from_pretrained takes: "auto", a torch dtype, or its name ("bfloat16", "torch.float16")."""
+    if value == "auto" or type(value).__name__ == "dtype":
+        return
+    if isinstance(value, str):
+        import torch  # the caller builds from_pretrained's arguments: torch is loaded or about to be
+
+        if isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype):
+            return
+    raise DeviceError(f"{what}={value!r}: pass 'auto', a torch dtype (torch.bfloat16) or its name ('bfloat16')")
+
+
+class Arguments(NamedTuple):
+    """resolve_device()'s arguments as given (a NamedTuple: built and hashed in well under a microsecond)."""
+
+    device: Any = None
+    task: str = "inference"
+    model: Any = None
+    prefer: Any = None
+    exclude: Any = None
+    dtype: Any = "auto"
+    attn_implementation: str = "auto"
+    device_map: Any = None
+    max_memory: Mapping[int | str, Any] | None = None
+    quantize: str | None = "auto"
+    use_kernels: Any = False
+    torch_compile: bool = False
+    batch_size: int | None = None
+    max_length: int | None = None
+    offload: str | None = None
+    offload_folder: Any = None
+
+
+def check_arguments(args: Arguments) -> None:
+    """Raise for a task, quantize, count or model= that cannot be used (check_shapes checks the rest)."""
+    if not isinstance(args.task, str) or args.task not in TASKS:
+        raise DeviceError(f"task={args.task!r}: use 'inference' or 'training'")
+    check_quantize(args.quantize)
+    for name in ("batch_size", "max_length"):
+        check_count(getattr(args, name), name)
+    check_offload(args.offload, args.offload_folder, args.task)
+    if args.model is not None:
+        # A damaged download is named before anything is decided from it (DamagedModelError).
+        check_model(args.model)
+
+
+def check_count(value: Any, name: str) -> None:
+    """``value`` is None or a positive whole number (a workload size: sequences, tokens)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DeviceError(f"{name}={value!r}: give a whole number of 1 or more, or leave it out (None)")

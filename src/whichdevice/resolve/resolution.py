@@ -1,0 +1,241 @@
+"""The answer of resolve_device(): what was chosen, the trace of why, and the keyword arguments that hand it over.
+
+:class:`Resolution` is frozen and JSON-safe (``to_dict``); ``model_kwargs()``, ``pipeline_kwargs()`` and
+``training_kwargs()`` give the exact keywords ``from_pretrained``, ``pipeline`` and
+``TrainingArguments`` take on the installed transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.core import packages
+from whichdevice.core.errors import ConfigConflictError
+from whichdevice.core.records import Backend, EnvAction, ProbeResult, TraceStep
+from whichdevice.launch.distributed import DistributedContext, process_group_backend
+
+if TYPE_CHECKING:
+    import torch
+
+    from whichdevice.memory.quantization import QuantizationPlan
+
+__all__ = ["Resolution", "check_device_map"]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments."""
+
+    device: str
+    backend: Backend
+    task: str
+    device_count: int
+    device_map: str | dict[str, Any]
+    dtype_name: str | None
+    attn_implementation: str | None
+    probe: ProbeResult = field(repr=False)
+    max_memory: dict[int | str, str] | None = None
+    distributed: DistributedContext | None = None
+    env_set: tuple[EnvAction, ...] = ()
+    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
+    source: str = "detection"
+    quantization: QuantizationPlan | None = None
+    use_kernels: bool = False
+    kernels_key: str | None = None
+    torch_compile: bool = False
+    # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
+    attn_passed: bool = False
+    # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
+    mixed_precision: str | None = None
+    # Where accelerate puts the weights that fit neither the devices nor the CPU (offload="disk").
+    offload_folder: str | None = None
+
+    def __str__(self) -> str:
+        return self.device
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in another process (multiprocessing, a DataLoader worker): the decode attention
+        # must be registered there too before res.attn_implementation reaches from_pretrained.
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        if state.get("attn_implementation") == ATTENTION_NAME:
+            ensure_registered()
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The torch dtype chosen for this hardware (None: leave it to transformers)."""
+        if self.dtype_name is None:
+            return None
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype_name)
+        return dtype
+
+    @property
+    def simulated(self) -> bool:
+        return self.probe.simulated
+
+    @property
+    def index(self) -> int | None:
+        _, _, idx = self.device.partition(":")
+        return int(idx) if idx else None
+
+    # ------------------------------------------------------------------------------ adapters
+
+    def model_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for ``AutoModel*.from_pretrained`` on the installed transformers.
+
+        ``attn_implementation`` is in them only when asked for, or when whichdevice chose something
+        better than transformers' own pick and checked that the model's classes support it
+        (``attn_passed``); otherwise transformers picks (sdpa where the class supports it, else eager).
+
+        ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
+        or tpu raises, since Accelerate's "auto" does not cover them).
+        """
+        kwargs: dict[str, Any] = {"device_map": self.device_map}
+        if self.dtype_name is not None:
+            kwargs[_dtype_keyword()] = self.dtype
+        if self.attn_passed and self.attn_implementation is not None:
+            kwargs["attn_implementation"] = self.attn_implementation
+        if self.attn_implementation == ATTENTION_NAME:
+            ensure_registered()
+        if self.max_memory:
+            kwargs["max_memory"] = dict(self.max_memory)
+        if self.offload_folder is not None:
+            kwargs["offload_folder"] = self.offload_folder
+        if self.quantization is not None:
+            kwargs["quantization_config"] = self.quantization.config()
+        if self.use_kernels:
+            kwargs["use_kernels"] = True
+        for key in ("dtype", "torch_dtype"):
+            if key in overrides:
+                kwargs.pop("dtype", None)
+                kwargs.pop("torch_dtype", None)
+        self._check_overrides(overrides)
+        kwargs.update(overrides)
+        return kwargs
+
+    def _check_overrides(self, overrides: dict[str, Any]) -> None:
+        from whichdevice.resolve.arguments import check_dtype_override, check_map_devices
+
+        if "device_map" in overrides:
+            check_device_map(self.backend, overrides["device_map"])
+            check_map_devices(overrides["device_map"], self.backend, self.probe)
+        for key in ("dtype", "torch_dtype"):
+            if overrides.get(key) is not None:
+                check_dtype_override(overrides[key], key)
+        device = overrides.get("device")
+        if device is not None and not (isinstance(device, int) and not isinstance(device, bool) and device >= -1):
+            from whichdevice.device.request import parse_device
+
+            parse_device(device, "device")  # pipeline(device=): -1 (CPU), an index, a device string or torch.device
+
+    def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.pipeline``."""
+        model_kwargs = self.model_kwargs()
+        kwargs: dict[str, Any] = {"device_map": model_kwargs.pop("device_map")}
+        key = _dtype_keyword()
+        if key in model_kwargs:
+            kwargs[key] = model_kwargs.pop(key)
+        kwargs["model_kwargs"] = model_kwargs
+        self._check_overrides(overrides)
+        kwargs.update(overrides)
+        return kwargs
+
+    def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``TrainingArguments`` (or a subclass such as TRL's SFTConfig): device,
+        ddp and compile settings, and both precision flags, ``bf16`` and ``fp16``, stated either way."""
+        from whichdevice.launch.trainer_kwargs import training_kwargs_for
+
+        if torch_compile is not None:
+            from whichdevice.resolve.arguments import check_flag
+
+            check_flag(torch_compile, "torch_compile")
+        compile_ = self.torch_compile if torch_compile is None else torch_compile
+        return training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
+
+    def launch_command(
+        self, script: Sequence[str], *, launcher: str = "torchrun", nproc: int | None = None
+    ) -> list[str]:
+        """The argument list that runs ``script`` once per device of this machine.
+
+        ``res.launch_command(["train.py", "--lr", "1e-4"])`` is ``["torchrun", "--nproc-per-node=4",
+        "train.py", "--lr", "1e-4"]`` on a machine with four GPUs; ``launcher="accelerate"`` gives
+        ``accelerate launch --num_processes 4`` instead. A visible-devices variable set here is
+        written in front (``["env", "CUDA_VISIBLE_DEVICES=2,3", ...]``) so that any shell selects the
+        same devices. ``nproc`` overrides the count. Pass it to ``subprocess.run``.
+        """
+        from whichdevice.launch.accelerate_settings import launch_command
+
+        return launch_command(self.backend, self.probe, script, launcher=launcher, nproc=nproc)
+
+    # --------------------------------------------------------------------------- explanation
+
+    def explain(self) -> str:
+        """The decision trace as text a person reads top to bottom."""
+        header = f"whichdevice chose {self.device} for {self.task}"
+        if self.simulated:
+            header += " (SIMULATED hardware)"
+        width = max((len(s.topic) for s in self.trace), default=8)
+        lines = [header]
+        for step in self.trace:
+            mark = {True: "+", False: "-", None: " "}[step.chosen]
+            lines.append(f"  {mark} {step.topic.ljust(width)}  {step.message}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``whichdevice --json`` embeds it)."""
+        return {
+            "device": self.device,
+            "backend": self.backend.name,
+            "variant": self.probe.variant,
+            "task": self.task,
+            "source": self.source,
+            "device_count": self.device_count,
+            "device_map": self.device_map,
+            "dtype": self.dtype_name,
+            "attn_implementation": self.attn_implementation,
+            "attn_implementation_passed": self.attn_passed,
+            "max_memory": {str(k): v for k, v in self.max_memory.items()} if self.max_memory else None,
+            "offload_folder": self.offload_folder,
+            "distributed": self.distributed.to_dict() if self.distributed else None,
+            "distributed_backend": process_group_backend(self.backend, self.distributed),
+            "env_set": [a.to_dict() for a in self.env_set],
+            "quantization": self.quantization.to_dict() if self.quantization else None,
+            "use_kernels": self.use_kernels,
+            "kernels_key": self.kernels_key,
+            "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
+            "simulated": self.simulated,
+            "trace": [s.to_dict() for s in self.trace],
+        }
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _dtype_keyword() -> str:
+    # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; read the installed
+    # version from metadata so transformers itself is not imported here.
+    version = packages.package_version("transformers")
+    return "dtype" if version is None or packages.version_at_least(version, "4.56") else "torch_dtype"
+
+
+def check_device_map(backend: Backend, device_map: Any) -> None:
+    from whichdevice.resolve.arguments import check_device_map_shape
+
+    check_device_map_shape(device_map)
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
+        raise ConfigConflictError(
+            f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
+            f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
+        )

@@ -1,0 +1,383 @@
+"""The resolver: device, device_map, dtype, attention and distributed settings, with the reasons.
+
+``resolve_device()`` reads probe results (never hardware directly), so everything here runs the
+same on real and simulated machines. Precedence: the ``device`` argument, then the
+``WHICHDEVICE_DEVICE`` variable, then detection in the registry's declared order; each step that
+mattered is kept in the trace that :meth:`Resolution.explain` prints.
+
+``_resolve`` is the pipeline, one step per line; each step returns its value and its trace lines.
+The steps' rules live in the modules below this one (request, detection, precision, attention,
+placement, quantization, kernels_support, distributed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+
+from whichdevice.attention.choose import AttentionChoice, choose_attention
+from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.kernels import decide_kernels
+from whichdevice.core.envview import pinned
+from whichdevice.core.packages import transformers_problem
+from whichdevice.core.records import Backend, ProbeResult, TraceStep
+from whichdevice.device.detection import choose_backend, device_string
+from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
+from whichdevice.hardware import probing
+from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
+from whichdevice.launch.accelerate_settings import (
+    ENV_USE_CPU,
+    AccelerateSettings,
+    check_cpu_request,
+    read_accelerate_settings,
+    settings_steps,
+    trainer_device_steps,
+)
+from whichdevice.launch.distributed import (
+    DistributedContext,
+    check_training_launch,
+    detect_distributed,
+    process_group_backend,
+)
+from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
+from whichdevice.memory.quantization import finish_quantization
+from whichdevice.precision.decide import Precision, decide_precision
+from whichdevice.precision.measured import Job as Workload
+from whichdevice.resolve.arguments import (
+    Arguments,
+    check_arguments,
+    check_flag,
+    check_map_devices,
+    check_memory_devices,
+    check_shapes,
+)
+from whichdevice.resolve.memo import environment_mapping, memo_key, read_environment
+from whichdevice.resolve.resolution import Resolution, check_device_map
+
+if TYPE_CHECKING:
+    from whichdevice.hardware.calibration import Calibration
+    from whichdevice.memory.quantization import QuantizationPlan
+
+__all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
+
+T = TypeVar("T")
+
+
+def resolve_device(
+    device: Any = None,
+    *,
+    task: str = "inference",
+    model: Any = None,
+    prefer: Any = None,
+    exclude: Any = None,
+    dtype: Any = "auto",
+    attn_implementation: str = "auto",
+    device_map: Any = None,
+    max_memory: Mapping[int | str, Any] | None = None,
+    quantize: str | None = "auto",
+    use_kernels: Any = False,
+    torch_compile: bool = False,
+    batch_size: int | None = None,
+    max_length: int | None = None,
+    offload: str | None = None,
+    offload_folder: Any = None,
+    refresh: bool = False,
+) -> Resolution:
+    """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
+
+    ``device`` (a string or ``torch.device``) beats ``WHICHDEVICE_DEVICE``, which beats detection.
+    ``model`` (a local path, a cached model id or a config) lets placement and quantization know
+    the model's size, and lets attention be checked against the model's classes (this imports
+    transformers); ``max_memory`` (from_pretrained's form) states the memory budget.
+    ``batch_size`` (sequences run together) and ``max_length`` (tokens per sequence, prompt
+    included, as ``generate(max_length=)``) describe the job, where the caller knows them: with
+    ``model=`` the fit then counts the KV cache and activations (training always counts gradients
+    and optimizer state). ``offload="cpu"`` (or ``"disk"`` with ``offload_folder=path``) lets a model
+    that fits no device spill to CPU memory (then disk); without it whichdevice never offloads.
+    ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
+    insists (transformers downloads and runs their compiled code from the Hub).
+    A repeated call with the same arguments and environment returns the same Resolution.
+    """
+    if refresh is not False:
+        check_flag(refresh, "refresh")
+        probing.clear_cache()
+    args = Arguments(
+        device,
+        task,
+        model,
+        prefer,
+        exclude,
+        dtype,
+        attn_implementation,
+        device_map,
+        max_memory,
+        quantize,
+        use_kernels,
+        torch_compile,
+        batch_size,
+        max_length,
+        offload,
+        offload_folder,
+    )
+    environment = read_environment()
+    key = memo_key(args, environment)
+    store = probing.current_store()
+    if key is not None:
+        cached = store.resolutions.get(key)
+        if cached is not None:
+            return _attention_registered(cast(Resolution, cached))
+    # Resolved under the reading the key was made from: another thread's change lands in the next key.
+    with pinned(environment_mapping(environment)):
+        res = _resolve(args)
+    if key is not None:
+        store.resolutions[key] = res
+    return _attention_registered(res)
+
+
+def _attention_registered(res: Resolution) -> Resolution:
+    # whichdevice's decode attention must be registered with transformers before a model is built
+    # with it, or transformers says the name "is not supported". Registered here, so that a caller
+    # who passes res.attn_implementation by hand, before or after importing transformers, gets it.
+    # It costs nothing extra: the name is only chosen for a model= whose classes were read, which
+    # imported transformers already, or when asked for by name.
+    if res.attn_implementation == ATTENTION_NAME:
+        ensure_registered()
+    return res
+
+
+class _Trace(list[TraceStep]):
+    def take(self, step: tuple[T, Iterable[TraceStep]]) -> T:
+        """The step's value; its trace lines are appended here."""
+        value, steps = step
+        self.extend(steps)
+        return value
+
+
+def _resolve(args: Arguments) -> Resolution:
+    check_arguments(args)
+    check_shapes(args)
+    trace = _Trace()
+    accelerate = read_accelerate_settings()
+    request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
+    backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
+    dist = _launch(backend, args.task)
+    device, count = trace.take(device_string(backend, result, request, dist, args.task))
+    if args.task == "training":
+        trace.extend(trainer_device_steps(backend, result, request.index, dist))
+    env_set = trace.take(_environment(backend, result))
+    calibration = trace.take(_calibration(backend, args))
+    precision = trace.take(_dtype(backend, result, args, calibration))
+    dtype = precision.weights
+    attention = _attention(backend, result, _computes_in(precision, args.task), args, calibration)
+    trace.append(TraceStep("attention", attention.why))
+    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name))
+    quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
+    use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
+    trace.extend(_distributed(backend, dist))
+    trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
+    return Resolution(
+        device=device,
+        backend=backend,
+        task=args.task,
+        device_count=count,
+        device_map=placed.device_map,
+        dtype_name=dtype,
+        mixed_precision=precision.mixed,
+        attn_implementation=attention.name,
+        attn_passed=attention.passed,
+        probe=result,
+        max_memory=placed.max_memory,
+        offload_folder=placed.offload_folder,
+        distributed=dist,
+        env_set=env_set,
+        trace=tuple(trace),
+        source=request.source,
+        quantization=quantization,
+        use_kernels=use_kernels,
+        kernels_key=kernels_key,
+        torch_compile=args.torch_compile,
+    )
+
+
+def _training_request(
+    request: DeviceRequest, task: str, settings: AccelerateSettings
+) -> tuple[DeviceRequest, list[TraceStep]]:
+    """ACCELERATE_USE_CPU puts TrainingArguments and accelerate on the CPU: training follows it."""
+    if task != "training" or not settings.cpu_forced:
+        return request, []
+    if not request.detect:
+        check_cpu_request(settings, request.name, request.asked or request.name, request.source)
+        return request, []
+    step = TraceStep(
+        "request",
+        f"{ENV_USE_CPU}={settings.use_cpu!r}: training on the CPU, where accelerate and Trainer "
+        "will run (beats detection)",
+    )
+    return DeviceRequest(ENV_USE_CPU, "cpu", "cpu"), [step]
+
+
+def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:
+    """The env hooks of the chosen backend, and the warnings everything below depends on."""
+    env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
+    steps = [TraceStep("env", action.message) for action in env_set]
+    steps += [TraceStep("warning", warning) for warning in result.warnings]
+    problem = transformers_problem()
+    if problem is not None:
+        # Everything resolved here is handed to transformers: say so before it fails there.
+        steps.append(TraceStep("warning", problem))
+    return env_set, steps
+
+
+def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None, list[TraceStep]]:
+    """The CPU's measured speeds (whichdevice.hardware.calibration): measured on first need when the dtype is
+    "auto", else read from the cache only."""
+    if backend.name != "cpu":
+        return None, []
+    from whichdevice.hardware.calibration import calibration
+
+    auto = isinstance(args.dtype, str) and args.dtype == "auto"
+    calib, why = calibration(measure=auto)
+    if calib is None:
+        return None, [TraceStep("calibration", f"not used: {why}; the CPU's flags decide")] if auto else []
+    return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
+
+
+def _dtype(
+    backend: Backend, result: ProbeResult, args: Arguments, calibration: Calibration | None
+) -> tuple[Precision, list[TraceStep]]:
+    """The weights' dtype and, for training, the mixed precision that agrees with it (model_precision)."""
+    checkpoint = None
+    if args.model is not None:
+        from whichdevice.model.size import checkpoint_dtype
+
+        checkpoint = checkpoint_dtype(args.model)
+    measured = (calibration, Workload(args.batch_size, args.max_length)) if calibration is not None else None
+    return decide_precision(backend, result, args.dtype, args.task, checkpoint, measured)
+
+
+def _computes_in(precision: Precision, task: str) -> str | None:
+    # Under mixed precision the layers compute in the autocast dtype, not the fp32 weights' dtype.
+    if task == "training" and precision.mixed is not None:
+        return {"bf16": "bfloat16", "fp16": "float16"}[precision.mixed]
+    return precision.weights
+
+
+def _attention(
+    backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments, calibration: Calibration | None
+) -> AttentionChoice:
+    return choose_attention(
+        backend, result, dtype, args.attn_implementation, task=args.task, model=args.model, measured=calibration
+    )
+
+
+class _Placed(NamedTuple):
+    device_map: str | dict[str, Any]
+    max_memory: dict[int | str, str] | None = None
+    quantization: QuantizationPlan | None = None
+    offload_folder: str | None = None
+
+
+def _placement(
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dist: DistributedContext | None,
+    dtype: str | None,
+    args: Arguments,
+    attention: str | None = None,
+) -> tuple[_Placed, list[TraceStep]]:
+    """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
+    if args.max_memory is not None:
+        check_memory_devices(args.max_memory, backend, result)
+    if args.device_map is not None:
+        check_device_map(backend, args.device_map)
+        check_map_devices(args.device_map, backend, result)
+        steps = [TraceStep("placement", f"device_map={args.device_map!r} as you asked")]
+        if args.max_memory is None:
+            return _Placed(args.device_map), steps
+        from whichdevice.core.sizes import parse_size
+
+        budget = {k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in args.max_memory.items()}
+        return _Placed(args.device_map, budget), steps
+    if args.model is not None or args.max_memory is not None:
+        from whichdevice.memory.job import Job
+        from whichdevice.memory.placement import place_model
+
+        sized: list[TraceStep] = []
+        folder = str(args.offload_folder) if args.offload_folder is not None else None
+        job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention)
+        placed = place_model(
+            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job
+        )
+        return _Placed(*placed), sized
+    return _Placed(device), [
+        TraceStep(
+            "placement",
+            f"device_map={device!r}: the whole model on the chosen device (pass model= to check that it fits)",
+        )
+    ]
+
+
+def _quantization(
+    plan: QuantizationPlan | None, backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments
+) -> tuple[QuantizationPlan | None, list[TraceStep]]:
+    steps: list[TraceStep] = []
+    plan = finish_quantization(plan, backend, result, dtype or "float32", args.quantize, args.task, steps)
+    return plan, steps
+
+
+def _kernels(backend: Backend, result: ProbeResult, requested: Any) -> tuple[tuple[bool, str | None], list[TraceStep]]:
+    steps: list[TraceStep] = []
+    decision = decide_kernels(backend, result, requested, steps)
+    return decision, steps
+
+
+def _launch(backend: Backend, task: str) -> DistributedContext | None:
+    """The run this process belongs to, as accelerate will see it with this backend's training settings."""
+    # use_cpu=True (what whichdevice passes on the CPU) is the switch that makes accelerate read MPI's variables.
+    dist = detect_distributed(cpu=backend.name == "cpu")
+    if task == "training":
+        # Variables no launcher left together, which transformers would read: refused here, before
+        # TrainingArguments fails on them (see whichdevice.launch.leftovers).
+        refuse_leftovers(launch_leftovers(cpu=backend.name == "cpu"))
+    if task == "training" and dist is not None and (not dist.seen or dist.scheduler is not None):
+        # A scheduler started the processes: without torch's variables each would train alone on the
+        # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
+        # launcher's or set by hand to try a rank, are checked by training_arguments().)
+        check_training_launch(dist)
+    return dist
+
+
+def _distributed(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
+    leftovers = [TraceStep("warning", f.message) for f in launch_leftovers(cpu=backend.name == "cpu")]
+    return leftovers + _launch_steps(backend, dist)
+
+
+def _launch_steps(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
+    if dist is None:
+        return []
+    where = f"rank {dist.rank} of {dist.world_size}, local rank {dist.local_rank} ({dist.local_rank_variable})"
+    if not dist.seen:
+        return [
+            TraceStep(
+                "distributed",
+                f"{dist.launcher}: {where}; transformers and accelerate do not see this run (they read "
+                f"torch's variables): no process group and no ddp_backend, and training is refused until "
+                f"you export {' '.join(dist.missing)}",
+            )
+        ]
+    steps = [
+        TraceStep(
+            "distributed",
+            f"{dist.launcher}: {where}; process group backend {process_group_backend(backend, dist)!r}",
+        )
+    ]
+    if dist.missing:
+        steps.append(
+            TraceStep(
+                "warning",
+                f"the process group cannot start without {', '.join(m.split('=')[0] for m in dist.missing)}: "
+                f"export {' '.join(dist.missing)} (TrainingArguments would fail inside torch without them)",
+            )
+        )
+    return steps
