@@ -198,7 +198,7 @@ def _json(data: Any) -> None:
 
 
 def _error_json(exc_type: str, message: str, code: int, command: str | None) -> dict[str, Any]:
-    from whichdevice.report import SCHEMA_VERSION
+    from whichdevice.report.gather import SCHEMA_VERSION
 
     return {
         "kind": "error",
@@ -221,7 +221,8 @@ def _tasks(task: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from whichdevice.report import gather, render_text, terminal_width, use_color
+    from whichdevice.report.gather import gather
+    from whichdevice.report.render import render_text, terminal_width, use_color
 
     report = gather(
         tasks=_tasks(args.task, ("inference", "training")),
@@ -244,8 +245,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from whichdevice.report import check
-    from whichdevice.resolve.resolver import parse_device
+    from whichdevice.device.request import parse_device
+    from whichdevice.report.check import check
 
     # "is not None": an empty DEVICE (check "$UNSET_VAR") is bad input, not "detect one".
     device = args.check_device if args.check_device is not None else args.device
@@ -359,7 +360,7 @@ def _main(argv: list[str], debug: bool) -> int:
     try:
         return _COMMANDS[command](args)
     except DeviceError as exc:
-        from whichdevice.report import exit_code_for
+        from whichdevice.core.errors import exit_code_for
 
         return _fail(exc, exit_code_for(exc), command, args.json, debug=debug)
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ __all__ = [
     "PackageVersionError",
     "UnknownDeviceError",
     "closest_match",
+    "exit_code_for",
 ]
 
 
@@ -86,3 +87,12 @@ def closest_match(word: str, choices: Iterable[str]) -> str | None:
 
     matches = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
     return matches[0] if matches else None
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """1 when the hardware cannot do what was asked, 2 when the request itself is wrong."""
+    if isinstance(exc, (DeviceUnavailableError, DoesNotFitError)):
+        return 1
+    if isinstance(exc, DeviceError):
+        return 2
+    return 1

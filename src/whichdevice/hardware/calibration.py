@@ -25,7 +25,7 @@ from typing import Any
 
 from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
-from whichdevice.hardware.probing import current_store
+from whichdevice.hardware.store import current_store
 
 __all__ = [
     "ENV_CALIBRATION",
@@ -150,7 +150,7 @@ def _cache_dir() -> Path:
 def _machine_key() -> dict[str, Any]:
     from whichdevice.core.packages import package_version
     from whichdevice.hardware.probes.plugins import import_torch
-    from whichdevice.hardware.probing import probe_timeout
+    from whichdevice.hardware.store import probe_timeout
 
     # The calibration may be the first to import torch (`whichdevice check cpu`): through the same
     # guarded import as a probe, so a torch.backends plugin that hangs cannot hang it.

@@ -9,8 +9,6 @@ nothing else, so simulated hardware goes through the same machinery.
 
 from __future__ import annotations
 
-import math
-import os
 import sys
 import threading
 import time
@@ -23,6 +21,18 @@ from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeRe
 from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.probes.common import torch_import_reason
 from whichdevice.hardware.registry import backends, get_backend, on_change, set_plugin_loader
+from whichdevice.hardware.store import (
+    DEFAULT_TIMEOUT_S,
+    current_store,
+    parse_timeout,
+    probe_timeout,
+    set_probe_timeout,
+)
+from whichdevice.hardware.store import _real_store as _real_store
+from whichdevice.hardware.store import _seconds as _seconds
+from whichdevice.hardware.store import _simulations as _simulations
+from whichdevice.hardware.store import _Store as _Store
+from whichdevice.hardware.store import _store as _store
 
 __all__ = [
     "DeviceInfo",
@@ -35,101 +45,11 @@ __all__ = [
     "probe_counts",
     "probe_timeout",
     "raise_if_gave_up",
+    "set_probe_timeout",
 ]
 
-DEFAULT_TIMEOUT_S = 10.0
-
-
-class _Store:
-    """Results, in-flight markers and run counts: one for real hardware, one per simulation."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.results: dict[str, ProbeResult] = {}
-        self.inflight: dict[str, threading.Event] = {}
-        self.counts: dict[str, int] = {}
-        # Finished resolutions keyed by their arguments and the variables they read (see
-        # memo.memo_key); they derive from the results above, so they are cleared with them.
-        self.resolutions: dict[Any, Any] = {}
-        # Backends whose probe was given up (it hung, or its import crashed a trial): name -> reason.
-        self.faults: dict[str, str] = {}
-
-    def function(self, backend: Backend) -> ProbeFunction:
-        return backend.probe
-
-
-_real_store = _Store()
-# The simulation stack (whichdevice.testing pushes and pops); the innermost one answers.
-_simulations: list[_Store] = []
-_timeout_override: float | None = None
-
-
-def current_store() -> _Store:
-    """The store that answers now: the innermost simulation's, or the real one."""
-    return _store()
-
-
-def _store() -> _Store:
-    return _simulations[-1] if _simulations else _real_store
-
-
-def _after_fork_in_child() -> None:
-    # A fork taken while another thread held a lock or ran a probe would leave the child waiting
-    # forever; results stay valid (same machine), the bookkeeping starts fresh.
-    for store in (_real_store, *_simulations):
-        store.lock = threading.Lock()
-        store.inflight.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def probe_timeout() -> float:
-    """Seconds a probe may take before it is reported as hung (``WHICHDEVICE_PROBE_TIMEOUT``).
-
-    ``math.inf`` means no limit (``inf``, ``none``, ``off`` or ``0`` in the variable); a value that is
-    not a time limit raises a :class:`DeviceError` naming the valid forms.
-    """
-    if _timeout_override is not None:
-        return _timeout_override
-    raw = os.environ.get("WHICHDEVICE_PROBE_TIMEOUT")
-    if raw is None or not raw.strip():
-        return DEFAULT_TIMEOUT_S
-    return parse_timeout(raw, "WHICHDEVICE_PROBE_TIMEOUT")
-
-
-_NO_LIMIT = ("inf", "+inf", "infinity", "none", "off", "0", "0.0")
-
-
-def parse_timeout(raw: str, where: str) -> float:
-    """A time limit in seconds from ``raw``: a positive number, or one of the no-limit words (inf)."""
-    text = raw.strip().lower()
-    if text in _NO_LIMIT:
-        return math.inf
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:  # nan, negative, garbage
-        raise DeviceError(
-            f"{where}={raw!r} is not a time limit: give seconds as a number greater than 0 "
-            f"(e.g. {where}=60), or {where}=inf for no limit; unset it for the default {DEFAULT_TIMEOUT_S:g} s"
-        )
-    return value
-
-
-def set_probe_timeout(seconds: float | None) -> None:
-    """Set the probe time limit for this process (None: back to the default; ``math.inf``: no limit)."""
-    global _timeout_override
-    _timeout_override = None if seconds is None else _seconds(seconds, "set_probe_timeout(seconds)")
-
-
-def _seconds(value: Any, where: str) -> float:
-    # bool is an int, and nan compares false with everything: both are refused here.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise DeviceError(f"{where} takes a number of seconds greater than 0 (math.inf for no limit), not {value!r}")
-    return float(value)
+# Re-exported: the store and the time limit live in whichdevice.hardware.store, below the probes.
+_REEXPORTED = (DEFAULT_TIMEOUT_S, current_store, parse_timeout)
 
 
 def _join_limit(seconds: float) -> float | None:
@@ -173,7 +93,7 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
 def gave_up() -> dict[str, str]:
     """What was given up in this process (or simulation): a backend whose probe hung or whose
     import crashed, or a plugin that did; name -> the reason, which says what to do."""
-    from whichdevice.hardware.probes import trial
+    import whichdevice.hardware.probes.trial as trial
 
     store = _store()
     with store.lock:
@@ -187,7 +107,7 @@ def gave_up() -> dict[str, str]:
 def raise_if_gave_up(what: str) -> None:
     """Raise a DeviceError when ``what`` (a call into transformers/accelerate, which ask every
     installed runtime themselves) would wait on what a probe gave up on: a hung import or runtime."""
-    from whichdevice.hardware.probes import outcomes
+    import whichdevice.hardware.probes.outcomes as outcomes
 
     outcomes.raise_if_import_hung(what)
     store = _store()
@@ -216,7 +136,7 @@ def probe_counts() -> dict[str, int]:
 
 def clear_cache(name: str | None = None) -> None:
     """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
-    from whichdevice.hardware.probes import trial
+    import whichdevice.hardware.probes.trial as trial
 
     # A package installed since (pip in a notebook, say) shows up on the next probe.
     packages.cache_clear()
@@ -251,7 +171,7 @@ on_change(forget_backend)
 
 # Plugins of whichdevice.backends are tried in a child with the probe limit before they load here.
 def _load_plugin(ep: Any) -> Any:
-    from whichdevice.hardware.probes import plugins
+    import whichdevice.hardware.probes.plugins as plugins
 
     return plugins.load_plugin(ep, probe_timeout())
 
@@ -270,7 +190,7 @@ def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
         return []
     if find_spec(backend.module.split(".")[0]) is None or find_spec("torch") is None:
         return []
-    from whichdevice.hardware.probes import plugins
+    import whichdevice.hardware.probes.plugins as plugins
 
     return plugins.import_torch(timeout)
 
@@ -278,7 +198,8 @@ def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
 def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str], ProbeResult | None]:
     """Before a real probe: torch and the vendor packages, tried first (notes; or the result when
     the probe must not run here)."""
-    from whichdevice.hardware.probes import outcomes, trial
+    import whichdevice.hardware.probes.outcomes as outcomes
+    import whichdevice.hardware.probes.trial as trial
 
     store.faults.pop(backend.name, None)
     if store is not _real_store:
@@ -298,7 +219,8 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
 
 
 def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Store) -> ProbeResult:
-    from whichdevice.hardware.probes import outcomes, trial
+    import whichdevice.hardware.probes.outcomes as outcomes
+    import whichdevice.hardware.probes.trial as trial
 
     notes, early = _prepare(backend, timeout, store)
     if early is not None:

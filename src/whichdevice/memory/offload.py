@@ -8,41 +8,22 @@ keep what they can and accelerate puts the rest in ``max_memory["cpu"]``, then `
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from whichdevice.core.errors import ConfigConflictError, DeviceError, DoesNotFitError
+from whichdevice.core.errors import ConfigConflictError, DoesNotFitError
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION
-from whichdevice.memory.job import ADAPTER_FRACTION, OFFLOADS, Job, JobMemory, job_memory
+from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory
 from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
     from whichdevice.memory.job import ModelShape
 
-__all__ = ["check_offload", "cpu_available", "offload_placement", "remedies"]
+__all__ = ["cpu_available", "offload_placement", "remedies"]
 
 _MiB = 1024**2
-
-
-def check_offload(offload: Any, offload_folder: Any, task: str) -> None:
-    """Raise for an offload request that cannot work, naming what to pass instead."""
-    if offload is None:
-        if offload_folder is not None:
-            raise DeviceError(f"offload_folder={offload_folder!r} without offload='disk': pass both, or neither")
-        return
-    if offload not in OFFLOADS:
-        raise DeviceError(f"offload={offload!r}: use 'cpu' or 'disk' (with offload_folder=...), or leave it out")
-    if offload == "disk" and not offload_folder:
-        raise DeviceError("offload='disk' needs a folder for the weights: pass offload_folder='path/to/folder'")
-    if offload == "cpu" and offload_folder is not None:
-        raise DeviceError("offload_folder= is for offload='disk'; with offload='cpu' leave it out")
-    if task == "training":
-        raise ConfigConflictError(
-            f"offload={offload!r} with task='training': accelerate's offloaded layers are for inference and "
-            "do not train; train LoRA adapters in 4-bit (quantize='auto'), or shard with DeepSpeed ZeRO-Offload"
-        )
 
 
 def cpu_available() -> int | None:

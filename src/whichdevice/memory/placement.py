@@ -11,7 +11,7 @@ from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes, parse_size
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory, model_shape
-from whichdevice.memory.offload import check_offload, offload_placement, remedies
+from whichdevice.memory.offload import offload_placement, remedies
 from whichdevice.model.size import ModelSize, estimate_model_size
 
 if TYPE_CHECKING:
@@ -124,7 +124,6 @@ def place_model(
 
     job = job or Job()
     check_quantize(quantize)
-    check_offload(job.offload, job.offload_folder, job.task)
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
         assert caps is not None

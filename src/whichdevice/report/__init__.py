@@ -15,13 +15,13 @@ answers ``whichdevice check``. One module per part:
 
 from __future__ import annotations
 
+from whichdevice.core.errors import exit_code_for
 from whichdevice.report.check import check
 from whichdevice.report.findings import ACCELERATE_MIN_FOR_GAUDI, other_warnings
 from whichdevice.report.gather import (
     SCHEMA_VERSION,
     SIMULATED_NOTICE,
     VERSION_PACKAGES,
-    exit_code_for,
     gather,
     load_schema,
     package_versions,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, exit_code_for
 from whichdevice.core.records import ProbeResult
 from whichdevice.hardware.probing import gave_up
-from whichdevice.report.gather import SCHEMA_VERSION, Replayable, exit_code_for, simulation, simulation_dict
+from whichdevice.report.gather import SCHEMA_VERSION, Replayable, simulation, simulation_dict
 from whichdevice.report.rows import device_summary
 from whichdevice.resolve.resolver import resolve_device
 

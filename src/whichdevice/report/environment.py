@@ -15,6 +15,7 @@ from typing import Any
 
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.records import Backend, EnvDefault, ProbeResult, Visibility
+from whichdevice.device.request import ENV_DEVICE, parse_device
 from whichdevice.hardware.registry import backends
 from whichdevice.hardware.visible import visible_devices
 from whichdevice.launch.accelerate_settings import (
@@ -26,7 +27,6 @@ from whichdevice.launch.accelerate_settings import (
 from whichdevice.launch.distributed import detect_distributed
 from whichdevice.report.findings import warning
 from whichdevice.report.rows import BUILDS
-from whichdevice.resolve.resolver import ENV_DEVICE, parse_device
 
 __all__ = ["environment"]
 

@@ -15,21 +15,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeAlias
 
-from whichdevice.core.errors import DeviceError, DeviceUnavailableError, DoesNotFitError
+from whichdevice.core.errors import DeviceError, exit_code_for
 from whichdevice.core.packages import known_versions, package_version
+from whichdevice.device.request import TASKS, parse_device
 from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends
 from whichdevice.report.environment import environment
 from whichdevice.report.findings import other_warnings
 from whichdevice.report.rows import backend_row
-from whichdevice.resolve.resolver import TASKS, parse_device, resolve_device
+from whichdevice.resolve.resolver import resolve_device
 
 __all__ = [
     "SCHEMA_VERSION",
     "SIMULATED_NOTICE",
     "VERSION_PACKAGES",
     "error_dict",
-    "exit_code_for",
     "gather",
     "load_schema",
     "package_versions",
@@ -67,15 +67,6 @@ def package_versions() -> dict[str, str | None]:
         out[name] = package_version(name)
     out["whichdevice"] = package_version("whichdevice")
     return out
-
-
-def exit_code_for(exc: BaseException) -> int:
-    """1 when the hardware cannot do what was asked, 2 when the request itself is wrong."""
-    if isinstance(exc, (DeviceUnavailableError, DoesNotFitError)):
-        return 1
-    if isinstance(exc, DeviceError):
-        return 2
-    return 1
 
 
 def error_dict(exc: BaseException) -> dict[str, Any]:

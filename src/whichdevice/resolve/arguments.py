@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
-from whichdevice.memory.offload import check_offload
+from whichdevice.memory.job import OFFLOADS
 from whichdevice.memory.quantization import check_quantize
 from whichdevice.model.files import check_model
 
@@ -33,6 +33,7 @@ __all__ = [
     "check_map_devices",
     "check_max_memory",
     "check_memory_devices",
+    "check_offload",
     "check_shapes",
 ]
 
@@ -236,3 +237,22 @@ def check_count(value: Any, name: str) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise DeviceError(f"{name}={value!r}: give a whole number of 1 or more, or leave it out (None)")
+
+
+def check_offload(offload: Any, offload_folder: Any, task: str) -> None:
+    """Raise for an offload request that cannot work, naming what to pass instead."""
+    if offload is None:
+        if offload_folder is not None:
+            raise DeviceError(f"offload_folder={offload_folder!r} without offload='disk': pass both, or neither")
+        return
+    if offload not in OFFLOADS:
+        raise DeviceError(f"offload={offload!r}: use 'cpu' or 'disk' (with offload_folder=...), or leave it out")
+    if offload == "disk" and not offload_folder:
+        raise DeviceError("offload='disk' needs a folder for the weights: pass offload_folder='path/to/folder'")
+    if offload == "cpu" and offload_folder is not None:
+        raise DeviceError("offload_folder= is for offload='disk'; with offload='cpu' leave it out")
+    if task == "training":
+        raise ConfigConflictError(
+            f"offload={offload!r} with task='training': accelerate's offloaded layers are for inference and "
+            "do not train; train LoRA adapters in 4-bit (quantize='auto'), or shard with DeepSpeed ZeRO-Offload"
+        )

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from whichdevice.report.gather import exit_code_for
+from whichdevice.core.errors import exit_code_for
 from whichdevice.report.render import Style, use_color
 
 __all__ = ["Progress", "render_summary"]

@@ -49,7 +49,7 @@ def tiny_llama_config() -> Any:
 
 
 def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) -> str:
-    from whichdevice.resolve.resolver import resolve_device
+    from whichdevice import resolve_device  # the public API, as a user's script calls it
 
     for task in tasks:
         state[task] = resolve_device(device, task=task)
@@ -89,7 +89,7 @@ def _build(state: dict[str, Any], tmp: Path) -> str:
 def _load(state: dict[str, Any], tmp: Path, task: str) -> str:
     from transformers import AutoModelForCausalLM
 
-    from whichdevice.resolve.resolver import resolve_device
+    from whichdevice import resolve_device  # the public API, as a user's script calls it
 
     # Resolved again with the saved model, as a user loading it would: placement checks its size
     # and the attention can be the one verified for its architecture.
@@ -157,7 +157,7 @@ def _train(state: dict[str, Any], tmp: Path, result: dict[str, Any], progress: P
     torch = state["torch"]
     from transformers import PrinterCallback, ProgressCallback, Trainer
 
-    from whichdevice.training.arguments import training_arguments
+    from whichdevice import training_arguments  # the public API, as a user's script calls it
 
     res = state["training"]
     model = state["model_training"]

@@ -39,7 +39,7 @@ from typing import Any
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.packages import simulated_packages
 from whichdevice.core.records import Backend, ProbeResult
-from whichdevice.hardware import probing as _probe
+from whichdevice.hardware import store as _probe
 from whichdevice.hardware.calibration import calibration_enabled, parse_figures, pin
 from whichdevice.hardware.envhooks import _forget
 from whichdevice.hardware.probes import interpret, not_installed

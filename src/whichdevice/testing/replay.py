@@ -26,9 +26,11 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.records import Backend, ProbeResult, Visibility
-from whichdevice.hardware import probes, probing
+from whichdevice.hardware import probes
+from whichdevice.hardware import store as store_module
 from whichdevice.hardware.envhooks import _forget, apply_env_defaults
 from whichdevice.hardware.registry import backend_names
+from whichdevice.hardware.store import current_store
 from whichdevice.resolve.memo import memo_variables
 
 __all__ = [
@@ -63,7 +65,7 @@ VOLATILE_KEYS = frozenset({"seconds", "simulated", "simulation"})
 
 def replaying() -> RecordedMachine | None:
     """The machine the innermost simulation replays from a report (None: not a replay)."""
-    store = probing._simulations[-1] if probing._simulations else None
+    store = current_store() if store_module._simulations else None
     return getattr(store, "recorded", None)
 
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from whichdevice.core.packages import package_version
-from whichdevice.core.records import Backend, DeviceInfo, EnvAction, ProbeResult
+from whichdevice.core.records import Backend, DeviceInfo, EnvAction, ProbeResult, Visibility
 from whichdevice.hardware.compatibility import plugin_problem
 from whichdevice.hardware.registry import backends
-from whichdevice.hardware.visible import Visibility
 
 __all__ = [
     "ENV_VARIABLES",
