@@ -21,20 +21,20 @@ from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeRe
 from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.probes.common import torch_import_reason
 from whichdevice.hardware.registry import backends, get_backend, on_change, set_plugin_loader
-from whichdevice.hardware.store import (
+from whichdevice.hardware.store import (  # the state and the time limit, kept below the runner
     DEFAULT_TIMEOUT_S,
-    current_store,
-    parse_timeout,
+    _real_store,
+    _seconds,
+    _simulations,
+    _Store,
+    _store,
     probe_timeout,
     set_probe_timeout,
 )
-from whichdevice.hardware.store import _real_store as _real_store
-from whichdevice.hardware.store import _seconds as _seconds
-from whichdevice.hardware.store import _simulations as _simulations
-from whichdevice.hardware.store import _Store as _Store
-from whichdevice.hardware.store import _store as _store
 
+# DEFAULT_TIMEOUT_S and the time-limit functions live in whichdevice.hardware.store, below the probes.
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "DeviceInfo",
     "ProbeResult",
     "clear_cache",
@@ -47,9 +47,6 @@ __all__ = [
     "raise_if_gave_up",
     "set_probe_timeout",
 ]
-
-# Re-exported: the store and the time limit live in whichdevice.hardware.store, below the probes.
-_REEXPORTED = (DEFAULT_TIMEOUT_S, current_store, parse_timeout)
 
 
 def _join_limit(seconds: float) -> float | None:

@@ -14,10 +14,10 @@ from whichdevice.core.errors import ConfigConflictError, DeviceError, DoesNotFit
 from whichdevice.core.packages import package_version
 from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.registry import _BUILTIN, backends
-from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult, TraceStep
+    from whichdevice.model.size import ModelSize
 
 __all__ = [
     "BNB_DEVICES",

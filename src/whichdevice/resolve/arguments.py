@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
-from whichdevice.memory.job import OFFLOADS
 from whichdevice.memory.quantization import check_quantize
-from whichdevice.model.files import check_model
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
@@ -228,6 +226,9 @@ def check_arguments(args: Arguments) -> None:
     check_offload(args.offload, args.offload_folder, args.task)
     if args.model is not None:
         # A damaged download is named before anything is decided from it (DamagedModelError).
+        # Imported here: the model readers are only for calls that name a model.
+        from whichdevice.model.files import check_model
+
         check_model(args.model)
 
 
@@ -245,6 +246,8 @@ def check_offload(offload: Any, offload_folder: Any, task: str) -> None:
         if offload_folder is not None:
             raise DeviceError(f"offload_folder={offload_folder!r} without offload='disk': pass both, or neither")
         return
+    from whichdevice.memory.job import OFFLOADS
+
     if offload not in OFFLOADS:
         raise DeviceError(f"offload={offload!r}: use 'cpu' or 'disk' (with offload_folder=...), or leave it out")
     if offload == "disk" and not offload_folder:

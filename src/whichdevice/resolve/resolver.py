@@ -25,6 +25,7 @@ from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
 from whichdevice.hardware import probing
 from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
+from whichdevice.hardware.store import current_store
 from whichdevice.launch.accelerate_settings import (
     ENV_USE_CPU,
     AccelerateSettings,
@@ -121,7 +122,7 @@ def resolve_device(
     )
     environment = read_environment()
     key = memo_key(args, environment)
-    store = probing.current_store()
+    store = current_store()
     if key is not None:
         cached = store.resolutions.get(key)
         if cached is not None:
