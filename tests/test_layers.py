@@ -4,6 +4,8 @@ each other (directly or round a loop). The layer order is written here, once."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +208,60 @@ def test_an_upward_import_is_caught() -> None:
     """A lower module importing a higher one is reported (the check can fail)."""
     assert _layer_of("resolve.resolver") > _layer_of("core.records")
     assert _layer_of("hardware.probes.cuda") == _layer_of("hardware.probing")
+
+
+# The size rules a newcomer reads the code by (docs/architecture.md).
+MAX_MODULE_LINES = 400
+MAX_CHAIN = 12
+MAX_FUNCTION_LINES = 60
+
+
+def _longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    memo: dict[str, list[str]] = {}
+
+    def chain(node: str) -> list[str]:
+        if node not in memo:
+            memo[node] = [node, *max((chain(nxt) for nxt in graph.get(node, ())), key=len, default=[])]
+        return memo[node]
+
+    return max((chain(node) for node in graph), key=len, default=[])
+
+
+def test_modules_stay_small() -> None:
+    big = {
+        name: n
+        for name, path in _modules().items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert big == {}, f"split these modules (over {MAX_MODULE_LINES} lines)"
+
+
+def test_the_import_chain_is_short() -> None:
+    """A newcomer following imports down from the command climbs at most MAX_CHAIN modules."""
+    longest = _longest_chain(_graph())
+    assert len(longest) <= MAX_CHAIN, " -> ".join(longest)
+
+
+def test_the_chain_counter_counts() -> None:
+    assert _longest_chain({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == ["a", "b", "c"]
+
+
+def test_functions_stay_short() -> None:
+    """Functions stay under MAX_FUNCTION_LINES lines; at most three may run over while they wait to be split."""
+    long = sorted(
+        f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    )
+    assert len(long) <= 3, long
+
+
+def test_the_architecture_page_is_generated_from_the_folders() -> None:
+    script = PACKAGE_DIR.parents[1] / "scripts" / "gen_architecture.py"
+    if not script.exists():
+        pytest.skip("the source tree's scripts/ is not beside this installed package")
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
