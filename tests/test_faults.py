@@ -242,7 +242,7 @@ def _closer(fds: tuple[int, ...]) -> Any:
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], float]]:
     root = tmp_path_factory.mktemp("faults")
     _write_sites(root)
-    src = str(Path(probing.__file__).resolve().parents[1])
+    src = str(Path(probing.__file__).resolve().parents[2])  # src/, above whichdevice/hardware/
     base = {
         k: v
         for k, v in os.environ.items()
@@ -307,7 +307,7 @@ def test_debug_shows_what_other_code_printed(results: dict[str, Any]) -> None:
 
 def test_a_broken_pipe_keeps_the_exit_code(tmp_path: Path) -> None:
     # whichdevice --json | head -1
-    src = str(Path(probing.__file__).resolve().parents[1])
+    src = str(Path(probing.__file__).resolve().parents[2])  # src/, above whichdevice/hardware/
     env = {**os.environ, "PYTHONPATH": src}
     shell = f"{sys.executable} -m whichdevice --json | head -1; exit ${{PIPESTATUS[0]}}"
     proc = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=240, check=False)
