@@ -279,7 +279,11 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
     path = Path(model).expanduser()
     check_link(path, file=path.suffix == ".safetensors")
     if path.exists():
-        return path
+        from whichdevice.model.adapter import adapter_base
+
+        # A PEFT adapter folder is sized, placed and loaded as the base model it names.
+        base = adapter_base(path)
+        return base[0] if base is not None else path
     if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) and not text.startswith((".", "/")):
         try:
             from huggingface_hub import snapshot_download
