@@ -49,7 +49,9 @@ def _hardware(quant: CheckpointQuantization, backend: Backend, result: ProbeResu
     cap = result.min_capability if backend.name == "cuda" else None
     if needs.min_capability is not None and cap is not None and cap < needs.min_capability:
         want = ".".join(map(str, needs.min_capability))
-        return f"{quant.label} kernels need compute capability >= {want}; this GPU is {cap[0]}.{cap[1]} ({needs.source})"
+        return (
+            f"{quant.label} kernels need compute capability >= {want}; this GPU is {cap[0]}.{cap[1]} ({needs.source})"
+        )
     return None
 
 
@@ -152,7 +154,10 @@ def follow_compute_dtype(
     want = quant.compute_dtype
     source = f"the checkpoint's saved compute dtype ({quant.label})"
     if quant.method == "awq" and backend.name in ("cuda", "xpu"):
-        want, source = "float16", "AWQ's kernels on CUDA/XPU compute in fp16 (transformers/quantizers/quantizer_awq.py:54-62)"
+        want, source = (
+            "float16",
+            "AWQ's kernels on CUDA/XPU compute in fp16 (transformers/quantizers/quantizer_awq.py:54-62)",
+        )
     if want is None or want == dtype:
         return dtype, []
     from whichdevice.precision.hardware import supports

@@ -50,20 +50,28 @@ _Q = "transformers/quantizers/"
 # Typed from the installed quantizers' validate_environment (transformers 5.25); a row per method.
 NEEDS: dict[str, MethodNeeds] = {
     # optimum always; gptqmodel for any device (without it, CUDA only and then an ImportError anyway)
-    "gptq": MethodNeeds(("optimum", "gptqmodel"), frozenset({"cuda", "cpu"}), None, False, f"{_Q}quantizer_gptq.py:58-73"),
+    "gptq": MethodNeeds(
+        ("optimum", "gptqmodel"), frozenset({"cuda", "cpu"}), None, False, f"{_Q}quantizer_gptq.py:58-73"
+    ),
     # gptqmodel's kernels; bf16 is cast to fp16 on CUDA/XPU (update_dtype, l.54-62)
     "awq": MethodNeeds(("gptqmodel",), frozenset({"cuda", "xpu", "cpu"}), None, False, f"{_Q}quantizer_awq.py:45-62"),
     # without a GPU/XPU, or below cc 8.9, transformers dequantizes a pre-quantized FP8 model to bf16
     "fp8": MethodNeeds((), frozenset({"cuda", "xpu"}), (8, 9), True, f"{_Q}quantizer_finegrained_fp8.py:31-58"),
     "mxfp8": MethodNeeds((), frozenset({"cuda", "xpu"}), (8, 9), True, f"{_Q}quantizer_finegrained_fp8.py:31-58"),
     # fbgemm-gpu on CUDA, cc >= 9.0; an ImportError/ValueError otherwise (no dequantizing load)
-    "fbgemm_fp8": MethodNeeds(("fbgemm-gpu",), frozenset({"cuda"}), (9, 0), False, f"{_Q}quantizer_fbgemm_fp8.py:54-75"),
+    "fbgemm_fp8": MethodNeeds(
+        ("fbgemm-gpu",), frozenset({"cuda"}), (9, 0), False, f"{_Q}quantizer_fbgemm_fp8.py:54-75"
+    ),
     # cuda (cc >= 7.5), xpu or cpu, with triton and kernels; otherwise dequantized to bf16
-    "mxfp4": MethodNeeds(("triton", "kernels"), frozenset({"cuda", "xpu", "cpu"}), (7, 5), True, f"{_Q}quantizer_mxfp4.py:50-121"),
+    "mxfp4": MethodNeeds(
+        ("triton", "kernels"), frozenset({"cuda", "xpu", "cpu"}), (7, 5), True, f"{_Q}quantizer_mxfp4.py:50-121"
+    ),
     # bitsandbytes' own device list, as the registry rows record it (memory/quantization.py BNB_DEVICES)
     "bitsandbytes_4bit": MethodNeeds(("bitsandbytes",), None, None, False, f"{_Q}quantizer_bnb_4bit.py:56-68"),
     "bitsandbytes_8bit": MethodNeeds(("bitsandbytes",), None, None, False, f"{_Q}quantizer_bnb_8bit.py:56-68"),
-    "compressed-tensors": MethodNeeds(("compressed-tensors",), None, None, False, f"{_Q}quantizer_compressed_tensors.py:67-72"),
+    "compressed-tensors": MethodNeeds(
+        ("compressed-tensors",), None, None, False, f"{_Q}quantizer_compressed_tensors.py:67-72"
+    ),
     "torchao": MethodNeeds(("torchao",), None, None, False, f"{_Q}quantizer_torchao.py:67-69"),
     "quanto": MethodNeeds(("optimum-quanto",), None, None, False, f"{_Q}quantizer_quanto.py:46-50"),
     # hqq checked in __init__ (l.44-47); validate_environment refuses cpu/disk in a device_map (l.50-57)
@@ -159,8 +167,10 @@ def _bits_and_group(method: str, qc: dict[str, Any]) -> tuple[int | None, int | 
                 return _int(weights.get("num_bits")), _int(weights.get("group_size"))
         return None, None
     if method == "hqq":
-        inner = qc.get("quant_config") if isinstance(qc.get("quant_config"), dict) else qc
-        weights = inner.get("weight_quant_params", inner)
+        inner: Any = qc.get("quant_config") if isinstance(qc.get("quant_config"), dict) else qc
+        weights: Any = inner.get("weight_quant_params", inner)
+        if not isinstance(weights, dict):
+            return None, None
         return _int(weights.get("nbits")), _int(weights.get("group_size"))
     if method == "quanto":
         text = str(qc.get("weights", ""))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DeviceError
+from whichdevice.model.adapter import adapter_base, adapter_bytes
 from whichdevice.model.files import (
     SAFETENSORS_DTYPES,
     DamagedModelError,
@@ -23,7 +24,6 @@ from whichdevice.model.files import (
     refetch_hint,
     resolve_model_path,
 )
-from whichdevice.model.adapter import adapter_base, adapter_bytes
 from whichdevice.model.quantized import CAST_CODES, CheckpointQuantization, estimate_stored, read_quantization
 
 __all__ = [

@@ -3,8 +3,9 @@
 Inference follows vLLM's rule: keep a checkpoint's half-precision dtype when this hardware runs it,
 downcast an fp32 checkpoint to the hardware's half precision, and cast a bf16 or fp32 checkpoint to
 fp16 only for an architecture known to be safe in fp16 (``precision/fp16_safe.py``, an allow-list
-that fails closed: any other gets fp32, and the trace says how to opt in). Training keeps fp32 weights under mixed precision: ``fp16=True`` needs them (torch's
-GradScaler refuses to unscale fp16 gradients), and bf16 weights lose most small optimizer updates.
+that fails closed: any other gets fp32, and the trace says how to opt in). Training keeps fp32
+weights under mixed precision: ``fp16=True`` needs them (torch's GradScaler refuses to unscale fp16
+gradients), and bf16 weights lose most small optimizer updates.
 """
 
 from __future__ import annotations
