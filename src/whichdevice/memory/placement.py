@@ -175,7 +175,7 @@ def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[Mo
     weights = size.bytes_in(dtype)
     if size.quantized is not None:
         trace.append(TraceStep("model", f"pre-quantized: {size.quantized.describe()}"))
-    stored = " (the quantized weights as stored)" if size.quantized is not None else ""
+    stored = " (the quantized weights as stored)" if size.quantized is not None and not job.dequantize else ""
     trace.append(
         TraceStep(
             "model",

@@ -168,10 +168,10 @@ def _bits_and_group(method: str, qc: dict[str, Any]) -> tuple[int | None, int | 
         return None, None
     if method == "hqq":
         inner: Any = qc.get("quant_config") if isinstance(qc.get("quant_config"), dict) else qc
-        weights: Any = inner.get("weight_quant_params", inner)
-        if not isinstance(weights, dict):
+        params: Any = inner.get("weight_quant_params", inner)
+        if not isinstance(params, dict):
             return None, None
-        return _int(weights.get("nbits")), _int(weights.get("group_size"))
+        return _int(params.get("nbits")), _int(params.get("group_size"))
     if method == "quanto":
         text = str(qc.get("weights", ""))
         return (8 if "8" in text else 4 if "4" in text else 2 if "2" in text else None), None

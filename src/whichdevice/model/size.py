@@ -53,13 +53,16 @@ class ModelSize:
 
     @property
     def parameters(self) -> int:
-        if self.quantized is not None and self.quantized.bits:
-            return self.float_params + self.other_bytes * 8 // self.quantized.bits
+        quant = self.quantized
+        if quant is not None and quant.bits:
+            # Packed bytes per weight: the bits, plus a scale and a zero point per group (estimate_stored).
+            per_weight = quant.bits / 8 + ((2 + quant.bits / 8) / quant.group_size if quant.group_size else 0.0)
+            return self.float_params + int(self.other_bytes / per_weight)
         return self.float_params
 
     def dequantized(self) -> ModelSize:
         """The same model with its packed weights unpacked to floats (transformers' dequantizing load)."""
-        return ModelSize(f"{self.source}, dequantized", self.parameters, self.linear_params)
+        return ModelSize(f"{self.source}, dequantized", self.parameters, self.linear_params, 0, self.quantized)
 
     def bytes_in(self, dtype: str) -> int:
         return self.float_params * _ITEMSIZE.get(dtype, 4) + self.other_bytes
@@ -122,7 +125,7 @@ def _from_config(config: Any) -> ModelSize:
             f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "
             "device explicitly, or a folder with safetensors weights"
         )
-    float_params = linear = 0
+    float_params = linear = matrices = 0
     seen: set[int] = set()
     for name, param in model.named_parameters(remove_duplicate=True):
         if id(param) in seen:
@@ -132,13 +135,17 @@ def _from_config(config: Any) -> ModelSize:
             float_params += param.numel()
             if _is_linear(name, list(param.shape)):
                 linear += param.numel()
+            if param.dim() > 2 and _is_linear(name + ".weight", [1, 1]):
+                matrices += param.numel()  # fused MoE experts ([experts, in, out]): quantized like linears
     source = f"a meta-device build of {type(config).__name__}"
-    quantized = read_quantization(_config_dict(config), source, params=(linear, float_params - linear))
+    quantizable = linear + matrices
+    params = (quantizable, float_params - quantizable)
+    quantized = read_quantization(_config_dict(config), source, params=params)
     if quantized is None or quantized.estimated_bytes is None:
         return ModelSize(source, float_params, linear, 0, quantized)
-    # The linear layers' packed bytes, estimated from bits and group size; the rest stays float.
-    packed = estimate_stored(quantized.bits or 16, quantized.group_size, linear, 0)
-    return ModelSize(source, float_params - linear, 0, packed, quantized)
+    # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
+    packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
+    return ModelSize(source, float_params - quantizable, 0, packed, quantized)
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
