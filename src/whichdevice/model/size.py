@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DeviceError
-from whichdevice.model.adapter import adapter_base, adapter_bytes
+from whichdevice.model.adapter import adapter_base_name
 from whichdevice.model.files import (
     SAFETENSORS_DTYPES,
     DamagedModelError,
@@ -166,11 +166,20 @@ def estimate_model_size(model: Any) -> ModelSize:
         )
     size = _from_path(resolve_model_path(model))
     folder = Path(model).expanduser()
-    if adapter_base(folder) is None:
+    if adapter_base_name(folder) is None:
         return size
     # An adapter folder: its base model (resolve_model_path followed it) plus the adapter's weights.
     extra = adapter_bytes(folder)
     return replace(size, other_bytes=size.other_bytes + extra, source=f"{size.source}, plus the adapter in {folder}")
+
+
+def adapter_bytes(folder: Path) -> int:
+    """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
+    total = 0
+    for file in sorted(folder.glob("adapter_model*.safetensors")):
+        for info in read_header(file).values():
+            total += math.prod(info["shape"]) * SAFETENSORS_DTYPES.get(info["dtype"], 32) // 8
+    return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
 def _from_path(path: Path) -> ModelSize:
