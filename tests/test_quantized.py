@@ -153,6 +153,28 @@ def test_a_real_bitsandbytes_4bit_save_loads_and_generates_sized_as_stored(tmp_p
     assert out.shape == (1, 7)
 
 
+def test_a_real_torchao_int8_save_loads_and_generates_sized_as_loaded(tmp_path):
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import AutoModelForCausalLM, TorchAoConfig
+
+    base = save_tiny_llama(tmp_path / "base", tokenizer=False, hidden_size=256, intermediate_size=512)
+    config = TorchAoConfig(Int8WeightOnlyConfig())
+    AutoModelForCausalLM.from_pretrained(base, quantization_config=config, device_map="cpu").save_pretrained(
+        tmp_path / "int8"
+    )
+    res = wd.resolve_device("cpu", model=str(tmp_path / "int8"))
+    size = estimate_model_size(str(tmp_path / "int8"))
+    stored = (tmp_path / "int8" / "model.safetensors").stat().st_size
+    assert size.quantized is not None and size.quantized.method == "torchao"
+    # The stored figure in the trace is the file's tensor data (the file less its JSON header).
+    assert stored * 0.9 <= (size.quantized.stored_bytes or 0) <= stored
+    assert "pre-quantized: torchao 8-bit" in _messages(res)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "int8", **res.model_kwargs())
+    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 7)
+
+
 def test_an_adapter_folder_is_sized_as_its_base_plus_the_adapter(tmp_path):
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
