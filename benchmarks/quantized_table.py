@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import whichdevice as wd
+from whichdevice.attention.kernels import transformers_kernels_range
+from whichdevice.core.packages import simulated_packages
+from whichdevice.memory.prequantized import package_usable
 from whichdevice.core.sizes import format_bytes
 from whichdevice.model.size import estimate_model_size
 from whichdevice.testing import simulate
@@ -69,13 +72,14 @@ def _gpt_oss() -> dict[str, Any]:
     return GptOssConfig(num_hidden_layers=24, num_local_experts=32, hidden_size=2880, intermediate_size=2880).to_dict()
 
 
-def _answer(path: str, spec: str | None) -> str:
+def _answer(path: str, spec: str | None, packages: dict[str, str] | None = None) -> str:
     try:
-        if spec is None:
-            res = wd.resolve_device(model=path)
-        else:
-            with simulate(spec):
+        with simulated_packages(packages or {}):
+            if spec is None:
                 res = wd.resolve_device(model=path)
+            else:
+                with simulate(spec):
+                    res = wd.resolve_device(model=path)
     except wd.DeviceError as err:
         return f"refused ({type(err).__name__}): {err}"
     kwargs = {k: v for k, v in res.model_kwargs().items() if k not in ("device_map", "dtype")}
@@ -95,6 +99,13 @@ def main() -> None:
             print(f"### {label}: {described}; {format_bytes(size.bytes_in('float16'))} with fp16 non-quantized weights")
             for where, spec in HARDWARE.items():
                 print(f"- {where}: {_answer(path, spec)}")
+            needs = size.quantized.needs if size.quantized else None
+            missing = [p for p in needs.packages if not package_usable(p)] if needs else []
+            if missing:
+                # The same question with the method's packages simulated as installed (kernels: in range).
+                fake = {p: (transformers_kernels_range()[0] or "0") if p == "kernels" else "99.0" for p in missing}
+                for where, spec in HARDWARE.items():
+                    print(f"- {where}, with {', '.join(missing)} installed (simulated): {_answer(path, spec, fake)}")
             print()
         print("## bf16 checkpoints on a simulated T4 (fp16 allow-list)\n")
         for model_type in ("gemma3_text", "qwen3_moe", "glm4_moe", "gpt_oss", "llama"):

@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.model.quantized import CheckpointQuantization
 
-__all__ = ["Verdict", "check_requested", "follow_compute_dtype", "pick_device", "quantized_device", "runs_on"]
+__all__ = [
+    "Verdict",
+    "check_requested",
+    "follow_compute_dtype",
+    "package_usable",
+    "pick_device",
+    "quantized_device",
+    "runs_on",
+]
 
 
 @dataclass(frozen=True)
@@ -55,13 +63,23 @@ def _hardware(quant: CheckpointQuantization, backend: Backend, result: ProbeResu
     return None
 
 
+def package_usable(package: str) -> bool:
+    """Whether ``package`` is installed in a version transformers uses (real or simulated)."""
+    if package == "kernels":
+        # transformers uses kernels only within its own version range (is_kernels_available).
+        from whichdevice.attention.kernels import kernels_compatibility
+
+        return kernels_compatibility()[0]
+    return package_version(package) is not None
+
+
 def runs_on(quant: CheckpointQuantization, backend: Backend, result: ProbeResult) -> Verdict:
     """Whether this backend runs the checkpoint's method, from the probe and the installed packages."""
     needs = quant.needs
     if needs is None:
         return Verdict(True, False, f"{quant.label}: whichdevice has no row for its needs; transformers checks at load")
     lacking = _hardware(quant, backend, result)
-    missing = tuple(p for p in needs.packages if package_version(p) is None)
+    missing = tuple(p for p in needs.packages if not package_usable(p))
     if lacking is None and not missing:
         return Verdict(True, False, f"{quant.label} runs on {backend.name} ({needs.source})")
     why = lacking or f"{quant.label} needs {', '.join(missing)} installed ({needs.source})"
