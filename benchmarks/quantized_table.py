@@ -42,14 +42,21 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
     """label -> (model_type, quantization_config dict) as transformers' config classes write them."""
     from transformers import AwqConfig, BitsAndBytesConfig, FineGrainedFP8Config, GPTQConfig, Mxfp4Config, QuantoConfig
 
-    return {
+    methods = {
         "GPTQ 4-bit g128": ("llama", GPTQConfig(bits=4, group_size=128).to_dict()),
         "AWQ 4-bit g128": ("llama", AwqConfig(bits=4, group_size=128).to_dict()),
         "FP8 (block 128)": ("llama", FineGrainedFP8Config().to_dict()),
         "bitsandbytes 4-bit": ("llama", BitsAndBytesConfig(load_in_4bit=True).to_dict()),
         "MXFP4 (gpt_oss)": ("gpt_oss", Mxfp4Config().to_dict()),
-        "quanto int8 (CPU)": ("llama", QuantoConfig(weights="int8").to_dict()),
     }
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig
+        from transformers import TorchAoConfig
+
+        methods["torchao int8 weight-only (CPU)"] = ("llama", TorchAoConfig(Int8WeightOnlyConfig()).to_dict())
+    except ImportError:  # torchao is not installed: quanto's config needs no package to be written
+        methods["quanto int8 (CPU)"] = ("llama", QuantoConfig(weights="int8").to_dict())
+    return methods
 
 
 def _folder(root: Path, name: str, model_type: str, quantization: dict[str, Any] | None, dtype: str) -> str:
