@@ -29,8 +29,10 @@ __all__ = [
     "follow_compute_dtype",
     "package_usable",
     "pick_device",
+    "prequantized_device",
     "quantized_device",
     "runs_on",
+    "training_note",
 ]
 
 
@@ -184,3 +186,33 @@ def follow_compute_dtype(
     if not ok:
         return dtype, [TraceStep("dtype", f"{dtype}, not {source}: {why}")]
     return want, [TraceStep("dtype", f"{want}: {source}, in place of {dtype}")]
+
+
+def training_note(quant: CheckpointQuantization, task: str) -> list[TraceStep]:
+    """How a pre-quantized model trains: adapters on its frozen quantized weights."""
+    if task != "training":
+        return []
+    return [
+        TraceStep(
+            "quantization",
+            f"{quant.label} weights do not train themselves: train LoRA adapters on them with "
+            "whichdevice.lora_training(model, resolution)",
+        )
+    ]
+
+
+def prequantized_device(
+    model: Any, quantize: Any, chosen: tuple[Backend, ProbeResult], detect: bool, prefer: Any, exclude: Any
+) -> tuple[tuple[CheckpointQuantization | None, tuple[Backend, ProbeResult], bool], list[TraceStep]]:
+    """(the checkpoint's quantization, the backend that runs it, dequantize?) for ``model=``, with the
+    trace; quantize= is checked against it first. Unquantized or no model: the chosen backend as is."""
+    if model is None:
+        return (None, chosen, False), []
+    from whichdevice.model.size import checkpoint_quantization
+
+    quant = checkpoint_quantization(model)
+    if quant is None:
+        return (None, chosen, False), []
+    check_requested(quant, quantize)
+    picked, dequantize, steps = quantized_device(quant, chosen, detect, prefer, exclude)
+    return (quant, picked, dequantize), steps

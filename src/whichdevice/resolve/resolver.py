@@ -40,7 +40,7 @@ from whichdevice.launch.distributed import (
     process_group_backend,
 )
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
-from whichdevice.memory.prequantized import check_requested, follow_compute_dtype, quantized_device
+from whichdevice.memory.prequantized import follow_compute_dtype, prequantized_device, training_note
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.measured import Job as Workload
@@ -58,7 +58,6 @@ from whichdevice.resolve.resolution import Resolution, check_device_map
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
     from whichdevice.memory.quantization import QuantizationPlan
-    from whichdevice.model.quantized import CheckpointQuantization
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
 
@@ -162,14 +161,10 @@ def _resolve(args: Arguments) -> Resolution:
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
-    quant = _prequantized(args)
-    dequantize = False
-    if quant is not None:
-        # The checkpoint's method decides too: a device that runs it, or transformers' dequantizing load.
-        (backend, result), dequantize, found = quantized_device(
-            quant, (backend, result), request.detect, args.prefer, args.exclude
-        )
-        trace.extend(found)
+    # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
+    quant, (backend, result), dequantize = trace.take(
+        prequantized_device(args.model, args.quantize, (backend, result), request.detect, args.prefer, args.exclude)
+    )
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
     if args.task == "training":
@@ -187,6 +182,8 @@ def _resolve(args: Arguments) -> Resolution:
     quantization = None
     if quant is None:
         quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
+    else:
+        trace.extend(training_note(quant, args.task))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
@@ -229,18 +226,6 @@ def _training_request(
         "will run (beats detection)",
     )
     return DeviceRequest(ENV_USE_CPU, "cpu", "cpu"), [step]
-
-
-def _prequantized(args: Arguments) -> CheckpointQuantization | None:
-    """The checkpoint's own quantization (model/quantized.py), with quantize= checked against it."""
-    if args.model is None:
-        return None
-    from whichdevice.model.size import checkpoint_quantization
-
-    quant = checkpoint_quantization(args.model)
-    if quant is not None:
-        check_requested(quant, args.quantize)
-    return quant
 
 
 def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:
