@@ -239,3 +239,19 @@ def test_package_names_come_from_the_quantizer_source_not_a_guess():
     for package in NEEDS["gptq"].packages:
         assert f"pip install {package}" in source
     assert package_version("transformers") is not None
+
+
+def test_an_unlisted_architecture_that_does_not_fit_in_fp32_gets_4bit_weights_with_fp32_compute(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("qwen3", **SEVEN_B, vocab_size=32000).to_dict() | {"dtype": "bfloat16"}
+    folder = tmp_path / "qwen3"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    with simulate(T4):
+        res = wd.resolve_device(model=str(folder))
+    assert res.dtype_name == "float32"
+    assert res.quantization is not None and res.quantization.bits == 4
+    assert res.quantization.compute_dtype == "float32"
+    assert "not on the fp16 allow-list" in _messages(res)
