@@ -11,7 +11,7 @@ import torch
 import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.model.size import checkpoint_dtype
-from whichdevice.precision.decide import FP16_UNSAFE
+from whichdevice.precision.fp16_safe import KNOWN_OVERFLOW
 from whichdevice.precision.training import check_precision_flag, precision_conflicts
 from whichdevice.testing import simulate
 
@@ -158,13 +158,12 @@ def test_checkpoint_dtype_from_safetensors_headers(tmp_path):
     assert "safetensors headers" in read.source
 
 
-def test_bf16_checkpoint_on_a_t4_is_cast_to_fp16_with_a_warning(tmp_path):
+def test_bf16_checkpoint_of_an_allow_listed_architecture_on_a_t4_is_cast_to_fp16(tmp_path):
     path = _config_only(tmp_path, "llama", model_type="llama", dtype="bfloat16")
     with simulate(T4):
         res = wd.resolve_device(model=path, device_map="cuda:0")
     assert res.dtype_name == "float16"
-    warnings = [s.message for s in res.trace if s.topic == "warning"]
-    assert any("checkpoint is bf16, cast to fp16" in w for w in warnings)
+    assert "'llama' is known to run in fp16 (Meta published Llama 2 in fp16" in _messages(res)
 
 
 @pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "t5"])
@@ -174,7 +173,7 @@ def test_fp16_unsafe_architectures_never_compute_in_fp16(tmp_path, model_type):
         inference = wd.resolve_device(model=path, device_map="cuda:0")
         training = wd.resolve_device(model=path, device_map="cuda:0", task="training")
     assert inference.dtype_name == "float32"
-    assert f"{model_type!r} is unsafe in fp16" in _messages(inference)
+    assert f"{model_type!r} is known to overflow in fp16" in _messages(inference)
     assert training.dtype_name == "float32"
     assert training.training_kwargs() == {"bf16": False, "fp16": False}
     with simulate("mps,macos=14.5"):
@@ -182,13 +181,13 @@ def test_fp16_unsafe_architectures_never_compute_in_fp16(tmp_path, model_type):
         assert wd.resolve_device(model=path).dtype_name == "bfloat16"
 
 
-def test_every_fp16_unsafe_architecture_names_its_source():
+def test_every_fp16_overflowing_architecture_names_its_source():
     from transformers import CONFIG_MAPPING
 
-    for model_type, source in FP16_UNSAFE.items():
+    for model_type, source in KNOWN_OVERFLOW.items():
         assert "#" in source or "vllm/config/model.py" in source, model_type
     # plamo2 is remote code; every other entry is an architecture the installed transformers knows.
-    assert set(FP16_UNSAFE) - set(CONFIG_MAPPING) <= {"plamo2"}
+    assert set(KNOWN_OVERFLOW) - set(CONFIG_MAPPING) <= {"plamo2"}
 
 
 def test_explicit_fp16_weights_for_training_turn_fp16_mixed_precision_off():

@@ -63,6 +63,8 @@ class Job:
     # The attention the model will run with: "eager" materialises every head's T x T scores; sdpa and
     # FlashAttention kernels do not.
     attention: str | None = None
+    # A pre-quantized checkpoint that transformers loads dequantized here (FP8 below cc 8.9, ...).
+    dequantize: bool = False
 
     @property
     def generation(self) -> bool:

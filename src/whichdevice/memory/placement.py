@@ -135,9 +135,14 @@ def place_model(
     weights = size.bytes_in(dtype)
     if max_memory is None and caps is not None:
         trace.append(memory_step(backend, result, device, dist))
+    if size.quantized is not None:
+        # Already quantized: the resolver checked quantize= against it; never quantized again.
+        quantize = None
     if caps is None:
         return _unchecked(size, backend, result, device, dtype, quantize, trace)
     fit = _Fit(device, caps, max_memory is not None, _can_split(backend, dist), backend.name, memory.bytes, job)
+    if size.quantized is not None:
+        return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
     explicit = quantize in ("4bit", "8bit")
     does_not_fit: str | None = None
     if not explicit:
@@ -164,11 +169,17 @@ def place_model(
 def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
     """The model's size and the job's other memory, each said in the trace."""
     size, memory = estimate_job(model, job, dtype)
+    if size.quantized is not None and job.dequantize:
+        size = size.dequantized()
     weights = size.bytes_in(dtype)
+    if size.quantized is not None:
+        trace.append(TraceStep("model", f"pre-quantized: {size.quantized.describe()}"))
+    stored = " (the quantized weights as stored)" if size.quantized is not None and not job.dequantize else ""
     trace.append(
         TraceStep(
             "model",
-            f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
+            f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype}{stored} "
+            f"(from {size.source})",
         )
     )
     if memory.terms:
@@ -327,3 +338,20 @@ def _place_quantized(
         note = f"device_map={fit.device!r}: {what} fit there {room}"
     trace.append(TraceStep("placement", note))
     return qplace.device_map, qplace.max_memory, plan, None
+
+
+def _place_prequantized(
+    size: ModelSize, fit: _Fit, weights: int, extra: int, backend: Backend, job: Job, trace: list[TraceStep]
+) -> Placed:
+    """A quantized checkpoint fits as stored, or is offloaded when asked; quantizing is no way out."""
+    placement = fit.plan(weights)
+    if placement.fits:
+        trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+        return placement.device_map, placement.max_memory, None, None
+    if job.offload is not None:
+        return offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job, trace)
+    what = size.quantized.describe() if size.quantized is not None else "quantized"
+    raise DoesNotFitError(
+        f"The model does not fit: {placement.note}; it is already quantized ({what}), so quantizing is no "
+        "way out: give more memory (max_memory), use more devices, or pass offload='cpu'"
+    )

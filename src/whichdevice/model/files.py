@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.model.adapter import adapter_base_name, missing_base
 
 __all__ = [
     "SAFETENSORS_DTYPES",
@@ -279,7 +280,14 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
     path = Path(model).expanduser()
     check_link(path, file=path.suffix == ".safetensors")
     if path.exists():
-        return path
+        # A PEFT adapter folder is sized, placed and loaded as the base model it names.
+        base = adapter_base_name(path)
+        if base is None:
+            return path
+        try:
+            return resolve_model_path(base)
+        except DeviceError:
+            raise missing_base(path, base) from None
     if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) and not text.startswith((".", "/")):
         try:
             from huggingface_hub import snapshot_download

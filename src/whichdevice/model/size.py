@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DeviceError
+from whichdevice.model.adapter import adapter_base_name
 from whichdevice.model.files import (
+    SAFETENSORS_DTYPES,
     DamagedModelError,
     check_config,
     read_config,
@@ -22,6 +24,7 @@ from whichdevice.model.files import (
     refetch_hint,
     resolve_model_path,
 )
+from whichdevice.model.quantized import CAST_CODES, CheckpointQuantization, estimate_stored, read_quantization
 
 __all__ = [
     "CheckpointDtype",
@@ -34,24 +37,6 @@ __all__ = [
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _FLOAT_CODES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"}
-_ST_ITEMSIZE = {
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-    "F32": 4,
-    "I32": 4,
-    "U32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I16": 2,
-    "U16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "F8_E8M0": 1,
-}
 
 
 @dataclass(frozen=True)
@@ -63,10 +48,21 @@ class ModelSize:
     # Weights of 2-D linear layers (what bitsandbytes quantizes); embeddings and lm_head excluded.
     linear_params: int
     other_bytes: int = 0
+    # The checkpoint's own quantization: its packed weights are other_bytes, kept as stored.
+    quantized: CheckpointQuantization | None = None
 
     @property
     def parameters(self) -> int:
+        quant = self.quantized
+        if quant is not None and quant.bits:
+            # Packed bytes per weight: the bits, plus a scale and a zero point per group (estimate_stored).
+            per_weight = quant.bits / 8 + ((2 + quant.bits / 8) / quant.group_size if quant.group_size else 0.0)
+            return self.float_params + int(self.other_bytes / per_weight)
         return self.float_params
+
+    def dequantized(self) -> ModelSize:
+        """The same model with its packed weights unpacked to floats (transformers' dequantizing load)."""
+        return ModelSize(f"{self.source}, dequantized", self.parameters, self.linear_params, 0, self.quantized)
 
     def bytes_in(self, dtype: str) -> int:
         return self.float_params * _ITEMSIZE.get(dtype, 4) + self.other_bytes
@@ -91,19 +87,24 @@ def _is_linear(name: str, shape: list[int]) -> bool:
     )
 
 
-def _from_safetensors(files: list[Path]) -> ModelSize:
+def _from_safetensors(files: list[Path], config: dict[str, Any] | None = None) -> ModelSize:
     float_params = linear = other = 0
-    for path in files:
-        for name, info in read_header(path).items():
+    headers = [read_header(path) for path in files]
+    where = files[0].parent if len(files) > 1 else files[0]
+    quantized = read_quantization(config or {}, f"{where}", headers)
+    # In a quantized checkpoint only the float tensors follow the load dtype; FP8/FP4 stay as stored.
+    floats = CAST_CODES if quantized is not None else _FLOAT_CODES
+    for header in headers:
+        for name, info in header.items():
             count = math.prod(info["shape"])
-            if info["dtype"] in _FLOAT_CODES:
+            if info["dtype"] in floats:
                 float_params += count
                 if _is_linear(name, info["shape"]):
                     linear += count
             else:
-                other += count * _ST_ITEMSIZE.get(info["dtype"], 4)
-    where = files[0].parent if len(files) > 1 else files[0]
-    return ModelSize(f"safetensors headers ({len(files)} file(s) in {where})", float_params, linear, other)
+                other += count * SAFETENSORS_DTYPES.get(info["dtype"], 32) // 8
+    source = f"safetensors headers ({len(files)} file(s) in {where})"
+    return ModelSize(source, float_params, linear, other, quantized)
 
 
 def _from_config(config: Any) -> ModelSize:
@@ -124,7 +125,7 @@ def _from_config(config: Any) -> ModelSize:
             f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "
             "device explicitly, or a folder with safetensors weights"
         )
-    float_params = linear = 0
+    float_params = linear = matrices = 0
     seen: set[int] = set()
     for name, param in model.named_parameters(remove_duplicate=True):
         if id(param) in seen:
@@ -134,7 +135,24 @@ def _from_config(config: Any) -> ModelSize:
             float_params += param.numel()
             if _is_linear(name, list(param.shape)):
                 linear += param.numel()
-    return ModelSize(f"a meta-device build of {type(config).__name__}", float_params, linear)
+            if param.dim() > 2 and _is_linear(name + ".weight", [1, 1]):
+                matrices += param.numel()  # fused MoE experts ([experts, in, out]): quantized like linears
+    source = f"a meta-device build of {type(config).__name__}"
+    quantizable = linear + matrices
+    params = (quantizable, float_params - quantizable)
+    quantized = read_quantization(_config_dict(config), source, params=params)
+    if quantized is None or quantized.estimated_bytes is None:
+        return ModelSize(source, float_params, linear, 0, quantized)
+    # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
+    packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
+    return ModelSize(source, float_params - quantizable, 0, packed, quantized)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return {}
+    return {"quantization_config": qc if isinstance(qc, dict) else qc.to_dict()}
 
 
 def estimate_model_size(model: Any) -> ModelSize:
@@ -146,12 +164,30 @@ def estimate_model_size(model: Any) -> ModelSize:
         raise DeviceError(
             f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
         )
-    path = resolve_model_path(model)
+    size = _from_path(resolve_model_path(model))
+    folder = Path(model).expanduser()
+    if adapter_base_name(folder) is None:
+        return size
+    # An adapter folder: its base model (resolve_model_path followed it) plus the adapter's weights.
+    extra = adapter_bytes(folder)
+    return replace(size, other_bytes=size.other_bytes + extra, source=f"{size.source}, plus the adapter in {folder}")
+
+
+def adapter_bytes(folder: Path) -> int:
+    """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
+    total = 0
+    for file in sorted(folder.glob("adapter_model*.safetensors")):
+        for info in read_header(file).values():
+            total += math.prod(info["shape"]) * SAFETENSORS_DTYPES.get(info["dtype"], 32) // 8
+    return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
+
+
+def _from_path(path: Path) -> ModelSize:
     if path.is_file() and path.suffix == ".safetensors":
-        return _from_safetensors([path])
+        return _from_safetensors([path], read_config(path.parent))
     files = sorted(path.glob("*.safetensors"))
     if files:
-        return _from_safetensors(files)
+        return _from_safetensors(files, read_config(path))
     if read_config(path) is not None:
         return _from_config(_auto_config(path))
     raise DeviceError(f"{path} has neither *.safetensors files nor a config.json to size the model from")
@@ -161,8 +197,15 @@ def _auto_config(folder: Path) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(folder))
+        # Never the folder's own code: a config naming custom classes is read as data or refused.
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as exc:  # transformers' OSError/ValueError/KeyError, or arithmetic on a bad value
+        if "auto_map" in (read_config(folder) or {}):
+            raise DeviceError(
+                f"{folder / 'config.json'} names the folder's own code (auto_map), which whichdevice never runs, "
+                f"and this transformers has no built-in class for it ({type(exc).__name__}): pass max_memory and a "
+                "device explicitly, or save the weights as safetensors (sized from their headers)"
+            ) from None
         raise DamagedModelError(
             f"{folder / 'config.json'}: transformers cannot build a config from it ({type(exc).__name__}: {exc}); "
             f"if this transformers knows the model, the file is damaged: {refetch_hint(folder)}"
@@ -218,3 +261,20 @@ def checkpoint_dtype(model: Any) -> CheckpointDtype | None:
         return CheckpointDtype(None, model_type, "neither config.json nor safetensors headers state a dtype")
     code = max(counts, key=lambda c: counts[c])
     return CheckpointDtype(_DTYPE_CODES.get(code), model_type, f"the safetensors headers: most weights are {code}")
+
+
+def checkpoint_quantization(model: Any) -> CheckpointQuantization | None:
+    """The checkpoint's own quantization as its config states it (method, bits, group size), without
+    sizes; None for an unquantized model or one that cannot be read here (placement says why)."""
+    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        return read_quantization(_config_dict(model), f"model=<{type(model).__name__}>")
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    try:
+        path = resolve_model_path(model)
+    except DamagedModelError:
+        raise
+    except DeviceError:
+        return None
+    folder = path if path.is_dir() else path.parent
+    return read_quantization(read_config(folder) or {}, str(folder / "config.json"))

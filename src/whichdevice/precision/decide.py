@@ -1,10 +1,11 @@
 """The dtype a model loads in and the mixed precision it trains with, from the hardware and the checkpoint.
 
 Inference follows vLLM's rule: keep a checkpoint's half-precision dtype when this hardware runs it,
-downcast an fp32 checkpoint to the hardware's half precision, never cast bf16-trained weights to
-fp16 without saying so, and never run an architecture known to overflow in fp16 (``FP16_UNSAFE``)
-in fp16. Training keeps fp32 weights under mixed precision: ``fp16=True`` needs them (torch's
-GradScaler refuses to unscale fp16 gradients), and bf16 weights lose most small optimizer updates.
+downcast an fp32 checkpoint to the hardware's half precision, and cast a bf16 or fp32 checkpoint to
+fp16 only for an architecture known to be safe in fp16 (``precision/fp16_safe.py``, an allow-list
+that fails closed: any other gets fp32, and the trace says how to opt in). Training keeps fp32
+weights under mixed precision: ``fp16=True`` needs them (torch's GradScaler refuses to unscale fp16
+gradients), and bf16 weights lose most small optimizer updates.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.records import TraceStep
+from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
 from whichdevice.precision.measured import Job, measured_dtype, measured_training
 from whichdevice.precision.training import training_precision
@@ -21,21 +23,7 @@ if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
     from whichdevice.model.size import CheckpointDtype
 
-__all__ = ["FP16_UNSAFE", "Precision", "decide_precision"]
-
-_VLLM = "vLLM's _FLOAT16_NOT_SUPPORTED_MODELS (vllm/config/model.py): numerical instability in fp16"
-# model_type -> why it must not compute in fp16: activations beyond fp16's 65504 become inf, then NaN.
-FP16_UNSAFE: dict[str, str] = {
-    "gemma2": _VLLM,
-    "gemma3": f"{_VLLM}; NaN in fp16, transformers #39686 and #39972",
-    "gemma3_text": f"{_VLLM}; NaN in fp16, transformers #39686 and #39972",
-    "glm4": _VLLM,
-    "plamo2": _VLLM,
-    "t5": "feed-forward outputs overflow fp16 (transformers #4586, #5651, #9295, #10956); "
-    "trained with bf16 activations (google-research/text-to-text-transfer-transformer #539)",
-    "mt5": "T5's architecture and bf16 training: the same fp16 overflow (transformers #10956)",
-    "umt5": "T5's architecture and bf16 training: the same fp16 overflow (transformers #10956)",
-}
+__all__ = ["Precision", "decide_precision"]
 
 # Measured here (AMD EPYC, torch 2.13 CPU): one AdamW step at lr=2e-5 on a 5.6M-parameter Llama.
 PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (18% in fp32: those without a gradient)"
@@ -85,9 +73,20 @@ def _read(checkpoint: CheckpointDtype) -> str:
 
 
 def _unsafe(checkpoint: CheckpointDtype | None) -> str | None:
-    if checkpoint is None or checkpoint.model_type is None:
+    """Why this checkpoint must not be cast to fp16 (None: it may). Fails closed: an architecture
+    not on the allow-list is unsafe; an fp16 checkpoint is its authors' choice and stays fp16."""
+    if checkpoint is None:
         return None
-    return FP16_UNSAFE.get(checkpoint.model_type)
+    overflow = known_overflow(checkpoint.model_type)
+    if overflow is not None:
+        return f"{checkpoint.model_type!r} is known to overflow in fp16 ({overflow})"
+    if checkpoint.dtype == "float16" or fp16_evidence(checkpoint.model_type) is not None:
+        return None
+    arch = repr(checkpoint.model_type) if checkpoint.model_type else "an architecture the checkpoint does not name"
+    return (
+        f"{arch} is not on the fp16 allow-list (whichdevice.precision.fp16_safe): bf16-trained activations "
+        "beyond fp16's 65504 become inf, then NaN (transformers #39686, #39972); pass dtype='float16' to opt in"
+    )
 
 
 def _flag_for(backend: Backend, result: ProbeResult, weights: str | None) -> str | None:
@@ -112,15 +111,11 @@ def _inference(
     # fp16 is this hardware's half precision (T4, V100, MPS, GPUs without bf16).
     if unsafe is not None:
         safe = "bfloat16" if supports(backend, result, "bfloat16")[0] else "float32"
-        return safe, [TraceStep("dtype", f"{safe}, not fp16: {checkpoint.model_type!r} is unsafe in fp16 ({unsafe})")]  # type: ignore[union-attr]
-    if stored == "bfloat16":
+        return safe, [TraceStep("dtype", f"{safe}, not fp16: {unsafe}")]
+    evidence = fp16_evidence(checkpoint.model_type) if checkpoint is not None else None
+    if stored in ("bfloat16", "float32") and evidence is not None:
         return "float16", [
-            TraceStep("dtype", f"float16: {why}"),
-            TraceStep(
-                "warning",
-                "the checkpoint is bf16, cast to fp16 here: activations beyond fp16's range (65504) become "
-                "inf and then NaN; pass dtype='float32' if outputs are NaN",
-            ),
+            TraceStep("dtype", f"float16: {why}; {checkpoint.model_type!r} is known to run in fp16 ({evidence})")  # type: ignore[union-attr]
         ]
     return "float16", [TraceStep("dtype", f"float16: {why}")]
 
@@ -149,16 +144,7 @@ def _training(
     unsafe = _unsafe(checkpoint)
     steps: list[TraceStep] = []
     if mixed == "fp16" and unsafe is not None:
-        mixed, why = None, f"no fp16 autocast: {checkpoint.model_type!r} is unsafe in fp16 ({unsafe})"  # type: ignore[union-attr]
-    elif mixed == "fp16" and checkpoint is not None and checkpoint.dtype == "bfloat16":
-        steps.append(
-            TraceStep(
-                "warning",
-                "the checkpoint is bf16 and trains here under fp16 autocast: activations beyond fp16's "
-                "range (65504) become inf; the loss scaler skips such steps, and a loss that stays NaN "
-                "means this model needs dtype='float32' with fp16=False",
-            )
-        )
+        mixed, why = None, f"no fp16 autocast: {unsafe}"
     if mixed is None:
         return Precision("float32", None), [
             TraceStep("dtype", f"float32 weights, fp32 training: {why.removeprefix('fp32 training: ')}"),
@@ -180,7 +166,7 @@ def _as_asked(
     note = "" if ok else f" (slow or unsupported here: {why})"
     steps = [TraceStep("dtype", f"{dtype} as you asked{note}")]
     if dtype == "float16" and _unsafe(checkpoint) is not None:
-        steps.append(TraceStep("warning", f"{checkpoint.model_type!r} is unsafe in fp16: {_unsafe(checkpoint)}"))  # type: ignore[union-attr]
+        steps.append(TraceStep("warning", f"fp16 as you asked, though {_unsafe(checkpoint)}"))
     if task != "training":
         return Precision(dtype, _flag_for(backend, result, dtype)), steps
     if dtype == "float16":

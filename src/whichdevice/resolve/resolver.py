@@ -41,6 +41,7 @@ from whichdevice.launch.distributed import (
     process_group_backend,
 )
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
+from whichdevice.memory.prequantized import follow_compute_dtype, prequantized_device, training_note
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.measured import Job as Workload
@@ -161,6 +162,10 @@ def _resolve(args: Arguments) -> Resolution:
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
+    # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
+    quant, (backend, result), dequantize = trace.take(
+        prequantized_device(args.model, args.quantize, (backend, result), request.detect, args.prefer, args.exclude)
+    )
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
     if args.task == "training":
@@ -169,10 +174,17 @@ def _resolve(args: Arguments) -> Resolution:
     calibration = trace.take(_calibration(backend, args))
     precision = trace.take(_dtype(backend, result, args, calibration))
     dtype = precision.weights
+    if quant is not None and not dequantize:
+        dtype = trace.take(follow_compute_dtype(quant, backend, result, dtype, args.dtype))
+        precision = precision._replace(weights=dtype)
     attention = _attention(backend, result, _computes_in(precision, args.task), args, calibration)
     trace.append(TraceStep("attention", attention.why))
-    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name))
-    quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
+    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name, dequantize))
+    quantization = None
+    if quant is None:
+        quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
+    else:
+        trace.extend(training_note(quant, args.task))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
@@ -286,6 +298,7 @@ def _placement(
     dtype: str | None,
     args: Arguments,
     attention: str | None = None,
+    dequantize: bool = False,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
     if args.max_memory is not None:
@@ -306,7 +319,7 @@ def _placement(
 
         sized: list[TraceStep] = []
         folder = str(args.offload_folder) if args.offload_folder is not None else None
-        job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention)
+        job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention, dequantize)
         placed = place_model(
             args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job
         )
