@@ -6,7 +6,13 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, PackageVersionError
+from whichdevice.core.errors import (
+    ArgumentsClassError,
+    ConfigConflictError,
+    DeviceError,
+    DeviceUnavailableError,
+    PackageVersionError,
+)
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
@@ -29,13 +35,6 @@ __all__ = [
     "training_kwargs_for",
     "transformers_problem",
 ]
-
-
-class ArgumentsClassError(ConfigConflictError, TypeError):
-    """An ``arguments_class`` that is not a TrainingArguments subclass, or a keyword it does not take.
-
-    Also a ``TypeError``, as Python raises for a wrong type or an unexpected keyword.
-    """
 
 
 def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
