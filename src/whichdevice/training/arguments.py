@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -37,13 +38,28 @@ __all__ = [
 ]
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel that points a warning issued by our caller at the first frame outside whichdevice.
+
+    A fixed number points at ``sys:1`` or at whichdevice itself, depending on which public function
+    led here (training_arguments, or its accelerate-variable path one frame deeper).
+    """
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     backend = res.backend
     name = backend.name
     # A flag that cannot run here is refused; one that runs at a cost (bf16 emulated on this CPU) is
     # the user's to take, with the measured cost said.
     for message in precision_conflicts(backend, res.probe, res.device, user):
-        warnings.warn(message, stacklevel=4)
+        warnings.warn(message, stacklevel=_caller_stacklevel())
     ddp = user.get("ddp_backend")
     if ddp is not None:
         allowed = tuple(b for b in (backend.distributed_backend, *backend.other_distributed_backends) if b)
