@@ -46,7 +46,74 @@ def env_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"env-variables": env_table}
+def simulate_grammar() -> str:
+    """The simulate() spec grammar, its keys and modes read from the parser's own tables."""
+    from whichdevice.testing import spec
+
+    keys = [*spec._DETAIL_KEYS, *spec._COMMON_KEYS, *spec._ALIASES]
+    return (
+        "```text\n"
+        'spec     := backend [":" count] ("," item)*\n'
+        'item     := key "=" value | mode\n'
+        f"key      := {' | '.join(sorted(keys))}\n"
+        f"mode     := {' | '.join(sorted(spec.MODES))}\n"
+        "```\n"
+    )
+
+
+def _command(*args: str) -> tuple[str, str]:
+    """(stdout, stderr) of ``python -m whichdevice ARGS`` with this checkout's source, steering variables unset."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHICHDEVICE_", "ACCELERATE_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "whichdevice", *args], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    return proc.stdout, proc.stderr
+
+
+def gaudi3_report() -> str:
+    """The head of the report for a simulated Gaudi 3 machine, and its training resolution."""
+    args = ("--simulate", "hpu:8,gen=gaudi3", "--task", "training")
+    lines = _command(*args)[0].splitlines()
+    start = lines.index("RESOLUTION FOR TRAINING")
+    excerpt = [*lines[:10], "  ...", *lines[start : start + 5], "  ..."]
+    command = " ".join(f'"{a}"' if "," in a else a for a in args)
+    return f"```text\n$ whichdevice {command}\n" + "\n".join(excerpt) + "\n```\n"
+
+
+def smoke_output() -> str:
+    """``whichdevice smoke``: its progress (stderr) and summary (stdout); figures vary per run and machine."""
+    out, err = _command("smoke")
+    progress = [line for line in err.splitlines() if line.startswith("[")]
+    return "```text\n" + "\n".join([*progress, *out.splitlines()]) + "\n```\n"
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "env-variables": env_table,
+    "simulate-grammar": simulate_grammar,
+    "gaudi3-report": gaudi3_report,
+    "smoke-output": smoke_output,
+}
+# Parts whose figures (timings, speeds) change from run to run: compared with every number masked.
+VARYING = frozenset({"smoke-output"})
+
+
+def mask(text: str) -> str:
+    return re.sub(r"[0-9]+(?:[.,][0-9]+)*", "#", text)
+
+
+def drifted_parts(text: str) -> list[str]:
+    """The names of the generated parts of a page that no longer match what the code produces."""
+    drifted = []
+    for match in _PART.finditer(text):
+        name, body = match.group("name"), match.group("body")
+        fresh = GENERATORS[name]()
+        if (mask(fresh) != mask(body)) if name in VARYING else (fresh != body):
+            drifted.append(name)
+    return drifted
 
 
 def regenerate(text: str) -> str:
@@ -69,11 +136,13 @@ def main(argv: list[str]) -> int:
     drifted = []
     for page in pages():
         text = page.read_text(encoding="utf-8")
+        if "--check" in argv:
+            drifted += [f"{page.relative_to(ROOT).as_posix()} ({name})" for name in drifted_parts(text)]
+            continue
         fresh = regenerate(text)
         if fresh != text:
             drifted.append(page.relative_to(ROOT).as_posix())
-            if "--check" not in argv:
-                page.write_text(fresh, encoding="utf-8")
+            page.write_text(fresh, encoding="utf-8")
     verb = "differ from the code" if "--check" in argv else "regenerated"
     print(f"{verb}: {', '.join(drifted) if drifted else 'nothing'}")
     return 1 if drifted and "--check" in argv else 0
