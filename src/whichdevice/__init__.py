@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from whichdevice.core.errors import (
+    ArgumentsClassError,
     ConfigConflictError,
     DamagedModelError,
     DeviceError,
@@ -54,6 +55,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ArgumentsClassError",
     "Backend",
     "ConfigConflictError",
     "DamagedModelError",

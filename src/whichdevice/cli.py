@@ -301,9 +301,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "calibrate times this machine's CPU; a simulated CPU takes its figures from its spec "
             "(--simulate 'cpu,calib=bf16.b1:1.15/bf16.prompt:0.3')"
         )
+    # calibrate times the CPU whatever the task or device; an option it would ignore is refused.
+    ignored = [flag for flag, value in (("--task", args.task), ("--device", args.device)) if value]
+    ignored += ["--simulate-report"] if args.simulate_report else []
+    if ignored:
+        raise DeviceError(f"calibrate takes no {', '.join(ignored)}: it times this machine's CPU; run it without them")
+    from whichdevice.report import SCHEMA_VERSION
+
     calib = run_calibration(budget_s=5.0)
     if args.json:
-        _json({"kind": "calibration", "used": calibration_enabled()[0] and not calib.unsteady, **calib.to_dict()})
+        used = calibration_enabled()[0] and not calib.unsteady
+        _json({"kind": "calibration", "schema_version": SCHEMA_VERSION, "used": used, **calib.to_dict()})
     else:
         _emit(render_calibration(calib))
     return 0

@@ -7,6 +7,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 __all__ = [
+    "ArgumentsClassError",
     "ConfigConflictError",
     "DamagedModelError",
     "DeviceError",
@@ -40,6 +41,13 @@ class PackageVersionError(DeviceUnavailableError, ImportError):
 
 class ConfigConflictError(DeviceError):
     """An explicit setting that contradicts the hardware (bf16 on a GPU without bf16, ...)."""
+
+
+class ArgumentsClassError(ConfigConflictError, TypeError):
+    """An ``arguments_class`` that is not a TrainingArguments subclass, or a keyword it does not take.
+
+    Also a ``TypeError``, as Python raises for a wrong type or an unexpected keyword.
+    """
 
 
 class DoesNotFitError(DeviceError):

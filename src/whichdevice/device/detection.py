@@ -67,6 +67,10 @@ def _detect(order: list[Backend]) -> _Chosen:
                 steps.append(TraceStep(later.name, f"not probed: {backend.name} comes first in the order", False))
             return (backend, result), steps
         steps.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
+    if not order:  # prefer=/exclude= left nothing to try
+        raise DeviceUnavailableError(
+            "no usable device: exclude= leaves no backend to try; leave 'cpu' out of exclude= to fall back to it"
+        )
     raise DeviceUnavailableError(
         "no usable device: every backend in "
         + ", ".join(b.name for b in order)

@@ -58,7 +58,7 @@ _BUILTIN: tuple[Backend, ...] = (
         kernels_key="neuron",
         indexed=False,
         default_dtype="bfloat16",
-        install_hint="pip install torch-neuronx (from the AWS Neuron package index)",
+        install_hint="pip install torch-neuronx --extra-index-url https://pip.repos.neuron.amazonaws.com",
         docs="neuron",
     ),
     Backend(
@@ -111,7 +111,7 @@ _BUILTIN: tuple[Backend, ...] = (
                 "token ids are int64; without it Gaudi kernels fail or truncate them",
             ),
         ),
-        install_hint="pip install habana-torch-plugin (ships with the Intel Gaudi software stack)",
+        install_hint="pip install habana-torch-plugin, which ships with the Intel Gaudi software stack",
         docs="hpu",
     ),
     Backend(
@@ -155,7 +155,7 @@ _BUILTIN: tuple[Backend, ...] = (
         kernels_key="cuda",
         flash_attention=(2, 3, 4),
         default_dtype="float16",
-        install_hint="pip install torch (a CUDA or ROCm build; see https://pytorch.org/get-started/)",
+        install_hint="pip install torch, a CUDA or ROCm build: see https://pytorch.org/get-started/",
         docs="cuda",
     ),
     Backend(
@@ -194,7 +194,7 @@ _BUILTIN: tuple[Backend, ...] = (
                 stage="select",
             ),
         ),
-        install_hint="pip install torch (on macOS 12.3 or newer, Apple Silicon)",
+        install_hint="pip install torch, on macOS 12.3 or newer with Apple Silicon",
         docs="mps",
     ),
     Backend(

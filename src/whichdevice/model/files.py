@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shlex
 import struct
 from pathlib import Path
 from typing import Any
@@ -288,16 +289,19 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
             return resolve_model_path(base)
         except DeviceError:
             raise missing_base(path, base) from None
-    if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) and not text.startswith((".", "/")):
+    hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) is not None and not text.startswith((".", "/"))
+    if hub_id:
         try:
             from huggingface_hub import snapshot_download
 
             return Path(snapshot_download(text, local_files_only=True))
         except Exception:
             pass
+    # A Hub id gets the command that fetches it (quoted for the shell: the id is the caller's text).
+    fetch = f", fetch it first (hf download {shlex.quote(text)})" if hub_id else ""
     raise DeviceError(
         f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
-        "whichdevice never downloads, so pass a local path or a config (transformers.AutoConfig)"
+        f"whichdevice never downloads, so pass a local path{fetch} or a config (transformers.AutoConfig)"
     )
 
 

@@ -138,13 +138,18 @@ def _headline(w: _Writer, report: Report) -> None:
     for r in report["resolutions"]:
         if r["ok"]:
             res = r["resolution"]
-            summary.append(
-                f"{r['task']}: {s(res['device'], 'bold')} ({res['dtype'] or 'checkpoint dtype'}, {_attention(res)})"
-            )
+            summary.append(f"{r['task']}: {s(res['device'], 'bold')} ({_precision(res)}, {_attention(res)})")
         else:
             summary.append(f"{r['task']}: {s('no usable device', 'red', 'bold')}")
     version = report["versions"].get("whichdevice") or ""
     w.line(s(f"whichdevice {version}".strip(), "bold") + " - " + "; ".join(summary))
+
+
+def _precision(res: dict[str, Any]) -> str:
+    """The dtype, and for training the mixed precision the TrainingArguments line passes, so the two agree."""
+    dtype = res["dtype"] or "checkpoint dtype"
+    mixed = [key for key in ("bf16", "fp16") if (res.get("training_kwargs") or {}).get(key) is True]
+    return f"{dtype} weights, {mixed[0]} mixed precision" if mixed else dtype
 
 
 _MARKS = {"available": "+", "unavailable": "!", "not installed": "-"}
@@ -273,3 +278,4 @@ def _versions(w: _Writer, report: Report) -> None:
     w.line("  " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items()), indent=2)
     plat = report["platform"]
     w.line(f"  {plat['system']} {plat['release']} ({plat['machine']})")
+    w.line("  words used above (sdpa, mixed precision, compute capability, ...): see docs/glossary.md")

@@ -56,6 +56,13 @@ class Resolution:
     def __str__(self) -> str:
         return self.device
 
+    def __repr__(self) -> str:
+        # The generated repr printed the whole backend record and probe result, pages of it in a REPL.
+        return (
+            f"Resolution(device={self.device!r}, task={self.task!r}, dtype={self.dtype_name!r}, "
+            f"attn_implementation={self.attn_implementation!r}, device_map={self.device_map!r})"
+        )
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickled in another process (multiprocessing, a DataLoader worker): the decode attention
         # must be registered there too before res.attn_implementation reaches from_pretrained.

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, PackageVersionError
+from whichdevice.core.errors import (
+    ArgumentsClassError,
+    ConfigConflictError,
+    DeviceError,
+    DeviceUnavailableError,
+    PackageVersionError,
+)
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
@@ -31,11 +38,19 @@ __all__ = [
 ]
 
 
-class ArgumentsClassError(ConfigConflictError, TypeError):
-    """An ``arguments_class`` that is not a TrainingArguments subclass, or a keyword it does not take.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-    Also a ``TypeError``, as Python raises for a wrong type or an unexpected keyword.
+
+def _caller_stacklevel() -> int:
+    """The stacklevel that points a warning issued by our caller at the first frame outside whichdevice.
+
+    A fixed number points at ``sys:1`` or at whichdevice itself, depending on which public function
+    led here (training_arguments, or its accelerate-variable path one frame deeper).
     """
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
@@ -44,7 +59,7 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     # A flag that cannot run here is refused; one that runs at a cost (bf16 emulated on this CPU) is
     # the user's to take, with the measured cost said.
     for message in precision_conflicts(backend, res.probe, res.device, user):
-        warnings.warn(message, stacklevel=4)
+        warnings.warn(message, stacklevel=_caller_stacklevel())
     ddp = user.get("ddp_backend")
     if ddp is not None:
         allowed = tuple(b for b in (backend.distributed_backend, *backend.other_distributed_backends) if b)

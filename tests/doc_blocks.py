@@ -1,0 +1,153 @@
+"""The fenced code blocks of README.md and docs/**/*.md, with what each needs to run (its ``test="..."``).
+
+A block's info string may carry ``test="..."`` after the language; the value is a list of items
+separated by ``;``:
+
+- ``skip: REASON``: not run; REASON becomes the pytest skip reason ("needs a GPU", "needs the network").
+- ``tiny-model``: ``"path/to/model"`` and the Hub id ``"gpt2"`` become one tiny local Llama, and
+  the name ``path`` holds it; ``train_dataset=...`` becomes a few random token sequences.
+- ``simulate:SPEC``: a python block runs inside ``whichdevice.testing.simulate(SPEC)``.
+- ``exit:N,M``: the exit statuses a bash line may end with (default 0; ``whichdevice check cuda``
+  on a machine without a GPU ends with 1).
+- ``continues``: a python block that goes on from the page's previous python block (runs both).
+- ``signature``: a python block that states a signature, not code; not run.
+
+Every python block starts with ``import whichdevice as wd`` done, as the API page's first block says.
+``mkdocs_hooks.py`` strips ``test="..."`` before mkdocs renders a page, so GitHub and mkdocs both
+see a plain language.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNABLE = ("python", "bash", "console")
+# A shell line runs only when every command in it is one of these: a doc that says "pip install" or
+# "torchrun" must be marked skip, so the docs test never changes an environment or needs hardware.
+ALLOWED_COMMANDS = ("whichdevice", "python", "python3", "echo", "exit")
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
+_FENCE = re.compile(
+    r'^```(?P<lang>[\w+-]*)(?:[ \t]+test="(?P<test>[^"]*)")?[ \t]*\n(?P<body>.*?)^```[ \t]*$', re.M | re.S
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block: where it is, its language, its code and its test items."""
+
+    page: str
+    line: int
+    lang: str
+    code: str
+    skip: str | None = None
+    tiny_model: bool = False
+    simulate: str | None = None
+    exits: tuple[int, ...] = (0,)
+    signature: bool = False
+    prefix: str = ""
+    items: tuple[str, ...] = field(default=())
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    @property
+    def runs(self) -> bool:
+        return self.lang in RUNNABLE and self.skip is None and not self.signature
+
+
+def pages() -> list[Path]:
+    """README.md and every Markdown page under docs/, in a fixed order."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _block(page: str, line: int, lang: str, code: str, test: str, previous: str) -> Block:
+    items = tuple(item.strip() for item in test.split(";") if item.strip())
+    kwargs: dict[str, object] = {}
+    for item in items:
+        key, _, value = item.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "skip":
+            kwargs["skip"] = value or "no reason given"
+        elif key == "tiny-model":
+            kwargs["tiny_model"] = True
+        elif key == "simulate":
+            kwargs["simulate"] = value
+        elif key == "exit":
+            kwargs["exits"] = tuple(int(v) for v in value.split(","))
+        elif key == "continues":
+            kwargs["prefix"] = previous
+        elif key == "signature":
+            kwargs["signature"] = True
+        else:
+            raise ValueError(f'{page}:{line}: unknown test item {item!r} in test="{test}"')
+    return Block(page, line, lang, code, items=items, **kwargs)  # type: ignore[arg-type]
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of one page."""
+    text = path.read_text(encoding="utf-8")
+    page = path.relative_to(ROOT).as_posix()
+    found: list[Block] = []
+    previous = ""
+    for match in _FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        lang, code = match.group("lang"), match.group("body")
+        block = _block(page, line, lang, code, match.group("test") or "", previous)
+        if lang == "python":
+            previous = block.prefix + code
+        found.append(block)
+    return found
+
+
+def all_blocks() -> list[Block]:
+    return [block for path in pages() for block in blocks(path)]
+
+
+def python_source(block: Block) -> str:
+    """The code a python block runs: its prefix, the model substitution, the simulation around it."""
+    code = block.prefix + block.code
+    if block.tiny_model:
+        code = code.replace('"path/to/model"', "path").replace('"gpt2"', "path")
+        code = code.replace("train_dataset=...", "train_dataset=train_dataset")
+    if block.simulate:
+        body = "".join(f"    {line}\n" if line.strip() else "\n" for line in code.splitlines())
+        code = f"from whichdevice.testing import simulate as _simulate\nwith _simulate({block.simulate!r}):\n{body}"
+    return code
+
+
+def shell_commands(block: Block) -> list[str]:
+    """The commands of a bash or console block, one per logical line, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", block.code)
+    commands = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if block.lang == "console":
+            if not line.startswith("$ "):
+                continue
+            line = line[2:]
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if line:
+            commands.append(line)
+    return commands
+
+
+def disallowed(command: str) -> list[str]:
+    """The command words of a shell line that the docs test will not run (empty when it may run it)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    bad, first = [], True
+    for token in lexer:
+        if token in ("&&", "||", "|", ";", "&"):
+            first = True
+        elif first and not _ASSIGN.match(token):
+            first = False
+            if token not in ALLOWED_COMMANDS:
+                bad.append(token)
+    if "pytest" in command.split():  # the test suite inside the test suite
+        bad.append("pytest")
+    return bad
