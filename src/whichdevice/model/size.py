@@ -163,7 +163,8 @@ def estimate_model_size(model: Any) -> ModelSize:
             )
         size = _from_config(_auto_config(path))
         if config.get("auto_map"):
-            return replace(size, source=f"{size.source} (transformers' own classes: the folder's code, auto_map, was not run)")
+            not_run = "transformers' own classes: the folder's code, auto_map, was not run"
+            return replace(size, source=f"{size.source} ({not_run})")
         return size
     raise DeviceError(f"{path} has neither *.safetensors files nor a config.json to size the model from")
 
