@@ -173,9 +173,9 @@ def _own_code(config: dict[str, Any]) -> str | None:
     """Why only the model's own code could build ``config`` (an architecture the installed
     transformers does not have), or None when transformers builds it with its own classes."""
     from transformers import __version__
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto import configuration_auto
 
-    if config["model_type"] in CONFIG_MAPPING_NAMES:
+    if config["model_type"] in getattr(configuration_auto, "CONFIG_MAPPING_NAMES", {}):
         return None
     brings = " and the folder brings its own code (auto_map)" if config.get("auto_map") else ""
     return f"transformers {__version__} has no model_type {config['model_type']!r}{brings}"
