@@ -65,6 +65,8 @@ def test_a_path_too_long_for_the_system_is_a_device_error_quoting_it_short():
     with pytest.raises(wd.DeviceError, match="cannot be used as a path") as error:
         wd.resolve_device(model="m" * 5000)
     assert "5000 characters" in str(error.value) and len(str(error.value)) < 600
+    with pytest.raises(wd.DeviceError):  # a NUL in the name: no ValueError from the OS layer escapes
+        wd.resolve_device(model="model\0folder")
 
 
 # ------------------------------------------------------------------ paths out of bounds

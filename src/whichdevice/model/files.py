@@ -301,10 +301,13 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
         raise DeviceError(f"model={model!r} is empty; pass a local folder, a cached model id or a config")
     try:
         return _local_or_cached(model, text)
-    except OSError as exc:  # ENAMETOOLONG, EACCES on a parent folder, ...
+    except DeviceError:
+        raise
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG, EACCES on a parent folder, a NUL in the name
         shown = text if len(text) <= 200 else f"{text[:100]}...{text[-60:]} ({len(text)} characters)"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DeviceError(
-            f"model={shown!r} cannot be used as a path ({exc.strerror or exc}); pass a local folder, "
+            f"model={shown!r} cannot be used as a path ({reason}); pass a local folder, "
             "a cached model id or a config"
         ) from None
 
