@@ -307,8 +307,7 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
         shown = text if len(text) <= 200 else f"{text[:100]}...{text[-60:]} ({len(text)} characters)"
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DeviceError(
-            f"model={shown!r} cannot be used as a path ({reason}); pass a local folder, "
-            "a cached model id or a config"
+            f"model={shown!r} cannot be used as a path ({reason}); pass a local folder, a cached model id or a config"
         ) from None
 
 
