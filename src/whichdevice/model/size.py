@@ -159,7 +159,8 @@ def estimate_model_size(model: Any) -> ModelSize:
             raise DeviceError(
                 f"{path} cannot be sized: {unknown}, and whichdevice never runs a model's own code; save "
                 "the weights as safetensors (save_pretrained writes them) so their headers give the size, "
-                "or leave model= out and pass device= (and device_map=) yourself"
+                "or leave model= out and pass device= (and device_map=) yourself; if it is a newer "
+                "architecture, a newer transformers may have it (pip install -U transformers)"
             )
         size = _from_config(_auto_config(path))
         if config.get("auto_map"):
