@@ -267,3 +267,37 @@ def test_a_simulated_transformers_version_is_not_answered_by_the_installed_class
     with simulated_packages({"transformers": "5.0.0"}):
         support = attention_support(tiny_config())
     assert support.unknown is not None and "5.0.0" in support.unknown
+
+
+THREADS = """
+import sys, threading
+import whichdevice as wd
+answers, start = [], threading.Barrier(8)
+
+def resolve():
+    start.wait()
+    answers.append(wd.resolve_device(model=sys.argv[1]).attn_implementation)
+
+threads = [threading.Thread(target=resolve) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sorted(set(map(str, answers))), wd.resolve_device(model=sys.argv[1], refresh=True).attn_implementation)
+"""
+
+
+def test_threads_resolving_a_model_at_once_get_the_answer_one_thread_gets(tmp_path):
+    # A fresh process, so the threads are the first to read the model's classes from transformers'
+    # lazy module (which fails some of them while another imports the class's module).
+    import subprocess
+    import sys
+
+    from tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "tiny", tokenizer=False)
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS, str(folder)], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.strip()
+    answers, alone = out.rsplit(" ", 1)
+    assert answers == f"[{alone!r}]" and alone != "None", out

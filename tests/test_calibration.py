@@ -8,6 +8,10 @@ figures, and the cache tests replace only the timing (``cpu_timing.measure``) wi
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,10 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice import cli
 from whichdevice.core.errors import DeviceError
-from whichdevice.hardware import calibration, probing
+from whichdevice.hardware import calibration, owned_files, probing
 from whichdevice.hardware.probes import cpu_timing
 from whichdevice.report import gather
+from whichdevice.resolve.memo import memo_variables
 from whichdevice.testing import simulate
 
 # The AMD EPYC without native bf16: bf16 wins a batch-1 decode step, loses at batch 4 and
@@ -273,3 +278,114 @@ def test_the_report_carries_figures_that_replay():
     with simulate(EPYC):
         original = wd.resolve_device(batch_size=1, max_length=160)
     assert _line(replayed, "dtype") == _line(original, "dtype")
+
+
+# ------------------------------------------------------------- figures and files read back
+
+
+BAD_FIGURES = ["bf16.b1:inf", "bf16.b1:nan", "bf16.b1:-5", "bf16.b1:0", "bf16.b1:1e300", "fp32.b1:1e300"]
+
+
+@pytest.mark.parametrize("figure", BAD_FIGURES)
+def test_a_spec_or_a_report_with_an_impossible_figure_is_refused(figure):
+    with pytest.raises(DeviceError, match=rf"calib=.*{re.escape(figure.split(':')[0])}.*from .* to "):
+        simulate(f"cpu,calib=bf16.b2:1.0/{figure}")
+    with simulate("cpu,flags="):
+        machine = json.loads(json.dumps(gather(tasks=("inference",))))
+    machine["calibration"] = {"why": "measured", "spec": f"bf16.b2:1.0/{figure}"}
+    with pytest.raises(DeviceError, match="'calibration' section is damaged"), simulate(report=machine):
+        pass
+
+
+@pytest.mark.parametrize(("field", "value"), [("bf16.b1", -5), ("bf16.b1", math.nan), ("bf16.b4", 1e300), ("b1", 0)])
+def test_an_impossible_figure_in_the_cache_is_measured_again_and_the_file_named(cache_dir, field, value):
+    wd.resolve_device(batch_size=1)  # measures and writes the cache
+    path = calibration.cache_path()
+    data = json.loads(path.read_text())
+    data["speeds" if "." in field else "fp32_seconds"][field] = value
+    path.write_text(json.dumps(data))
+    calibration._answers.clear()
+    res = wd.resolve_device(batch_size=1, refresh=True)  # no ZeroDivisionError, no "-5.00x"
+    line = _line(res, "calibration")
+    assert f"the cache file {path} is damaged" in line and "measured now" in line
+    assert "1.20x" in line and len(MEASURED) == 2
+    assert json.loads(path.read_text())["speeds"]["bf16.b1"] == 1.2  # rewritten with good figures
+
+
+def _valid_cache_elsewhere(cache_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    calibration.calibration()  # measures and writes this machine's file
+    path = calibration.cache_path()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(path.read_text().replace("1.2", "9.9"))
+    path.unlink()
+    calibration._answers.clear()
+    return path, elsewhere
+
+
+def test_a_symbolic_link_in_the_cache_is_neither_trusted_nor_written_through(cache_dir, tmp_path):
+    path, elsewhere = _valid_cache_elsewhere(cache_dir, tmp_path)
+    path.symlink_to(elsewhere)
+    before = elsewhere.read_text()
+    calib, why = calibration.calibration()
+    assert calib is not None and calib.speeds["bf16.b1"] == 1.2  # measured, not the link's 9.9
+    assert f"the cache file {path} is a symbolic link: not trusted, not read" in why
+    assert "nothing is written through it" in why
+    assert elsewhere.read_text() == before and path.is_symlink()
+
+
+def test_a_cache_folder_that_is_a_link_is_not_written_through(monkeypatch, cache_dir, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "linked"
+    link.symlink_to(real)
+    monkeypatch.setenv(calibration.ENV_CALIBRATION, str(link))
+    calib, why = calibration.calibration()
+    assert calib is not None and f"the cache folder {link} is a symbolic link" in why
+    assert list(real.iterdir()) == []
+
+
+def test_a_cache_file_of_another_user_is_not_trusted(monkeypatch, cache_dir, tmp_path):
+    path, elsewhere = _valid_cache_elsewhere(cache_dir, tmp_path)
+    path.write_text(elsewhere.read_text())
+    other = os.getuid() + 4242
+    if os.getuid() == 0:
+        os.chown(path, other, -1)
+    else:  # only root can give a file away: the file stays ours and we claim another id
+        monkeypatch.setattr(owned_files.os, "getuid", lambda: other)
+    calib, why = calibration.calibration()
+    assert calib is not None and calib.speeds["bf16.b1"] == 1.2
+    assert f"the cache file {path} belongs to user id" in why and "not to you" in why
+
+
+def test_threads_that_change_the_cache_setting_leave_no_stale_answer(cache_dir, monkeypatch):
+    # Each resolution must file its answer under the one reading of the environment its memo key
+    # holds: one resolved while another thread switched calibration off (or on) would be served to
+    # every later call with the other value.
+    wd.resolve_device()
+    at = memo_variables().index(calibration.ENV_CALIBRATION)
+    stop, stale = threading.Event(), []
+
+    def toggle() -> None:
+        while not stop.is_set():
+            os.environ[calibration.ENV_CALIBRATION] = "off"
+            os.environ[calibration.ENV_CALIBRATION] = str(cache_dir)
+
+    def resolve() -> None:
+        for _ in range(30):
+            wd.resolve_device(refresh=True)  # refresh: every call resolves, none is served
+            for key, res in list(probing.current_store().resolutions.items()):
+                off = "turns calibration off" in _line(res, "calibration")
+                if off != (key[1][at] in ("off", b"off")):
+                    stale.append(key[1][at])
+
+    threads = [threading.Thread(target=toggle), *(threading.Thread(target=resolve) for _ in range(4))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads[1:]:
+            t.join()
+    finally:
+        stop.set()
+        threads[0].join()
+        monkeypatch.setenv(calibration.ENV_CALIBRATION, str(cache_dir))
+    assert stale == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import tempfile
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from whichdevice.core import envview
+from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
 from whichdevice.hardware.store import current_store
@@ -107,43 +110,74 @@ class Calibration:
 DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 
 
+# Plausible ranges of a figure read back (a cache file, a simulate() spec, a replayed report); a
+# figure outside is damage or a typo, never a machine. A speed is a half precision's step time
+# over fp32's: halving the bytes at most doubles a memory-bound step, and AMX or tensor-core matmuls
+# run up to ~16x fp32, while bf16 emulated in software measures down to ~0.05x; 1/1000 to 1000 leaves
+# two orders of magnitude beyond both. fp32 seconds of one step or prompt row are microseconds to
+# seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
+SPEED_RANGE = (1e-3, 1e3)
+SECONDS_RANGE = (1e-9, 3600.0)
+_SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention"})
+
+
+def check_figure(name: str, value: Any) -> float:
+    """``value`` as the figure ``name`` ("bf16.b1", "fp32.prompt"), checked: a known name and a
+    finite number within its plausible range. Raises ValueError naming the bad entry and the range.
+    The one check for every figure read back: the cache, simulate()'s spec and a replayed report."""
+    dtype, _, shape = name.partition(".")
+    if dtype not in ("bf16", "fp16", "fp32") or shape not in _SHAPES:
+        raise ValueError(
+            f"{name!r}: a figure is dtype.shape with dtype bf16, fp16 or fp32 and shape one of "
+            f"{', '.join(sorted(_SHAPES))}"
+        )
+    low, high = SECONDS_RANGE if dtype == "fp32" else SPEED_RANGE
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not low <= number <= high:  # NaN fails every comparison, so it lands here
+        what = "seconds" if dtype == "fp32" else "a speed over fp32"
+        raise ValueError(f"{name}:{value!r} is not {what} from {low:g} to {high:g}")
+    return float(number)
+
+
 def parse_figures(text: str) -> Calibration:
     """A simulation's figures: "bf16.b1:1.15/bf16.b4:0.7/bf16.prompt:0.3" (speeds over fp32);
     "fp32.b1:..." entries give fp32 seconds. Raises ValueError naming the bad entry."""
     speeds: dict[str, float] = {}
     fp32 = dict(DEFAULT_FP32)
-    shapes = {"b1", "b2", "b4", "b8", "prompt", "attention"}
+    form = "write dtype.shape:number, e.g. bf16.b1:1.15/bf16.prompt:0.3"
     for item in text.split("/"):
         name, sep, value = item.strip().partition(":")
-        dtype, _, shape = name.strip().lower().partition(".")
+        name = name.strip().lower()
         try:
-            number = float(value)
+            number = float(value) if sep else None
         except ValueError:
-            number = -1.0
-        if not sep or dtype not in ("bf16", "fp16", "fp32") or shape not in shapes or not number > 0:
-            raise ValueError(
-                f"{item!r}: write dtype.shape:number with dtype bf16, fp16 or fp32, shape one of "
-                f"{', '.join(sorted(shapes))} and a positive number, e.g. bf16.b1:1.15/bf16.prompt:0.3"
-            )
-        if dtype == "fp32":
-            fp32[shape] = number
+            number = None
+        if number is None:
+            raise ValueError(f"{item!r}: {form}, with dtype bf16, fp16 or fp32 and a positive number")
+        try:
+            number = check_figure(name, number)
+        except ValueError as error:
+            raise ValueError(f"{error}; {form}") from None
+        if name.startswith("fp32."):
+            fp32[name.removeprefix("fp32.")] = number
         else:
-            speeds[f"{dtype}.{shape}"] = number
+            speeds[name] = number
     return Calibration(speeds, fp32, source="simulated")
 
 
 def calibration_enabled() -> tuple[bool, str]:
-    value = os.environ.get(ENV_CALIBRATION, "")
+    value = envview.environ().get(ENV_CALIBRATION, "")
     if value.strip().lower() in _OFF:
         return False, f"{ENV_CALIBRATION}={value} turns calibration off"
     return True, ""
 
 
 def _cache_dir() -> Path:
-    value = os.environ.get(ENV_CALIBRATION, "").strip()
+    env = envview.environ()
+    value = env.get(ENV_CALIBRATION, "").strip()
     if value:
         return Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "whichdevice"
 
 
@@ -166,7 +200,7 @@ def _machine_key() -> dict[str, Any]:
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": package_version("torch") or torch.__version__,
-        ONEDNN_ISA_VARIABLE: os.environ.get(ONEDNN_ISA_VARIABLE),
+        ONEDNN_ISA_VARIABLE: envview.environ().get(ONEDNN_ISA_VARIABLE),
     }
 
 
@@ -177,23 +211,43 @@ def cache_path(key: Mapping[str, Any] | None = None) -> Path:
     return _cache_dir() / f"cpu-calibration-{digest}.json"
 
 
-def _read(path: Path, key: Mapping[str, Any]) -> Calibration | None:
+def _read(path: Path, key: Mapping[str, Any]) -> tuple[Calibration | None, str]:
+    """The cached calibration, or None and what was wrong with the file ("" when there is none, or
+    it is another machine's): every figure is checked, as a simulation's are."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_owned(path).decode("utf-8"))
+    except FileNotFoundError:
+        return None, ""
+    except NotOwnedError as error:
+        return None, f"{error}: not trusted, not read"
+    except (OSError, ValueError, RecursionError) as error:
+        return None, f"the cache file {path} cannot be read ({type(error).__name__}): measured again"
+    try:
         if data["key"] != dict(key):
-            return None
-        speeds = {str(k): float(v) for k, v in data["speeds"].items()}
-        fp32 = {str(k): float(v) for k, v in data["fp32_seconds"].items()}
-        seconds = data.get("seconds")
-        unsteady = tuple(str(u) for u in data.get("unsteady", ()))
-        at = float(data["measured_unix"])
-        return Calibration(speeds, fp32, data.get("threads"), seconds, f"cached in {path}", unsteady, at)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # missing or damaged: measured again and rewritten
+            return None, ""
+        speeds = {str(k): check_figure(str(k), v) for k, v in data["speeds"].items()}
+        fp32 = {str(k): check_figure(f"fp32.{k}", v) for k, v in data["fp32_seconds"].items()}
+        threads, seconds, at = data.get("threads"), data.get("seconds"), data["measured_unix"]
+        unsteady = tuple(data.get("unsteady", ()))
+        if not (
+            all(isinstance(u, str) and u in _SHAPES for u in unsteady)
+            and (threads is None or (type(threads) is int and 0 < threads < 2**20))
+            and (seconds is None or (type(seconds) in (int, float) and 0 <= seconds <= 3600))
+            and type(at) in (int, float)
+            and math.isfinite(at)
+        ):
+            raise ValueError("threads, seconds, unsteady or measured_unix out of form")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return None, f"the cache file {path} is damaged ({error}): measured again"
+    return Calibration(speeds, fp32, threads, seconds, f"cached in {path}", unsteady, float(at)), ""
 
 
 def _write(path: Path, key: Mapping[str, Any], calib: Calibration) -> str | None:
-    """Write atomically (a temporary file renamed over the old one); the error text, or None."""
+    """Write atomically (a temporary file renamed over the old one); the error text, or None. Never
+    through a link, nor into a folder or over a file of another user's."""
+    problem = not_owned(path)
+    if problem is not None:
+        return f"not cached: {problem}, so nothing is written through it"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(calib.measured_at))
@@ -237,10 +291,11 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def run_calibration(budget_s: float | None = None) -> Calibration:
+def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibration:
     """Measure this CPU now and rewrite its cache file (``whichdevice calibrate``); figures that
     other work kept moving are named in ``unsteady``, and such a calibration is cached only so that
-    the next processes do not measure again before ``RETRY_S`` (they keep to the flags)."""
+    the next processes do not measure again before ``RETRY_S`` (they keep to the flags).
+    ``found``: what was wrong with the cache file, said first in the source."""
     from whichdevice.hardware.probes.cpu_timing import BUDGET_S, measure
 
     key = _machine_key()
@@ -255,6 +310,8 @@ def run_calibration(budget_s: float | None = None) -> Calibration:
     else:
         problem = _write(path, key, calib)
         source = f"measured now in {seconds:.2f} s, {problem or f'cached in {path}'}"
+    if found:
+        source = f"{found}; {source}"
     if unsteady:
         source += f"; other work on this machine kept these from being timed steadily: {', '.join(unsteady)}"
     calib = replace(calib, source=source)
@@ -274,7 +331,11 @@ def pin(store: Any, calib: Calibration | None, why: str) -> None:
 
 
 def _variables() -> tuple[str | None, ...]:
-    return (os.environ.get(ENV_CALIBRATION), os.environ.get(ONEDNN_ISA_VARIABLE), os.environ.get("XDG_CACHE_HOME"))
+    # Through envview, as every reading here: while resolve_device() resolves, the one reading its
+    # memo key was built from, so a thread that changes WHICHDEVICE_CALIBRATION meanwhile cannot
+    # file an answer for one value under the key of another.
+    env = envview.environ()
+    return (env.get(ENV_CALIBRATION), env.get(ONEDNN_ISA_VARIABLE), env.get("XDG_CACHE_HOME"))
 
 
 def _answer(calib: Calibration) -> tuple[Calibration | None, str]:
@@ -304,11 +365,11 @@ def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
             return known[1]
         key = _machine_key()
         path = cache_path(key)
-        calib = _read(path, key)
+        calib, found = _read(path, key)
     if measure and (calib is None or (calib.unsteady and time.time() - (calib.measured_at or 0) > RETRY_S)):
-        calib = run_calibration()
+        calib = run_calibration(found=found)
     if calib is None:
-        return None, "this CPU is not calibrated yet: run `whichdevice calibrate`"
+        return None, f"{found + '; ' if found else ''}this CPU is not calibrated yet: run `whichdevice calibrate`"
     answer = _answer(calib)
     with _lock:
         _answers[store] = (_variables(), answer)

@@ -8,12 +8,13 @@ benchmark ``benchmarks/placement_memory.py`` checks them against measured peaks 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.core.errors import DeviceError
 from whichdevice.core.sizes import format_bytes
+from whichdevice.model.files import read_json
 from whichdevice.model.size import resolve_model_path
 
 __all__ = [
@@ -131,8 +132,8 @@ def _config_dict(model: Any) -> dict[str, Any] | None:
         path = resolve_model_path(model)
         folder = path if path.is_dir() else path.parent
         try:
-            data = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError):
+            data = read_json(folder / "config.json")  # a regular file only: a named pipe would block
+        except DeviceError:
             return None
     else:
         return None

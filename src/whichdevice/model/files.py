@@ -13,12 +13,14 @@ import math
 import os
 import re
 import shlex
+import stat
 import struct
 from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
 from whichdevice.model.adapter import adapter_base_name, missing_base
+from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
     "SAFETENSORS_DTYPES",
@@ -147,6 +149,17 @@ def _check_file(path: Path) -> None:
         raise _damaged(path, "is a folder, not a file")
 
 
+def _open_regular(path: Path) -> Any:
+    """``path`` opened for reading if it is a regular file. Opened without blocking and checked
+    before anything is read: a named pipe (or a device) in place of a model file would otherwise
+    hang the read forever."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _damaged(path, "is not a regular file (a named pipe, device or socket); whichdevice reads only files")
+    return os.fdopen(fd, "rb")
+
+
 def _open_problem(path: Path, exc: OSError) -> DamagedModelError:
     check_link(path)
     return _damaged(path, f"cannot be read ({exc.strerror or exc})")
@@ -156,8 +169,11 @@ def read_json(path: Path) -> Any:
     """The JSON in ``path`` (config.json, an index), or DamagedModelError saying what is wrong with it."""
     _check_file(path)
     try:
-        text = path.read_bytes().decode("utf-8")
-        return json.loads(text)
+        with _open_regular(path) as fh:
+            raw = fh.read(_MAX_HEADER + 1)
+        if len(raw) > _MAX_HEADER:  # a config or an index is kilobytes to a few megabytes
+            raise _damaged(path, f"is over {_MAX_HEADER} bytes, not a config or an index")
+        return json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise _open_problem(path, exc) from None
     except UnicodeDecodeError:
@@ -223,7 +239,7 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
     against the format and the file's length, so a truncated or corrupt download is caught here."""
     _check_file(path)
     try:
-        with open(path, "rb") as fh:
+        with _open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
             if len(prefix) < 8:
@@ -246,6 +262,10 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
     tensors = {name: info for name, info in header.items() if name != "__metadata__"}
     for name, info in tensors.items():
         _check_tensor(path, name, info, data)
+    # What safetensors checks beyond each tensor (whichdevice.model.header_rules).
+    problem = metadata_problem(header.get("__metadata__")) or layout_problem(tensors, data)
+    if problem is not None:
+        raise _damaged(path, problem)
     return tensors
 
 
@@ -263,6 +283,9 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
         or not 0 <= offsets[0] <= offsets[1]
     ):
         raise _damaged(path, f"tensor {name!r} has data_offsets {offsets!r} (corrupt)")
+    huge = size_problem(name, shape, SAFETENSORS_DTYPES[info["dtype"]], info["dtype"])
+    if huge is not None:
+        raise _damaged(path, huge)
     if offsets[1] > data:
         raise _damaged(
             path,
@@ -278,6 +301,19 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
     text = str(model)
     if not text.strip():
         raise DeviceError(f"model={model!r} is empty; pass a local folder, a cached model id or a config")
+    try:
+        return _local_or_cached(model, text)
+    except DeviceError:
+        raise
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG, EACCES on a parent folder, a NUL in the name
+        shown = text if len(text) <= 200 else f"{text[:100]}...{text[-60:]} ({len(text)} characters)"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DeviceError(
+            f"model={shown!r} cannot be used as a path ({reason}); pass a local folder, a cached model id or a config"
+        ) from None
+
+
+def _local_or_cached(model: str | os.PathLike[str], text: str) -> Path:
     path = Path(model).expanduser()
     check_link(path, file=path.suffix == ".safetensors")
     if path.exists():
@@ -294,15 +330,26 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(text, local_files_only=True))
+            found = Path(snapshot_download(text, local_files_only=True))
         except Exception:
-            pass
+            found = None
+        if found is not None:
+            return _inside_snapshots(found)
     # A Hub id gets the command that fetches it (quoted for the shell: the id is the caller's text).
     fetch = f", fetch it first (hf download {shlex.quote(text)})" if hub_id else ""
     raise DeviceError(
         f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
         f"whichdevice never downloads, so pass a local path{fetch} or a config (transformers.AutoConfig)"
     )
+
+
+def _inside_snapshots(found: Path) -> Path:
+    """``found`` (the Hub cache's snapshot folder) when it is one: a ref such as refs/main holding
+    "../../../outside" would point the model at any folder on the machine."""
+    snapshots = found.parent
+    if found.name in ("", ".", "..") or snapshots.name != "snapshots" or ".." in found.parts:
+        raise _damaged(found, "is where the Hub cache's ref points, which is outside its snapshots folder (corrupt)")
+    return found
 
 
 def check_model(model: Any) -> None:
@@ -344,6 +391,11 @@ def _check_index(index: Path, folder: Path) -> None:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise _damaged(index, "has no weight_map of tensor name -> shard file (corrupt)")
     for shard in sorted(set(weight_map.values())):
+        # A shard is a file of this folder (transformers joins the name to it): an absolute name or
+        # one that climbs out ("../../etc/passwd") points outside the model, so the index is damaged.
+        parts = Path(shard).parts
+        if not parts or Path(shard).is_absolute() or ".." in parts or "\\" in shard or "\0" in shard:
+            raise _damaged(index, f"names the shard {shard!r}, which is not a file inside the model folder (corrupt)")
         shard_path = folder / shard
         if not shard_path.exists():
             check_link(shard_path)

@@ -116,7 +116,7 @@ def _from_config(config: Any) -> ModelSize:
     for auto in (AutoModelForCausalLM, AutoModel):
         try:
             with torch.device("meta"):
-                model = auto.from_config(config)  # type: ignore[no-untyped-call]
+                model = auto.from_config(config, trust_remote_code=False)  # type: ignore[no-untyped-call]
             break
         except Exception as exc:
             errors.append(f"{auto.__name__}: {exc}")
@@ -188,16 +188,42 @@ def _from_path(path: Path) -> ModelSize:
     files = sorted(path.glob("*.safetensors"))
     if files:
         return _from_safetensors(files, read_config(path))
-    if read_config(path) is not None:
-        return _from_config(_auto_config(path))
+    config = read_config(path)
+    if config is not None:
+        unknown = _own_code(config)
+        if unknown is not None:
+            raise DeviceError(
+                f"{path} cannot be sized: {unknown}, and whichdevice never runs a model's own code; save "
+                "the weights as safetensors (save_pretrained writes them) so their headers give the size, "
+                "or leave model= out and pass device= (and device_map=) yourself; if it is a newer "
+                "architecture, a newer transformers may have it (pip install -U transformers)"
+            )
+        size = _from_config(_auto_config(path))
+        if config.get("auto_map"):
+            not_run = "transformers' own classes: the folder's code, auto_map, was not run"
+            return replace(size, source=f"{size.source} ({not_run})")
+        return size
     raise DeviceError(f"{path} has neither *.safetensors files nor a config.json to size the model from")
+
+
+def _own_code(config: dict[str, Any]) -> str | None:
+    """Why only the model's own code could build ``config`` (an architecture the installed
+    transformers does not have), or None when transformers builds it with its own classes."""
+    from transformers import __version__
+    from transformers.models.auto import configuration_auto
+
+    if config["model_type"] in getattr(configuration_auto, "CONFIG_MAPPING_NAMES", {}):
+        return None
+    brings = " and the folder brings its own code (auto_map)" if config.get("auto_map") else ""
+    return f"transformers {__version__} has no model_type {config['model_type']!r}{brings}"
 
 
 def _auto_config(folder: Path) -> Any:
     from transformers import AutoConfig
 
     try:
-        # Never the folder's own code: a config naming custom classes is read as data or refused.
+        # trust_remote_code=False: never the folder's configuration_*.py, and never the question on
+        # stdin that a piped `yes` (or a user) would answer by running it.
         return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as exc:  # transformers' OSError/ValueError/KeyError, or arithmetic on a bad value
         if "auto_map" in (read_config(folder) or {}):

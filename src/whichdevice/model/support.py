@@ -15,7 +15,8 @@ when ``model=`` is given: the classes are the ones ``from_pretrained`` loads nex
 
 from __future__ import annotations
 
-import json
+import os
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -26,6 +27,14 @@ __all__ = ["AttentionSupport", "ModelClass", "attention_support", "read_model_co
 # Matched the way transformers matches names: "flash" anywhere (flash_attention_2, Hub flash
 # kernels), then "flex_attention", then "sdpa" anywhere (sdpa, whichdevice_sdpa).
 _FLAGS = (("flash", "_supports_flash_attn"), ("flex_attention", "_supports_flex_attn"), ("sdpa", "_supports_sdpa"))
+
+
+# transformers' lazy module is not thread-safe on first use: threads that read a model class while
+# another is importing its module get "module 'transformers' has no attribute 'LlamaForCausalLM'",
+# which would be cached as "unknown" for the process. One reader at a time; a fork gets a fresh lock.
+_classes_lock = [threading.Lock()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _classes_lock.__setitem__(0, threading.Lock()))
 
 
 def support_flag(implementation: str) -> str | None:
@@ -103,12 +112,13 @@ def read_model_config(model: Any) -> dict[str, Any] | None:
         found = model.to_dict()
         return found if isinstance(found, dict) else None
     from whichdevice.core.errors import DeviceError
-    from whichdevice.model.size import resolve_model_path
+    from whichdevice.model.files import read_json, resolve_model_path
 
     try:
         path = resolve_model_path(model)
-        config_file = (path.parent if path.is_file() else path) / "config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        # read_json reads regular files only (a named pipe would block forever) and raises
+        # DamagedModelError (a DeviceError) for anything else.
+        config = read_json((path.parent if path.is_file() else path) / "config.json")
     except (DeviceError, OSError, TypeError, ValueError):
         return None
     return config if isinstance(config, dict) else None
@@ -151,6 +161,16 @@ def _read_classes(
 ) -> AttentionSupport:
     if metadata_version is None:
         return AttentionSupport(model_type, unknown="transformers is not installed")
+    with _classes_lock[0]:
+        return _import_classes(metadata_version, model_type, architectures, parts)
+
+
+def _import_classes(
+    metadata_version: str,
+    model_type: str | None,
+    architectures: tuple[str, ...],
+    parts: tuple[tuple[str, str], ...],
+) -> AttentionSupport:
     try:
         import transformers
         from transformers.models.auto import modeling_auto

@@ -98,7 +98,7 @@ def _load(state: dict[str, Any], tmp: Path, task: str) -> str:
     if kwargs.get("use_kernels"):
         # Hub kernels are downloaded on first use; the smoke test promises no downloads.
         kwargs["use_kernels"] = False
-    model = AutoModelForCausalLM.from_pretrained(tmp / "model", **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(tmp / "model", trust_remote_code=False, **kwargs)
     _verify(model, res)
     state[f"model_{task}"] = model
     return f"{model.device}, {model.dtype}, {model.config._attn_implementation}".replace("torch.", "")
