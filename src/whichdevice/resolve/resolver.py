@@ -29,6 +29,7 @@ from whichdevice.launch.accelerate_settings import (
     ENV_USE_CPU,
     AccelerateSettings,
     check_cpu_request,
+    launch_command,
     read_accelerate_settings,
     settings_steps,
     trainer_device_steps,
@@ -56,7 +57,9 @@ from whichdevice.resolve.resolution import Resolution, check_device_map
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
+    from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
+    from whichdevice.memory.strategy import TrainingPlan
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
 
@@ -162,15 +165,25 @@ def _resolve(args: Arguments) -> Resolution:
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
+    parallel_at, parallel = len(trace), []
     if args.task == "training":
-        trace.extend(trainer_device_steps(backend, result, request.index, dist))
+        parallel = trainer_device_steps(backend, result, request.index, dist)
     env_set = trace.take(_environment(backend, result))
     calibration = trace.take(_calibration(backend, args))
     precision = trace.take(_dtype(backend, result, args, calibration))
     dtype = precision.weights
     attention = _attention(backend, result, _computes_in(precision, args.task), args, calibration)
     trace.append(TraceStep("attention", attention.why))
-    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name))
+    computes = _computes_in(precision, args.task)
+    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name, computes))
+    dtype = placed.dtype or dtype
+    if placed.plan is not None or parallel:
+        from whichdevice.memory.training_placement import trainer_parallel_steps
+
+        if dist is None:
+            launch = " ".join(launch_command(backend, result, ["train.py"]))
+            parallel = trainer_parallel_steps(parallel, placed.device_map, placed.plan, launch)
+        trace[parallel_at:parallel_at] = parallel
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
@@ -183,6 +196,8 @@ def _resolve(args: Arguments) -> Resolution:
         device_map=placed.device_map,
         dtype_name=dtype,
         mixed_precision=precision.mixed,
+        training_plan=placed.plan,
+        fit_limits=placed.limits,
         attn_implementation=attention.name,
         attn_passed=attention.passed,
         probe=result,
@@ -275,6 +290,9 @@ class _Placed(NamedTuple):
     max_memory: dict[int | str, str] | None = None
     quantization: QuantizationPlan | None = None
     offload_folder: str | None = None
+    plan: TrainingPlan | None = None
+    dtype: str | None = None  # the weights' dtype placement chose instead (LoRA's 16-bit base)
+    limits: LargestFit | None = None
 
 
 def _placement(
@@ -285,6 +303,7 @@ def _placement(
     dtype: str | None,
     args: Arguments,
     attention: str | None = None,
+    computes: str | None = None,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
     if args.max_memory is not None:
@@ -306,10 +325,21 @@ def _placement(
         sized: list[TraceStep] = []
         folder = str(args.offload_folder) if args.offload_folder is not None else None
         job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention)
+        found: list[LargestFit] = []
+        if args.task == "training" and args.model is not None:
+            from whichdevice.memory.training_placement import place_training
+
+            done, plan, loads = place_training(
+                args.model, backend, result, device, dist, dtype or "float32", computes or dtype or "float32",
+                args.max_memory, args.quantize, sized, job, found,
+            )  # fmt: skip
+            limits = found[0] if found else None
+            return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
         placed = place_model(
-            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job
-        )
-        return _Placed(*placed), sized
+            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job,
+            limits=found,
+        )  # fmt: skip
+        return _Placed(*placed, limits=found[0] if found else None), sized
     return _Placed(device), [
         TraceStep(
             "placement",
