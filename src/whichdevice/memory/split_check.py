@@ -47,7 +47,7 @@ def _meta_model(model: Any, dtype: str) -> Any:
 
     config = model if hasattr(model, "to_dict") else AutoConfig.from_pretrained(str(model), trust_remote_code=False)
     with init_empty_weights():
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=getattr(torch, dtype))
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
 
 
 def _place(meta: Any, device_map: str, budgets: dict[int | str, int]) -> dict[str, Any]:
