@@ -1,4 +1,4 @@
-"""Training strategies sized per device (memory/strategy.py) and chosen in the resolver (memory/training_placement.py)."""
+"""Training strategies sized per device (memory/strategy.py) and chosen by memory/training_placement.py."""
 
 from __future__ import annotations
 
