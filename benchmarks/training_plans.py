@@ -62,12 +62,11 @@ def _row(model: str, res: wd.Resolution | None, error: str | None) -> str:
         return f"refused: {(error or '')[:200]}..."
     plan = res.training_plan
     chosen = plan.chosen if plan else None
-    if chosen is not None:
-        what = f"{chosen.name}, {format_bytes(chosen.per_device)}/device"
-    else:
-        lora = next((s.message for s in res.trace if s.topic == "warning" and "LoRA" in s.message), None)
-        quant = res.quantization.to_dict().get("bits") if res.quantization else None
-        what = "full fine-tune on one device" if not lora else ("QLoRA (4-bit)" if quant else "LoRA")
+    ranks = f"{plan.devices} ranks: {chosen.name}, {format_bytes(chosen.per_device)}/device; " if chosen else ""
+    lora = any(s.topic == "warning" and "LoRA adapters on the" in s.message for s in res.trace)
+    quant = res.quantization is not None
+    here = "QLoRA (4-bit)" if quant else ("LoRA" if lora else "full fine-tune")
+    what = f"{ranks}this process: {here}"
     kwargs = {k: v for k, v in res.training_kwargs().items() if k in ("fsdp", "fsdp_config", "deepspeed")}
     launch = " ".join(res.launch_command(["train.py"])) if res.distributed is None else "(launched)"
     return f"{what}; device_map={res.device_map!r}, dtype={res.dtype_name}; kwargs {kwargs or '{}'}; {launch}"

@@ -149,12 +149,13 @@ def plan_strategies(
     deepspeed: bool,
     layer_classes: tuple[str, ...] = (),
     no_fsdp: str | None = None,
+    no_qlora: str | None = None,
 ) -> TrainingPlan:
     """Size every strategy for ``devices`` devices of ``budget`` bytes each and choose the first that fits.
 
     ``full`` and ``adapters`` are job_memory()'s terms for full training and for LoRA adapters
     (per device: the per-device batch); ``qlora_base`` the 4-bit weights' bytes; ``no_fsdp`` says
-    why FSDP cannot run here (None where it can).
+    why FSDP cannot run here, ``no_qlora`` why QLoRA may not (None where they can).
     """
     w, c, n = _ITEMSIZE.get(dtype, 4), _ITEMSIZE.get(compute_dtype, 4), max(devices, 1)
     weights, grads, optim = params * w, _term(full, "gradients"), _term(full, "optimizer state")
@@ -185,7 +186,7 @@ def plan_strategies(
         ("lora", base + adapter_weights + lora_extra + act,
          f"base {_b(base)} in {compute_dtype} + {adapters_said} + {a}", None, 0),
         ("qlora", qlora_base + adapter_weights + lora_extra + act,
-         f"4-bit base {_b(qlora_base)} + {adapters_said} + {a}", None, 0),
+         f"4-bit base {_b(qlora_base)} + {adapters_said} + {a}", no_qlora, 0),
     ]  # fmt: skip
     strategies = []
     for key, need, formula, unavailable, cpu in rows:

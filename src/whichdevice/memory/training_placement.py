@@ -48,6 +48,7 @@ def plan_training(
     budget: int,
     cpu_memory: int | None,
     backend: str = "cuda",
+    quantize: str | None = "auto",
 ) -> TrainingPlan:
     """Every strategy for ``model`` on ``devices`` devices of ``budget`` bytes, the first that fits chosen."""
     size = estimate_model_size(model)
@@ -70,6 +71,7 @@ def plan_training(
         deepspeed=package_version("deepspeed") is not None,
         layer_classes=layer_classes(model).names,
         no_fsdp=_CPU_FSDP if backend == "cpu" else None,
+        no_qlora="quantize=None keeps the weights unquantized" if quantize is None else None,
     )
 
 
@@ -103,7 +105,7 @@ def place_training(
         from whichdevice.memory.offload import cpu_available
 
         budget = int(min(caps.values()) * (1.0 if max_memory is not None else FIT_FRACTION))
-        plan = plan_training(model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name)
+        plan = plan_training(model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name, quantize)
         trace.extend(plan_steps(plan))
     chosen = plan.chosen.key if plan and plan.chosen else None
     if dist is not None and chosen in FULL and chosen != "ddp":
