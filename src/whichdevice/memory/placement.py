@@ -145,16 +145,10 @@ def place_model(
         return _unchecked(size, backend, result, device, dtype, quantize, trace)
     fit = _Fit(device, caps, max_memory is not None, _can_split(backend, dist), backend.name, memory.bytes, job)
     explicit = quantize in ("4bit", "8bit")
-    largest = _largest(model, fit, job, dtype, weights) if not explicit else None
-    if largest is not None:
-        trace.append(TraceStep("limits", largest.text()))
-        if limits is not None:
-            limits.append(largest)
+    largest = None if explicit else _largest(model, fit, job, dtype, weights, trace, limits)
     does_not_fit: str | None = None
     if not explicit:
-        placement = fit.plan(weights)
-        if placement.fits and placement.device_map in _SPLITS:
-            placement = _checked(model, dtype, placement, fit, memory, weights)
+        placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
             trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
             return placement.device_map, placement.max_memory, None, None
@@ -176,7 +170,9 @@ def place_model(
 
 
 def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: JobMemory, weights: int) -> Placement:
-    """The split as transformers' own placement makes it on a meta build (memory/split_check.py)."""
+    """A split as transformers' own placement makes it on a meta build (memory/split_check.py)."""
+    if not (placement.fits and placement.device_map in _SPLITS):
+        return placement
     from whichdevice.memory.split_check import check_split
 
     limits = {k: int(c * (1.0 if fit.budget_given else SPLIT_FRACTION)) for k, c in fit.caps.items()}
@@ -195,13 +191,19 @@ def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: Jo
     )
 
 
-def _largest(model: Any, fit: _Fit, job: Job, dtype: str, weights: int) -> LargestFit | None:
+def _largest(
+    model: Any, fit: _Fit, job: Job, dtype: str, weights: int, trace: list[TraceStep], found: list[LargestFit] | None
+) -> LargestFit | None:
     """The longest length and largest batch whose job fits like this one would (a sized job only)."""
     shape = model_shape(model)
     if shape is None or (job.batch_size is None and job.max_length is None):
         return None
     params = estimate_model_size(model).parameters
-    return largest_fit(shape, params, job, dtype, lambda extra: replace(fit, extra=extra).plan(weights).fits)
+    largest = largest_fit(shape, params, job, dtype, lambda extra: replace(fit, extra=extra).plan(weights).fits)
+    trace.append(TraceStep("limits", largest.text()))
+    if found is not None:
+        found.append(largest)
+    return largest
 
 
 def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:

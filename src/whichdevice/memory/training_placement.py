@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
+from whichdevice.launch.accelerate_settings import launch_command
 from whichdevice.memory.fit import FIT_FRACTION
 from whichdevice.memory.job import ADAPTER_FRACTION, Job, job_memory, model_shape
 from whichdevice.memory.placement import LORA_STEP, Placed, capacities, place_model
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TrainingPlaced", "place_training", "plan_training", "trainer_parallel_steps"]
 
-TrainingPlaced = tuple[Placed, "TrainingPlan | None", str]
+TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None"]
 
 
 # accelerate 1.x AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
@@ -95,10 +96,11 @@ def place_training(
     quantize: str | None,
     trace: list[TraceStep],
     job: Job,
-    limits: list[LargestFit] | None = None,
 ) -> TrainingPlaced:
-    """(placement, the plan or None, the weights' dtype to load in) for a training job with ``model``."""
-    devices = _device_count(backend, result, dist)
+    """(placement, the plan or None, the weights' dtype to load in, the largest job that fits) for ``job``;
+    a training job with ``model`` on several devices gets a plan, any other job place_model's answer."""
+    training = job.task == "training" and model is not None
+    devices = _device_count(backend, result, dist) if training else 1
     caps = capacities(backend, result, device, dist, max_memory) if devices > 1 else None
     plan = None
     if caps and quantize not in ("4bit", "8bit"):
@@ -112,8 +114,9 @@ def place_training(
         # This rank loads the whole model where the strategy wants it; Trainer then shards it.
         where = device if chosen == "zero2" else "cpu"
         trace.append(TraceStep("placement", f"device_map={where!r}: {_loading(chosen, where, dist.world_size)}"))
-        return (where, None, None, None), plan, dtype
+        return (where, None, None, None), plan, dtype, None
     sized: list[TraceStep] = []
+    limits: list[LargestFit] = []
     try:
         placed = place_model(
             model, backend, result, device, dist, dtype, max_memory, quantize, sized, job,
@@ -134,7 +137,7 @@ def place_training(
                 f"peft keeps the adapters in float32), instead of {dtype}",
             )
         )
-    return placed, plan, compute_dtype if lora else dtype
+    return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None
 
 
 def _loading(key: str, where: str, ranks: int) -> str:
@@ -173,10 +176,17 @@ def _kwargs_text(kwargs: Mapping[str, Any]) -> str:
 
 
 def trainer_parallel_steps(
-    steps: list[TraceStep], device_map: Any, plan: TrainingPlan | None, launch: str
+    steps: list[TraceStep],
+    device_map: Any,
+    plan: TrainingPlan | None,
+    dist: DistributedContext | None,
+    backend: Backend,
+    result: ProbeResult,
 ) -> list[TraceStep]:
     """One process on several devices: the DataParallel warning (``steps``) when the model is on one
     device, or what Trainer does with a split instead; and what to launch for the plan."""
+    if dist is not None or (plan is None and not steps):
+        return steps
     split = isinstance(device_map, dict) or device_map in ("auto", "balanced", "balanced_low_0", "sequential")
     if split:
         # transformers' Trainer: a model whose hf_device_map spans several devices sets
@@ -194,6 +204,7 @@ def trainer_parallel_steps(
     if not (split or kwargs or plan.chosen.key != "ddp"):
         return steps  # the DataParallel warning names the launch already
     with_ = f" with TrainingArguments({_kwargs_text(kwargs)})" if kwargs else ""
+    launch = " ".join(launch_command(backend, result, ["train.py"]))
     return [
         *steps,
         TraceStep(

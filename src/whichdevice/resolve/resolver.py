@@ -29,7 +29,6 @@ from whichdevice.launch.accelerate_settings import (
     ENV_USE_CPU,
     AccelerateSettings,
     check_cpu_request,
-    launch_command,
     read_accelerate_settings,
     settings_steps,
     trainer_device_steps,
@@ -42,6 +41,7 @@ from whichdevice.launch.distributed import (
 )
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.memory.quantization import finish_quantization
+from whichdevice.memory.training_placement import trainer_parallel_steps
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.measured import Job as Workload
 from whichdevice.resolve.arguments import (
@@ -165,9 +165,8 @@ def _resolve(args: Arguments) -> Resolution:
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
-    parallel_at, parallel = len(trace), []
-    if args.task == "training":
-        parallel = trainer_device_steps(backend, result, request.index, dist)
+    parallel_at = len(trace)
+    parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
     env_set = trace.take(_environment(backend, result))
     calibration = trace.take(_calibration(backend, args))
     precision = trace.take(_dtype(backend, result, args, calibration))
@@ -177,13 +176,9 @@ def _resolve(args: Arguments) -> Resolution:
     computes = _computes_in(precision, args.task)
     placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name, computes))
     dtype = placed.dtype or dtype
-    if placed.plan is not None or parallel:
-        from whichdevice.memory.training_placement import trainer_parallel_steps
-
-        if dist is None:
-            launch = " ".join(launch_command(backend, result, ["train.py"]))
-            parallel = trainer_parallel_steps(parallel, placed.device_map, placed.plan, launch)
-        trace[parallel_at:parallel_at] = parallel
+    trace[parallel_at:parallel_at] = trainer_parallel_steps(
+        parallel, placed.device_map, placed.plan, dist, backend, result
+    )
     quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
     use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
@@ -320,26 +315,16 @@ def _placement(
         return _Placed(args.device_map, budget), steps
     if args.model is not None or args.max_memory is not None:
         from whichdevice.memory.job import Job
-        from whichdevice.memory.placement import place_model
+        from whichdevice.memory.training_placement import place_training
 
         sized: list[TraceStep] = []
         folder = str(args.offload_folder) if args.offload_folder is not None else None
         job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention)
-        found: list[LargestFit] = []
-        if args.task == "training" and args.model is not None:
-            from whichdevice.memory.training_placement import place_training
-
-            done, plan, loads = place_training(
-                args.model, backend, result, device, dist, dtype or "float32", computes or dtype or "float32",
-                args.max_memory, args.quantize, sized, job, found,
-            )  # fmt: skip
-            limits = found[0] if found else None
-            return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
-        placed = place_model(
-            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job,
-            limits=found,
+        done, plan, loads, limits = place_training(
+            args.model, backend, result, device, dist, dtype or "float32", computes or dtype or "float32",
+            args.max_memory, args.quantize, sized, job,
         )  # fmt: skip
-        return _Placed(*placed, limits=found[0] if found else None), sized
+        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
     return _Placed(device), [
         TraceStep(
             "placement",
