@@ -308,7 +308,7 @@ def _lora_fits(
         return None
     weights = size.bytes_in(base)
     _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
-    placed = replace(fit, extra=adapters.bytes).plan(weights)
+    placed = _checked(model, base, replace(fit, extra=adapters.bytes).plan(weights), fit, adapters, weights)
     if not placed.fits:
         return None
     trace.append(TraceStep("memory", f"{LORA_STEP} {adapters.describe(weights)}"))
