@@ -114,9 +114,7 @@ def place_model(
     limits: list[LargestFit] | None = None,
 ) -> Placed:
     """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
-    splits a model that fits. ``compute_dtype`` (mixed precision's) is the frozen base's dtype under LoRA.
-    A job with ``batch_size``/``max_length`` also gets the largest length and batch that fit
-    (:mod:`whichdevice.memory.largest`): in the trace, in ``limits`` (appended) and in a DoesNotFitError.
+    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job that fits.
 
     The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
     cache, activations, gradients and optimizer state, against each device's free memory where the

@@ -188,15 +188,19 @@ def plan_strategies(
         ("qlora", qlora_base + adapter_weights + lora_extra + act,
          f"4-bit base {_b(qlora_base)} + {adapters_said} + {a}", no_qlora, 0),
     ]  # fmt: skip
-    strategies = []
-    for key, need, formula, unavailable, cpu in rows:
-        host_ok = cpu == 0 or (cpu_memory is not None and cpu <= cpu_memory)
-        if cpu and not host_ok:
-            formula += f" (the CPU has {format_bytes(cpu_memory) if cpu_memory else 'an unknown amount'})"
-        fits = unavailable is None and need <= budget and host_ok
-        strategies.append(Strategy(key, int(need), formula, fits, unavailable, cpu))
+    strategies = tuple(_judged(*row, budget, cpu_memory) for row in rows)
     chosen = next((s for s in strategies if s.fits), None)
-    return TrainingPlan(n, budget, tuple(strategies), layer_classes, chosen, compute_dtype)
+    return TrainingPlan(n, budget, strategies, layer_classes, chosen, compute_dtype)
+
+
+def _judged(
+    key: str, need: int, formula: str, unavailable: str | None, cpu: int, budget: int, cpu_memory: int | None
+) -> Strategy:
+    """The strategy with its verdict: runnable here, under the device budget, and within CPU memory (offload)."""
+    host_ok = cpu == 0 or (cpu_memory is not None and cpu <= cpu_memory)
+    if cpu and not host_ok:
+        formula += f" (the CPU has {format_bytes(cpu_memory) if cpu_memory else 'an unknown amount'})"
+    return Strategy(key, int(need), formula, unavailable is None and need <= budget and host_ok, unavailable, cpu)
 
 
 def _b(value: int) -> str:
