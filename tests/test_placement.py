@@ -101,10 +101,13 @@ def test_a_long_generation_no_longer_fits_one_device():
     assert "KV cache 16.00 GiB" in message and "devices like this one" in message and "offload='cpu'" in message
     with simulate("cuda:2,mem=40GiB"):
         split = wd.resolve_device(model=_llama(), dtype="bfloat16", max_length=32768, batch_size=4, quantize=None)
-    # Generation splits with balanced_low_0, and max_memory (weights only) leaves room for the rest.
-    assert split.device_map == "balanced_low_0"
+    # Generation splits with balanced_low_0 where transformers' own placement keeps every layer on the two
+    # devices with it (on two devices it leaves device 0 only what device 1 cannot hold, so "auto" often
+    # wins: memory/split_check.py), and max_memory (weights only) leaves room for the rest.
+    assert split.device_map in ("balanced_low_0", "auto")
+    assert "checked with transformers' own placement on a meta build" in _lines(split, "placement")
     assert all(int(v.removesuffix("MiB")) < 0.9 * 40 * 1024 - 1024 for v in split.max_memory.values())
-    assert split.model_kwargs()["device_map"] == "balanced_low_0"
+    assert split.model_kwargs()["device_map"] == split.device_map
 
 
 def test_sliding_window_layers_cap_their_cache():

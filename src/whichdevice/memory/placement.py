@@ -11,6 +11,7 @@ from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes, parse_size
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory, model_shape
+from whichdevice.memory.largest import LargestFit, largest_fit
 from whichdevice.memory.offload import offload_placement, remedies
 from whichdevice.model.size import ModelSize, estimate_model_size
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.memory.quantization import QuantizationPlan
 
-__all__ = ["capacities", "estimate_job", "place_model"]
+__all__ = ["LORA_STEP", "capacities", "estimate_job", "place_model"]
 
 
 def capacities(
@@ -109,9 +110,11 @@ def place_model(
     quantize: str | None,
     trace: list[TraceStep],
     job: Job | None = None,
+    compute_dtype: str | None = None,
+    limits: list[LargestFit] | None = None,
 ) -> Placed:
     """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
-    splits a model that fits.
+    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job that fits.
 
     The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
     cache, activations, gradients and optimizer state, against each device's free memory where the
@@ -144,14 +147,15 @@ def place_model(
     if size.quantized is not None:
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
     explicit = quantize in ("4bit", "8bit")
+    largest = None if explicit else _largest(model, fit, job, dtype, weights, trace, limits)
     does_not_fit: str | None = None
     if not explicit:
-        placement = fit.plan(weights)
+        placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
             trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
             return placement.device_map, placement.max_memory, None, None
         does_not_fit = f"in {dtype}, {placement.note}"
-        adapters = _lora_fits(model, job, dtype, fit, weights, does_not_fit, trace)
+        adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace)
         if adapters is not None:
             return adapters
         if job.offload is not None and quantize is None:
@@ -161,9 +165,47 @@ def place_model(
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
             return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+        said = f". On these devices, {largest.text()}" if largest is not None else ""
         raise DoesNotFitError(
-            f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}"
+            f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}{said}"
         ) from None
+
+
+def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: JobMemory, weights: int) -> Placement:
+    """A split as transformers' own placement makes it on a meta build (memory/split_check.py)."""
+    if not (placement.fits and placement.device_map in _SPLITS):
+        return placement
+    from whichdevice.memory.split_check import check_split
+
+    limits = {k: int(c * (1.0 if fit.budget_given else SPLIT_FRACTION)) for k, c in fit.caps.items()}
+    try:
+        checked = check_split(model, dtype, str(placement.device_map), limits, memory, weights)
+    except DoesNotFitError as err:
+        return replace(placement, fits=False, note=str(err))
+    note = placement.note
+    if checked.device_map != placement.device_map:
+        note = (
+            f"{note.split(';')[0].replace(repr(placement.device_map), repr(checked.device_map))}; "
+            f"{placement.device_map!r} would not keep every layer on the devices"
+        )
+    return replace(
+        placement, device_map=checked.device_map, max_memory=checked.max_memory, note=f"{note}; {checked.note}"
+    )
+
+
+def _largest(
+    model: Any, fit: _Fit, job: Job, dtype: str, weights: int, trace: list[TraceStep], found: list[LargestFit] | None
+) -> LargestFit | None:
+    """The longest length and largest batch whose job fits like this one would (a sized job only)."""
+    shape = model_shape(model)
+    if shape is None or (job.batch_size is None and job.max_length is None):
+        return None
+    params = estimate_model_size(model).parameters
+    largest = largest_fit(shape, params, job, dtype, lambda extra: replace(fit, extra=extra).plan(weights).fits)
+    trace.append(TraceStep("limits", largest.text()))
+    if found is not None:
+        found.append(largest)
+    return largest
 
 
 def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
@@ -215,6 +257,8 @@ def _can_split(backend: Backend, dist: DistributedContext | None) -> bool:
 
 
 _SPLITS = ("auto", "balanced_low_0")
+# The trace line that says LoRA was chosen (memory/training_placement.py loads the base in the compute dtype then).
+LORA_STEP = "with LoRA adapters (base in the compute dtype, adapters in the weights' dtype):"
 
 
 @dataclass(frozen=True)
@@ -264,20 +308,22 @@ class _Fit:
 
 
 def _lora_fits(
-    model: Any, job: Job, dtype: str, fit: _Fit, weights: int, does_not_fit: str, trace: list[TraceStep]
+    model: Any, job: Job, dtype: str, fit: _Fit, size: ModelSize, base: str, does_not_fit: str, trace: list[TraceStep]
 ) -> Placed | None:
-    """Training that does not fit in full, where LoRA adapters on the unquantized weights do."""
+    """Training that does not fit in full, where LoRA adapters on the unquantized weights do: the frozen
+    base in ``base`` (the compute dtype), the adapters and their state in ``dtype``."""
     if job.task != "training":
         return None
+    weights = size.bytes_in(base)
     _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
-    placed = replace(fit, extra=adapters.bytes).plan(weights)
+    placed = _checked(model, base, replace(fit, extra=adapters.bytes).plan(weights), fit, adapters, weights)
     if not placed.fits:
         return None
-    trace.append(TraceStep("memory", f"with LoRA adapters: {adapters.describe(weights)}"))
+    trace.append(TraceStep("memory", f"{LORA_STEP} {adapters.describe(weights)}"))
     trace.append(
         TraceStep(
             "warning",
-            f"full fine-tuning does not fit ({does_not_fit}); LoRA adapters on the {dtype} weights do: wrap "
+            f"full fine-tuning does not fit ({does_not_fit}); LoRA adapters on the {base} weights do: wrap "
             "the model with whichdevice.lora_training(model, resolution) (peft) before training",
         )
     )

@@ -20,7 +20,9 @@ from whichdevice.launch.distributed import DistributedContext, process_group_bac
 if TYPE_CHECKING:
     import torch
 
+    from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
+    from whichdevice.memory.strategy import TrainingPlan
 
 __all__ = ["Resolution", "check_device_map"]
 
@@ -52,6 +54,10 @@ class Resolution:
     mixed_precision: str | None = None
     # Where accelerate puts the weights that fit neither the devices nor the CPU (offload="disk").
     offload_folder: str | None = None
+    # Training on several devices: every strategy's memory and the one chosen (memory/strategy.py).
+    training_plan: TrainingPlan | None = field(default=None, repr=False)
+    # For model= with batch_size=/max_length=: the longest length and largest batch that fit (memory/largest.py).
+    fit_limits: LargestFit | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
         return self.device
@@ -103,6 +109,9 @@ class Resolution:
         or tpu raises, since Accelerate's "auto" does not cover them).
         """
         kwargs: dict[str, Any] = {"device_map": self.device_map}
+        plan = self.training_plan
+        if plan is not None and plan.chosen is not None and plan.chosen.key == "zero3" and self.distributed:
+            del kwargs["device_map"]  # from_pretrained refuses a device_map under ZeRO-3 (zero.Init places)
         if self.dtype_name is not None:
             kwargs[_dtype_keyword()] = self.dtype
         if self.attn_passed and self.attn_implementation is not None:
@@ -162,7 +171,11 @@ class Resolution:
 
             check_flag(torch_compile, "torch_compile")
         compile_ = self.torch_compile if torch_compile is None else torch_compile
-        return training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
+        kwargs = training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
+        if self.training_plan is not None and self.distributed is not None:
+            # Only a launched rank shards: in one process fsdp/deepspeed have no process group to run in.
+            kwargs.update(self.training_plan.kwargs())
+        return kwargs
 
     def launch_command(
         self, script: Sequence[str], *, launcher: str = "torchrun", nproc: int | None = None
@@ -178,6 +191,18 @@ class Resolution:
         from whichdevice.launch.accelerate_settings import launch_command
 
         return launch_command(self.backend, self.probe, script, launcher=launcher, nproc=nproc)
+
+    def largest_fit(self) -> LargestFit:
+        """The largest ``max_length`` at the given ``batch_size``, and the largest ``batch_size`` at the
+        given ``max_length``, that fit the chosen devices (``.longest``, ``.largest_batch``, ``.text()``)."""
+        if self.fit_limits is None:
+            from whichdevice.core.errors import DeviceError
+
+            raise DeviceError(
+                "largest_fit() needs the job: resolve with model=... and batch_size=... or max_length=... "
+                "(and without quantize='4bit'/'8bit', whose limits placement does not search)"
+            )
+        return self.fit_limits
 
     # --------------------------------------------------------------------------- explanation
 
@@ -215,6 +240,8 @@ class Resolution:
             "use_kernels": self.use_kernels,
             "kernels_key": self.kernels_key,
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
+            "training_plan": self.training_plan.to_dict() if self.training_plan else None,
+            "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,
             "simulated": self.simulated,
             "trace": [s.to_dict() for s in self.trace],
         }

@@ -43,6 +43,7 @@ from whichdevice.launch.distributed import (
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.memory.prequantized import follow_compute_dtype, prequantized_device, training_note
 from whichdevice.memory.quantization import finish_quantization
+from whichdevice.memory.training_placement import trainer_parallel_steps
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.measured import Job as Workload
 from whichdevice.resolve.arguments import (
@@ -58,7 +59,9 @@ from whichdevice.resolve.resolution import Resolution, check_device_map
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
+    from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
+    from whichdevice.memory.strategy import TrainingPlan
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
 
@@ -168,8 +171,8 @@ def _resolve(args: Arguments) -> Resolution:
     )
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
-    if args.task == "training":
-        trace.extend(trainer_device_steps(backend, result, request.index, dist))
+    parallel_at = len(trace)
+    parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
     env_set = trace.take(_environment(backend, result))
     calibration = trace.take(_calibration(backend, args))
     precision = trace.take(_dtype(backend, result, args, calibration))
@@ -179,7 +182,12 @@ def _resolve(args: Arguments) -> Resolution:
         precision = precision._replace(weights=dtype)
     attention = _attention(backend, result, _computes_in(precision, args.task), args, calibration)
     trace.append(TraceStep("attention", attention.why))
-    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name, dequantize))
+    computes = _computes_in(precision, args.task)
+    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name, computes, dequantize))
+    dtype = placed.dtype or dtype
+    trace[parallel_at:parallel_at] = trainer_parallel_steps(
+        parallel, placed.device_map, placed.plan, dist, backend, result
+    )
     quantization = None
     if quant is None:
         quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
@@ -196,6 +204,8 @@ def _resolve(args: Arguments) -> Resolution:
         device_map=placed.device_map,
         dtype_name=dtype,
         mixed_precision=precision.mixed,
+        training_plan=placed.plan,
+        fit_limits=placed.limits,
         attn_implementation=attention.name,
         attn_passed=attention.passed,
         probe=result,
@@ -288,6 +298,9 @@ class _Placed(NamedTuple):
     max_memory: dict[int | str, str] | None = None
     quantization: QuantizationPlan | None = None
     offload_folder: str | None = None
+    plan: TrainingPlan | None = None
+    dtype: str | None = None  # the weights' dtype placement chose instead (LoRA's 16-bit base)
+    limits: LargestFit | None = None
 
 
 def _placement(
@@ -298,6 +311,7 @@ def _placement(
     dtype: str | None,
     args: Arguments,
     attention: str | None = None,
+    computes: str | None = None,
     dequantize: bool = False,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
@@ -315,15 +329,16 @@ def _placement(
         return _Placed(args.device_map, budget), steps
     if args.model is not None or args.max_memory is not None:
         from whichdevice.memory.job import Job
-        from whichdevice.memory.placement import place_model
+        from whichdevice.memory.training_placement import place_training
 
         sized: list[TraceStep] = []
         folder = str(args.offload_folder) if args.offload_folder is not None else None
         job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention, dequantize)
-        placed = place_model(
-            args.model, backend, result, device, dist, dtype or "float32", args.max_memory, args.quantize, sized, job
-        )
-        return _Placed(*placed), sized
+        done, plan, loads, limits = place_training(
+            args.model, backend, result, device, dist, dtype or "float32", computes or dtype or "float32",
+            args.max_memory, args.quantize, sized, job,
+        )  # fmt: skip
+        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
     return _Placed(device), [
         TraceStep(
             "placement",

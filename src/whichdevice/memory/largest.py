@@ -1,0 +1,88 @@
+"""The largest job that fits: the longest ``max_length`` at the given batch, the largest batch at the given length.
+
+vLLM (``--max-model-len auto``) and llama.cpp (``--fit``) answer this before a long-context run; here
+it is the same fit placement makes (:class:`whichdevice.memory.placement._Fit`: one device, or the
+split over several), with the same terms (KV cache and activations for inference; gradients,
+optimizer state and activations for training), searched by bisection since every term grows with
+the tokens and the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from whichdevice.memory.job import Job, ModelShape, job_memory
+
+__all__ = ["LargestFit", "largest_fit"]
+
+# Searched up to these; a model's own context (max_position_embeddings) caps the length first.
+_MAX_TOKENS = 1 << 24
+_MAX_BATCH = 1 << 16
+
+
+@dataclass(frozen=True)
+class LargestFit:
+    """At ``batch_size``, ``max_length`` tokens at most; at ``max_length``, ``batch`` sequences at most
+    (0: not even one token or one sequence fits; ``context`` is the model's own limit)."""
+
+    batch_size: int
+    max_length: int
+    longest: int
+    largest_batch: int
+    context: int | None
+
+    def text(self) -> str:
+        capped = " (the model's whole context)" if self.context and self.longest >= self.context else ""
+        longest = (
+            f"max_length={self.longest}{capped} at batch_size={self.batch_size}"
+            if self.longest
+            else f"not one token at batch_size={self.batch_size}"
+        )
+        batch = (
+            f"batch_size={self.largest_batch} at max_length={self.max_length}"
+            if self.largest_batch
+            else f"not one sequence of max_length={self.max_length}"
+        )
+        return f"the largest that fit: {longest}; {batch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "largest_max_length": self.longest,
+            "largest_batch_size": self.largest_batch,
+            "model_context": self.context,
+        }
+
+
+def _bisect(ok: Callable[[int], bool], high: int) -> int:
+    """The largest n in [1, high] with ok(n), assuming ok is monotone; 0 when ok(1) is False."""
+    if not ok(1):
+        return 0
+    low = 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if ok(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def largest_fit(
+    shape: ModelShape, params: int, job: Job, dtype: str, fits: Callable[[int], bool], *, trainable: float = 1.0
+) -> LargestFit:
+    """Search ``job``'s length and batch against ``fits(bytes besides the weights) -> bool``."""
+    context = shape.max_positions if isinstance(shape.max_positions, int) and shape.max_positions > 0 else None
+    batch = job.batch_size or 1
+    tokens = job.max_length or min(context or 2048, 2048)
+    eager = job.attention == "eager"
+
+    def need(b: int, t: int) -> int:
+        return job_memory(shape, params, job.task, dtype, b, t, trainable=trainable, eager=eager).bytes
+
+    longest = _bisect(lambda t: fits(need(batch, t)), context or _MAX_TOKENS)
+    largest_batch = _bisect(lambda b: fits(need(b, tokens)), _MAX_BATCH)
+    return LargestFit(batch, tokens, longest, largest_batch, context)

@@ -1,0 +1,148 @@
+"""Training strategies sized per device (memory/strategy.py) and chosen by memory/training_placement.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import whichdevice as wd
+from whichdevice.memory.job import ADAPTER_FRACTION, job_memory, model_shape
+from whichdevice.memory.strategy import ORDER, plan_strategies
+from whichdevice.model.layers import layer_classes
+from whichdevice.testing import simulate
+
+GiB = 1024**3
+
+
+def _llama_7b(**extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008,
+                       vocab_size=32000, **extra)  # fmt: skip
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    def launch(world: int) -> None:
+        for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                               MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():  # fmt: skip
+            monkeypatch.setenv(key, value)
+
+    return launch
+
+
+def _plan(devices: int, budget: int, *, deepspeed: bool = False, batch=None, length=None, no_fsdp=None):
+    from whichdevice.model.size import estimate_model_size
+
+    config = _llama_7b()
+    size, shape = estimate_model_size(config), model_shape(config)
+    args = (shape, size.parameters, "training", "float32", batch, length)
+    return plan_strategies(
+        params=size.parameters, shape=shape, dtype="float32", compute_dtype="bfloat16", full=job_memory(*args),
+        adapters=job_memory(*args, trainable=ADAPTER_FRACTION), qlora_base=size.bytes_quantized(4, "bfloat16"),
+        devices=devices, budget=budget, cpu_memory=1 << 50, deepspeed=deepspeed,
+        layer_classes=layer_classes(config).names, no_fsdp=no_fsdp,
+    )  # fmt: skip
+
+
+def test_every_strategy_is_sized_in_order_and_the_first_that_fits_is_chosen():
+    plan = _plan(4, 64 * GiB)
+    assert tuple(s.key for s in plan.strategies) == ORDER
+    fitting = [s for s in plan.strategies if s.fits]
+    assert plan.chosen is fitting[0]
+    ddp, fsdp = plan.strategies[0], plan.strategies[2]
+    # DDP holds the whole job on every rank; FSDP a quarter of it plus the gathered units
+    assert ddp.per_device > fsdp.per_device and not ddp.fits and fsdp.fits
+    assert plan.chosen.key == "fsdp"
+
+
+def test_more_devices_shrink_the_sharded_strategies_only():
+    two, eight = _plan(2, 1 << 50), _plan(8, 1 << 50)
+    by = lambda plan: {s.key: s.per_device for s in plan.strategies}  # noqa: E731
+    assert by(two)["ddp"] == by(eight)["ddp"]
+    assert by(eight)["fsdp"] < by(two)["fsdp"] and by(eight)["zero3"] < by(two)["zero3"]
+    assert by(eight)["zero2"] < by(two)["zero2"]
+
+
+def test_deepspeed_strategies_need_deepspeed():
+    without, with_ = _plan(4, 1 << 50), _plan(4, 1 << 50, deepspeed=True)
+    assert "pip install deepspeed" in without.strategies[1].line(1) and not without.strategies[1].fits
+    assert with_.chosen.key == "ddp"
+    assert _plan(4, 60 * GiB, deepspeed=True).chosen.key == "zero2"
+    assert _plan(4, 60 * GiB, deepspeed=True).kwargs()["deepspeed"]["zero_optimization"] == {"stage": 2}
+
+
+def test_fsdp_is_never_handed_over_where_accelerate_ignores_it():
+    plan = _plan(4, 64 * GiB, no_fsdp="accelerate ignores fsdp on CPU processes")
+    assert plan.chosen.key not in ("fsdp", "fsdp_offload")
+    assert "accelerate ignores fsdp" in plan.strategies[2].line(1)
+
+
+def test_fsdp_kwargs_name_the_models_own_layer_class():
+    from transformers import LlamaForCausalLM
+
+    kwargs = _plan(4, 64 * GiB).kwargs()
+    assert kwargs["fsdp"] is True
+    assert kwargs["fsdp_config"]["transformer_layer_cls_to_wrap"] == list(LlamaForCausalLM._no_split_modules)
+
+
+def test_fsdp_kwargs_pass_trainingarguments_and_accelerates_plugin(tmp_path, monkeypatch):
+    """What whichdevice emits, parsed as Trainer parses it: TrainingArguments' fsdp handling, then
+    accelerate's FullyShardedDataParallelPlugin and its auto-wrap policy on a real model."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from transformers import LlamaForCausalLM, TrainingArguments
+
+    from tiny_models import tiny_config
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the plugin exports FSDP_* variables
+
+    for budget in (64 * GiB, 8 * GiB):  # FSDP, then FSDP with CPU offload
+        plan = _plan(4, budget)
+        assert plan.chosen.key == ("fsdp" if budget > 8 * GiB else "fsdp_offload")
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **plan.kwargs())
+        plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+        assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+        assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+        assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) == (plan.chosen.key == "fsdp_offload")
+        plugin.set_auto_wrap_policy(LlamaForCausalLM(tiny_config()))  # raises for a class the model lacks
+
+
+def test_torchrun_ranks_get_fsdp_and_load_on_the_cpu(torchrun_env):
+    torchrun_env(8)
+    with simulate("cuda:8,mem=80GiB"):
+        res = wd.resolve_device(model=_llama_7b(), task="training", quantize=None)
+    assert res.training_plan.chosen.key == "fsdp"
+    assert res.device_map == "cpu"
+    kwargs = res.training_kwargs()
+    assert kwargs["fsdp"] is True and kwargs["ddp_backend"] == "nccl"
+    assert "FSDP full shard on 8 devices" in res.explain()
+
+
+def test_one_process_split_says_model_parallel_not_dataparallel():
+    with simulate("cuda:8,mem=80GiB"):
+        res = wd.resolve_device(model=_llama_7b(), task="training", quantize=None)
+    text = res.explain()
+    assert res.device_map == "auto"
+    assert "nn.DataParallel over" not in text
+    assert "is_model_parallel" in text
+    assert "torchrun --nproc-per-node=8 train.py" in text and "TrainingArguments(fsdp=True" in text
+    assert "fsdp" not in res.training_kwargs()  # no process group in one process
+
+
+def test_lora_base_is_held_in_the_compute_dtype():
+    with simulate("cuda:1,mem=24GiB"):
+        res = wd.resolve_device(model=_llama_7b(), task="training")
+    assert res.dtype_name == "bfloat16" and res.mixed_precision == "bf16"
+    assert "weights 12.55 GiB" in res.explain()  # not 25.10 GiB of float32
+    assert res.device_map == "cuda:0" and res.quantization is None
+
+
+def test_a_job_that_fits_nowhere_lists_every_strategy(torchrun_env):
+    torchrun_env(2)
+    with simulate("cuda:2,mem=24GiB"), pytest.raises(wd.DoesNotFitError) as err:
+        wd.resolve_device(model=_llama_7b(), task="training", quantize=None, batch_size=1, max_length=2048)
+    text = str(err.value)
+    assert "On 2 devices: DDP:" in text and "FSDP full shard:" in text and "QLoRA" in text
+    assert os.environ["WORLD_SIZE"] == "2"
