@@ -10,14 +10,15 @@ from whichdevice.core.errors import DeviceError, DoesNotFitError
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes, parse_size
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
-from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory, model_shape
-from whichdevice.memory.offload import check_offload, offload_placement, remedies
-from whichdevice.model.size import ModelSize, estimate_model_size
+from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory
+from whichdevice.memory.offload import offload_placement, remedies
+from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.memory.quantization import QuantizationPlan
+    from whichdevice.model.facts import ModelFacts
 
 __all__ = ["capacities", "estimate_job", "place_model"]
 
@@ -87,19 +88,18 @@ def memory_step(backend: Backend, result: ProbeResult, device: str, dist: Distri
 Placed = tuple[str | dict[str, Any], dict[int | str, str] | None, "QuantizationPlan | None", str | None]
 
 
-def estimate_job(model: Any, job: Job, dtype: str, *, trainable: float = 1.0) -> tuple[ModelSize, JobMemory]:
+def estimate_job(model: ModelFacts, job: Job, dtype: str, *, trainable: float = 1.0) -> tuple[ModelSize, JobMemory]:
     """The size of ``model`` and what ``job`` needs besides its weights in ``dtype``."""
-    size = estimate_model_size(model)
-    shape = model_shape(model)
+    size = model.size
     eager = job.attention == "eager"
     memory = job_memory(
-        shape, size.parameters, job.task, dtype, job.batch_size, job.max_length, trainable=trainable, eager=eager
+        model.shape, size.parameters, job.task, dtype, job.batch_size, job.max_length, trainable=trainable, eager=eager
     )
     return size, memory
 
 
 def place_model(
-    model: Any,
+    model: ModelFacts | None,
     backend: Backend,
     result: ProbeResult,
     device: str,
@@ -107,11 +107,11 @@ def place_model(
     dtype: str,
     max_memory: Mapping[int | str, Any] | None,
     quantize: str | None,
-    trace: list[TraceStep],
     job: Job | None = None,
-) -> Placed:
-    """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
-    splits a model that fits.
+) -> tuple[Placed, list[TraceStep]]:
+    """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``, and
+    the trace lines that say why; never splits a model that fits. ``quantize`` and ``job`` come
+    checked (resolve_device's argument checks).
 
     The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
     cache, activations, gradients and optimizer state, against each device's free memory where the
@@ -120,11 +120,23 @@ def place_model(
     unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It is
     offloaded to the CPU or disk only when ``job.offload`` asks.
     """
-    from whichdevice.memory.quantization import check_quantize
+    trace: list[TraceStep] = []
+    placed = _place(model, backend, result, device, dist, dtype, max_memory, quantize, job or Job(), trace)
+    return placed, trace
 
-    job = job or Job()
-    check_quantize(quantize)
-    check_offload(job.offload, job.offload_folder, job.task)
+
+def _place(
+    model: ModelFacts | None,
+    backend: Backend,
+    result: ProbeResult,
+    device: str,
+    dist: DistributedContext | None,
+    dtype: str,
+    max_memory: Mapping[int | str, Any] | None,
+    quantize: str | None,
+    job: Job,
+    trace: list[TraceStep],
+) -> Placed:
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
         assert caps is not None
@@ -157,12 +169,10 @@ def place_model(
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
             return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
-        raise DoesNotFitError(
-            f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}"
-        ) from None
+        raise DoesNotFitError(f"{err}{remedies(model.shape, size, memory, backend, fit.caps, dtype, job)}") from None
 
 
-def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
+def _sized(model: ModelFacts, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
     """The model's size and the job's other memory, each said in the trace."""
     size, memory = estimate_job(model, job, dtype)
     weights = size.bytes_in(dtype)
@@ -254,7 +264,7 @@ class _Fit:
 
 
 def _lora_fits(
-    model: Any, job: Job, dtype: str, fit: _Fit, weights: int, does_not_fit: str, trace: list[TraceStep]
+    model: ModelFacts, job: Job, dtype: str, fit: _Fit, weights: int, does_not_fit: str, trace: list[TraceStep]
 ) -> Placed | None:
     """Training that does not fit in full, where LoRA adapters on the unquantized weights do."""
     if job.task != "training":
@@ -276,7 +286,7 @@ def _lora_fits(
 
 
 def _place_quantized(
-    model: Any,
+    model: ModelFacts,
     size: ModelSize,
     backend: Backend,
     result: ProbeResult,

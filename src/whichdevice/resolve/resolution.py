@@ -20,6 +20,7 @@ from whichdevice.launch.distributed import DistributedContext, process_group_bac
 if TYPE_CHECKING:
     import torch
 
+    from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.memory.quantization import QuantizationPlan
 
 __all__ = ["Resolution", "check_device_map"]
@@ -52,6 +53,9 @@ class Resolution:
     mixed_precision: str | None = None
     # Where accelerate puts the weights that fit neither the devices nor the CPU (offload="disk").
     offload_folder: str | None = None
+    # accelerate's variables and config file as this resolution read them (training_arguments()
+    # follows the same reading); None for a Resolution built by hand.
+    accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         return self.device
