@@ -177,16 +177,9 @@ def _resolve(args: Arguments) -> Resolution:
     measured = (calibration, job) if calibration is not None else None
     precision = trace.take(decide_precision(backend, result, args.dtype, args.task, checkpoint, measured))
     dtype = precision.weights
+    computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
     attention = trace.take(
-        choose_attention(
-            backend,
-            result,
-            _computes_in(precision, args.task),
-            args.attn_implementation,
-            task=args.task,
-            model=model,
-            measured=calibration,
-        )
+        choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
     )
     job = replace(job, attention=attention.name)
     placed = trace.take(_placement(backend, result, device, dist, dtype, args, model, job))
