@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError
-from whichdevice.core.records import TraceStep
+from whichdevice.core.records import Trace, TraceStep
 from whichdevice.core.sizes import format_bytes, parse_size
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory
@@ -120,9 +120,7 @@ def place_model(
     unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It is
     offloaded to the CPU or disk only when ``job.offload`` asks.
     """
-    trace: list[TraceStep] = []
-    placed = _place(model, backend, result, device, dist, dtype, max_memory, quantize, job or Job(), trace)
-    return placed, trace
+    return _place(model, backend, result, device, dist, dtype, max_memory, quantize, job or Job())
 
 
 def _place(
@@ -135,21 +133,22 @@ def _place(
     max_memory: Mapping[int | str, Any] | None,
     quantize: str | None,
     job: Job,
-    trace: list[TraceStep],
-) -> Placed:
+) -> tuple[Placed, list[TraceStep]]:
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
         assert caps is not None
         budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
-        trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
         # Without a model there is nothing to size, but the budget is the user's: pass it on.
-        return device, budget, None, None
-    size, memory = _sized(model, job, dtype, trace)
+        return (device, budget, None, None), [
+            TraceStep("placement", f"device_map={device!r} with your max_memory {budget}")
+        ]
+    trace = Trace()
+    size, memory = trace.take(_sized(model, job, dtype))
     weights = size.bytes_in(dtype)
     if max_memory is None and caps is not None:
         trace.append(memory_step(backend, result, device, dist))
     if caps is None:
-        return _unchecked(size, backend, result, device, dtype, quantize, trace)
+        return trace.take(_unchecked(size, backend, result, device, dtype, quantize)), trace
     fit = _Fit(device, caps, max_memory is not None, _can_split(backend, dist), backend.name, memory.bytes, job)
     explicit = quantize in ("4bit", "8bit")
     does_not_fit: str | None = None
@@ -157,35 +156,37 @@ def _place(
         placement = fit.plan(weights)
         if placement.fits:
             trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
-            return placement.device_map, placement.max_memory, None, None
+            return (placement.device_map, placement.max_memory, None, None), trace
         does_not_fit = f"in {dtype}, {placement.note}"
-        adapters = _lora_fits(model, job, dtype, fit, weights, does_not_fit, trace)
+        adapters = trace.take(_lora_fits(model, job, dtype, fit, weights, does_not_fit))
         if adapters is not None:
-            return adapters
+            return adapters, trace
         if job.offload is not None and quantize is None:
-            return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+            return trace.take(offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job)), trace
     try:
-        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace)
+        return trace.take(
+            _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job)
+        ), trace
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
-            return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+            return trace.take(offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job)), trace
         raise DoesNotFitError(f"{err}{remedies(model.shape, size, memory, backend, fit.caps, dtype, job)}") from None
 
 
-def _sized(model: ModelFacts, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
+def _sized(model: ModelFacts, job: Job, dtype: str) -> tuple[tuple[ModelSize, JobMemory], list[TraceStep]]:
     """The model's size and the job's other memory, each said in the trace."""
     size, memory = estimate_job(model, job, dtype)
     weights = size.bytes_in(dtype)
-    trace.append(
+    steps = [
         TraceStep(
             "model",
             f"{size.parameters / 1e6:.1f}M parameters = {format_bytes(weights)} in {dtype} (from {size.source})",
         )
-    )
+    ]
     if memory.terms:
-        trace.append(TraceStep("memory", f"{job.task} needs {memory.describe(weights)}"))
-    trace.extend(TraceStep("memory", note) for note in memory.assumed)
-    return size, memory
+        steps.append(TraceStep("memory", f"{job.task} needs {memory.describe(weights)}"))
+    steps.extend(TraceStep("memory", note) for note in memory.assumed)
+    return (size, memory), steps
 
 
 def _unchecked(
@@ -195,10 +196,10 @@ def _unchecked(
     device: str,
     dtype: str,
     quantize: str | None,
-    trace: list[TraceStep],
-) -> Placed:
+) -> tuple[Placed, list[TraceStep]]:
     from whichdevice.memory.quantization import plan_quantization
 
+    trace: list[TraceStep] = []
     plan = None
     if quantize in ("4bit", "8bit"):
         plan = plan_quantization(size, backend, result, dtype, quantize, None, None)
@@ -206,7 +207,7 @@ def _unchecked(
     trace.append(
         TraceStep("placement", f"device_map={device!r}: {backend.name} does not report its memory, so fit is unchecked")
     )
-    return device, None, plan, None
+    return (device, None, plan, None), trace
 
 
 def _can_split(backend: Backend, dist: DistributedContext | None) -> bool:
@@ -264,16 +265,16 @@ class _Fit:
 
 
 def _lora_fits(
-    model: ModelFacts, job: Job, dtype: str, fit: _Fit, weights: int, does_not_fit: str, trace: list[TraceStep]
-) -> Placed | None:
+    model: ModelFacts, job: Job, dtype: str, fit: _Fit, weights: int, does_not_fit: str
+) -> tuple[Placed | None, list[TraceStep]]:
     """Training that does not fit in full, where LoRA adapters on the unquantized weights do."""
     if job.task != "training":
-        return None
+        return None, []
     _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
     placed = replace(fit, extra=adapters.bytes).plan(weights)
     if not placed.fits:
-        return None
-    trace.append(TraceStep("memory", f"with LoRA adapters: {adapters.describe(weights)}"))
+        return None, []
+    trace = [TraceStep("memory", f"with LoRA adapters: {adapters.describe(weights)}")]
     trace.append(
         TraceStep(
             "warning",
@@ -282,7 +283,7 @@ def _lora_fits(
         )
     )
     trace.append(TraceStep("placement", f"device_map={placed.device_map!r}: {placed.note}"))
-    return placed.device_map, placed.max_memory, None, None
+    return (placed.device_map, placed.max_memory, None, None), trace
 
 
 def _place_quantized(
@@ -295,13 +296,13 @@ def _place_quantized(
     quantize: str | None,
     does_not_fit: str | None,
     job: Job,
-    trace: list[TraceStep],
-) -> Placed:
+) -> tuple[Placed, list[TraceStep]]:
     """Quantized: on one device when the quantized weights fit there, else split like any model,
     minus the share of max_memory that bitsandbytes keeps for its buffers. Training a quantized
     model trains LoRA adapters, so only theirs are the gradients and optimizer state counted."""
     from whichdevice.memory.quantization import BNB_MAX_MEMORY_FACTOR, plan_quantization
 
+    trace: list[TraceStep] = []
     bits = 8 if quantize == "8bit" else 4
     quantized = size.bytes_quantized(bits, dtype)
     if job.task == "training":
@@ -337,4 +338,4 @@ def _place_quantized(
             what = f"the {bits}-bit weights and the job's memory ({format_bytes(quantized + fit.extra)})"
         note = f"device_map={fit.device!r}: {what} fit there {room}"
     trace.append(TraceStep("placement", note))
-    return qplace.device_map, qplace.max_memory, plan, None
+    return (qplace.device_map, qplace.max_memory, plan, None), trace

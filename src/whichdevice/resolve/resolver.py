@@ -12,9 +12,9 @@ placement, quantization, kernels_support, distributed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
@@ -23,7 +23,7 @@ from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import pinned
 from whichdevice.core.job import Job
 from whichdevice.core.packages import transformers_problem
-from whichdevice.core.records import Backend, ProbeResult, TraceStep
+from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
 from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
 from whichdevice.hardware import probing
@@ -63,8 +63,6 @@ if TYPE_CHECKING:
     from whichdevice.model.facts import ModelFacts
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
-
-T = TypeVar("T")
 
 
 def resolve_device(
@@ -149,21 +147,13 @@ def _attention_registered(res: Resolution) -> Resolution:
     return res
 
 
-class _Trace(list[TraceStep]):
-    def take(self, step: tuple[T, Iterable[TraceStep]]) -> T:
-        """The step's value; its trace lines are appended here."""
-        value, steps = step
-        self.extend(steps)
-        return value
-
-
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
     # model= is read here, once, and checked for damage before anything is decided from it.
     model = _read_model(args.model)
     check_shapes(args)
     job = args.job()
-    trace = _Trace()
+    trace = Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
