@@ -10,12 +10,11 @@ benchmark ``benchmarks/placement_memory.py`` checks them against measured peaks 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from whichdevice.core.dtypes import item_size
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
-from whichdevice.model.shape import ModelShape, shape_of_config
+from whichdevice.model.shape import ModelShape
 
 __all__ = [
     "ADAPTER_FRACTION",
@@ -29,7 +28,6 @@ __all__ = [
     "headroom_tokens",
     "job_memory",
     "kv_cache_bytes",
-    "model_shape",
 ]
 
 # Optimizer state per trainable parameter, in units of the parameter's own size (torch's AdamW keeps
@@ -77,16 +75,6 @@ class JobMemory:
     def describe(self, weights: int) -> str:
         parts = [f"weights {format_bytes(weights)}", *(str(t) for t in self.terms)]
         return " + ".join(parts) + f" = {format_bytes(weights + self.bytes)}"
-
-
-def model_shape(model: Any) -> ModelShape | None:
-    """The shape facts of ``model``'s config (a config, a local folder, a cached id or ModelFacts);
-    None where it lacks them or cannot be read."""
-    from whichdevice.model.facts import ModelFacts, model_config
-
-    if isinstance(model, ModelFacts):
-        return model.shape
-    return shape_of_config(model_config(model))
 
 
 def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype: str) -> int:

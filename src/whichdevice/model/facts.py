@@ -31,7 +31,14 @@ from whichdevice.model.size import (
     stored_weights,
 )
 
-__all__ = ["ModelFacts", "checkpoint_dtype", "is_config_object", "model_config", "read_model_facts"]
+__all__ = [
+    "ModelFacts",
+    "checkpoint_dtype",
+    "is_config_object",
+    "model_config",
+    "model_shape",
+    "read_model_facts",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,3 +126,11 @@ def checkpoint_dtype(model: Any) -> CheckpointDtype | None:
         raise
     except DeviceError:
         return None
+
+
+def model_shape(model: Any) -> ModelShape | None:
+    """The shape facts of ``model``'s config (a config, a local folder, a cached id or ModelFacts);
+    None where it lacks them or cannot be read."""
+    if isinstance(model, ModelFacts):
+        return model.shape
+    return shape_of_config(model_config(model))
