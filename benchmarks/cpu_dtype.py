@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from whichdevice.core.dtypes import NAMES, short_name
+
 SHAPE = {
     "hidden_size": 512,
     "num_hidden_layers": 4,
@@ -52,7 +54,7 @@ PROMPT, NEW = 128, 32
 BATCHES = (1, 2, 4)
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "eager", "whichdevice_sdpa")
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+SHORT = {name: short_name(name) for name in NAMES}  # whichdevice.core.dtypes owns the spellings
 KINDS = {"native": {}, "emulated": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
 ROUNDS = 5
 CONTENDER = 0.8

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from whichdevice.core.dtypes import NAMES, short_name
+
 FULL_SHAPE = {
     "hidden_size": 768,
     "num_hidden_layers": 8,
@@ -59,7 +61,7 @@ BATCH, PROMPT, NEW_TOKENS = 4, 128, 32
 CHECKPOINTS = ("float16", "bfloat16", "float32")
 SWEEP_DTYPES = ("float32", "bfloat16", "float16")
 SWEEP_ATTN = ("sdpa", "eager")
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+SHORT = {name: short_name(name) for name in NAMES}  # whichdevice.core.dtypes owns the spellings
 DISTURBED = 0.6  # a run at under 0.6x the configuration's best marks its round disturbed
 EXTRA_ROUNDS = 3  # at most this many re-runs of disturbed rounds of step 2, per checkpoint
 CONTENDER = 0.8  # configurations at 0.8x the fastest median or better get the contender rounds

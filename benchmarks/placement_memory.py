@@ -133,13 +133,15 @@ def _build(name: str, folder: Path) -> Path:
 def _estimate(path: Path, task: str, batch: int, max_length: int) -> tuple[int, int, str]:
     """(weights, everything else) as resolve_device counts them on the CPU, and its trace line."""
     import whichdevice as wd
-    from whichdevice.memory.job import Job
+    from whichdevice.core.job import Job
     from whichdevice.memory.placement import estimate_job
+    from whichdevice.model.facts import read_model_facts
 
     res = wd.resolve_device(
         "cpu", model=str(path), task=task, batch_size=batch, max_length=max_length, dtype="float32", quantize=None
     )
-    size, memory = estimate_job(str(path), Job(task, batch, max_length, attention=res.attn_implementation), "float32")
+    job = Job(task, batch, max_length, attention=res.attn_implementation)
+    size, memory = estimate_job(read_model_facts(str(path)), job, "float32")
     line = next(s.message for s in res.trace if s.topic == "memory" and "needs" in s.message)
     return size.bytes_in("float32"), memory.bytes, line
 

@@ -19,7 +19,7 @@ from whichdevice.attention.kernels import transformers_kernels_range
 from whichdevice.core.packages import simulated_packages
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.prequantized import package_usable
-from whichdevice.model.size import estimate_model_size
+from whichdevice.model.facts import estimate_model_size
 from whichdevice.testing import simulate
 
 HARDWARE = {

@@ -549,7 +549,9 @@ def section_quality(ctx: Context) -> None:
     info = json.loads(out.read_text())
     info["wall_s"] = time.perf_counter() - start
     ctx.data["quality"] = info
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    from whichdevice.core.dtypes import NAMES, short_name
+
+    short = {name: short_name(name) for name in NAMES}
     for ckpt, c in info["checkpoints"].items():
         cfg = c["configs"]
         res, dflt, best = cfg["resolved"], cfg["default"], cfg[c["best"]]
@@ -649,7 +651,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def sweep_table(q: dict[str, Any]) -> str:
     ckpts = list(q["checkpoints"])
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    from whichdevice.core.dtypes import NAMES, short_name
+
+    short = {name: short_name(name) for name in NAMES}
     labels = list(q["checkpoints"][ckpts[0]]["configs"])
     head = ["tokens/s (median, p25..p75)"] + [f"{short[c]} checkpoint" for c in ckpts]
     body = []

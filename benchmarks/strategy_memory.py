@@ -29,10 +29,10 @@ def _estimates(batch: int, length: int) -> dict[str, int]:
     from strategy_rank import SMALL
     from transformers import LlamaConfig
 
-    from whichdevice.memory.job import ADAPTER_FRACTION, job_memory, model_shape
+    from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
     from whichdevice.memory.strategy import plan_strategies
+    from whichdevice.model.facts import estimate_model_size, model_shape
     from whichdevice.model.layers import layer_classes
-    from whichdevice.model.size import estimate_model_size
 
     config = LlamaConfig(**SMALL)
     size, shape = estimate_model_size(config), model_shape(config)

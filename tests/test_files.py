@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 import whichdevice as wd
 from whichdevice.core.errors import DamagedModelError
-from whichdevice.model.files import check_model_folder, read_header
+from whichdevice.model.files import read_header, read_model_folder
 
 F32 = {"dtype": "F32", "shape": [1]}
 
@@ -78,7 +78,7 @@ def test_a_shard_index_naming_a_file_outside_the_folder_is_damaged(tmp_path, sha
     index = {"metadata": {}, "weight_map": {"w": shard}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(DamagedModelError, match=r"not a file inside the model folder"):
-        check_model_folder(folder)
+        read_model_folder(folder)
     with pytest.raises(DamagedModelError):
         wd.resolve_device(model=folder)
 

@@ -7,7 +7,8 @@ import torch
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama, tiny_config
-from whichdevice.memory.job import job_memory, kv_cache_bytes, model_shape
+from whichdevice.memory.job import job_memory, kv_cache_bytes
+from whichdevice.model.facts import model_shape
 from whichdevice.testing import simulate
 
 GiB = 1024**3

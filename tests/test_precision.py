@@ -10,7 +10,7 @@ import torch
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
-from whichdevice.model.size import checkpoint_dtype
+from whichdevice.model.facts import checkpoint_dtype
 from whichdevice.precision.fp16_safe import KNOWN_OVERFLOW
 from whichdevice.precision.training import check_precision_flag, precision_conflicts
 from whichdevice.testing import simulate

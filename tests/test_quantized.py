@@ -16,8 +16,8 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama, tiny_config
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError
 from whichdevice.core.packages import package_version, simulated_packages
+from whichdevice.model.facts import estimate_model_size
 from whichdevice.model.quantized import NEEDS, known_methods, read_quantization
-from whichdevice.model.size import estimate_model_size
 from whichdevice.testing import simulate
 
 T4 = "cuda:1,cc=7.5,name=Tesla T4,mem=15GiB"

@@ -320,3 +320,14 @@ def test_workload_sizes_are_part_of_the_memo_key() -> None:
     one = wd.resolve_device("cpu", batch_size=1, max_length=64)
     assert wd.resolve_device("cpu", batch_size=1, max_length=64) is one
     assert wd.resolve_device("cpu", batch_size=4, max_length=64) is not one
+
+
+def test_the_arguments_record_restates_the_signature():
+    # resolve_device() builds Arguments by keyword; the memo key is the record, so a parameter
+    # missing from it would let two different calls share one answer.
+    import inspect
+
+    from whichdevice.resolve.arguments import Arguments
+
+    params = [p for p in inspect.signature(wd.resolve_device).parameters if p != "refresh"]
+    assert list(Arguments._fields) == params

@@ -79,7 +79,7 @@ def test_a_known_architecture_with_its_own_code_is_built_from_transformers_class
     config = json.loads((folder / "config.json").read_text())
     config.update(intermediate_size=128, num_attention_heads=4, vocab_size=256)
     (folder / "config.json").write_text(json.dumps(config))
-    from whichdevice.model.size import estimate_model_size
+    from whichdevice.model.facts import estimate_model_size
 
     size = estimate_model_size(folder)
     assert not list(folder.glob("IMPORTED-*"))

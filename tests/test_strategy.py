@@ -7,8 +7,9 @@ import os
 import pytest
 
 import whichdevice as wd
-from whichdevice.memory.job import ADAPTER_FRACTION, job_memory, model_shape
+from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
 from whichdevice.memory.strategy import ORDER, plan_strategies
+from whichdevice.model.facts import model_shape
 from whichdevice.model.layers import layer_classes
 from whichdevice.testing import simulate
 
@@ -33,7 +34,7 @@ def torchrun_env(monkeypatch):
 
 
 def _plan(devices: int, budget: int, *, deepspeed: bool = False, batch=None, length=None, no_fsdp=None):
-    from whichdevice.model.size import estimate_model_size
+    from whichdevice.model.facts import estimate_model_size
 
     config = _llama_7b()
     size, shape = estimate_model_size(config), model_shape(config)

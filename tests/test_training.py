@@ -284,3 +284,29 @@ def test_a_changed_accelerate_variable_is_a_new_resolution(monkeypatch):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
     second = wd.resolve_device(task="training")
     assert second is not first and "fp8" in second.explain()
+
+
+def test_the_resolutions_torch_compile_reaches_the_arguments(tmp_path):
+    # Issue #25: training_arguments(resolution=res) built torch_compile=False although
+    # res.training_kwargs() said True.
+    res = wd.resolve_device("cpu", task="training", torch_compile=True)
+    assert res.training_kwargs()["torch_compile"] is True
+    args = wd.training_arguments(str(tmp_path), resolution=res, report_to="none")
+    assert args.torch_compile is True
+    # Yours wins, as every keyword does.
+    mine = wd.training_arguments(str(tmp_path), resolution=res, torch_compile=False, report_to="none")
+    assert mine.torch_compile is False
+
+
+def test_training_arguments_builds_on_the_resolution_without_reading_again(tmp_path, monkeypatch):
+    from whichdevice.training import arguments
+
+    res = wd.resolve_device("cpu", task="training")
+    calls = []
+    monkeypatch.setattr(arguments, "read_accelerate_settings", lambda: calls.append("settings"))
+    monkeypatch.setattr(arguments, "refuse_leftovers", lambda found: calls.append("leftovers"))
+    wd.training_arguments(str(tmp_path), resolution=res, report_to="none")
+    assert calls == []  # resolve_device(task="training") read the settings and ran the launch checks
+    inference = wd.resolve_device("cpu")
+    wd.training_arguments(str(tmp_path), resolution=inference, report_to="none")
+    assert calls == ["leftovers"]  # a resolution made for inference never ran them

@@ -23,7 +23,7 @@ import whichdevice as wd
 def main() -> None:
     out, model_dir = Path(sys.argv[1]), sys.argv[2]
     res = wd.resolve_device(task="training", model=model_dir)
-    from whichdevice.memory.job import Job
+    from whichdevice.core.job import Job
     from whichdevice.memory.training_placement import plan_training
 
     roomy = plan_training(model_dir, Job("training"), "float32", "float32", 2, 1 << 50, 1 << 50, "cuda")

@@ -9,8 +9,9 @@ from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fi
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.core.records import Backend, ProbeResult, TraceStep
     from whichdevice.hardware.calibration import Calibration
+    from whichdevice.model.facts import ModelFacts
     from whichdevice.model.support import AttentionSupport
 
 __all__ = [
@@ -44,11 +45,10 @@ def is_hub_kernel(value: str) -> bool:
 
 
 class AttentionChoice(NamedTuple):
-    """The attention decision: what the model runs with, whether model_kwargs() passes it, and why."""
+    """The attention decision: what the model runs with, and whether model_kwargs() passes it."""
 
     name: str | None  # None: transformers decides, and whichdevice cannot tell what (no model= to read)
     passed: bool
-    why: str
 
 
 def choose_attention(
@@ -58,22 +58,26 @@ def choose_attention(
     requested: str = "auto",
     *,
     task: str = "inference",
-    model: Any = None,
+    model: ModelFacts | None = None,
     measured: Calibration | None = None,
-) -> AttentionChoice:
+) -> tuple[AttentionChoice, list[TraceStep]]:
     """Pass an implementation only when it beats what transformers picks by itself (FlashAttention,
     a Hub FlashAttention kernel, the CPU decode attention) and every class ``model=`` loads as supports
     it; an explicit request is passed as asked, and refused when the model's classes refuse it.
-    ``measured``: the CPU's calibration, which decides the CPU decode attention where it was timed."""
-    from whichdevice.model.support import attention_support
+    ``measured``: the CPU's calibration, which decides the CPU decode attention where it was timed.
+    Returns the choice and the trace line that says why."""
+    from whichdevice.core.records import TraceStep
+    from whichdevice.model.support import support_of_config
 
-    support = attention_support(model) if model is not None else None
+    # Read from the model's config, once per call (the classes' flags are cached per config's names).
+    support = support_of_config(model.config) if model is not None else None
     if requested not in ("auto", AUTO_HUB):
         name, why = _as_requested(backend, result, dtype, requested)
         line = why if why.startswith(name) else f"{name}: {why}"
-        return AttentionChoice(name, True, line + _request_checked(name, support))
+        return AttentionChoice(name, True), [TraceStep("attention", line + _request_checked(name, support))]
     wanted, why = _wanted(backend, result, dtype, requested, task, model, measured)
-    return _settle(wanted, why, support)
+    chosen, passed, line = _settle(wanted, why, support)
+    return AttentionChoice(chosen, passed), [TraceStep("attention", line)]
 
 
 def _wanted(
@@ -82,7 +86,7 @@ def _wanted(
     dtype: str | None,
     requested: str,
     task: str,
-    model: Any,
+    model: ModelFacts | None,
     measured: Calibration | None = None,
 ) -> tuple[str | None, str]:
     """The implementation whichdevice would pass on this hardware (None: transformers' own choice is best), and why."""
@@ -119,36 +123,30 @@ def _wanted(
     return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed", measured)
 
 
-def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> AttentionChoice:
+def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> tuple[str | None, bool, str]:
     """Pass ``wanted`` where the model's classes are read and support it; else leave it to transformers."""
     from whichdevice.model.support import transformers_default
 
     if support is None:
         if wanted is not None:
             why = f"{wanted} would fit ({why}), but without model= its support cannot be checked; pass model= to get it"
-        return AttentionChoice(
-            None, False, f"left to transformers (sdpa where the model supports it, else eager): {why}"
-        )
+        return (None, False, f"left to transformers (sdpa where the model supports it, else eager): {why}")
     if support.unknown is not None:
         skipped = f"{wanted} not passed, " if wanted is not None else ""
-        return AttentionChoice(
+        return (
             None,
             False,
             f"left to transformers: {skipped}the model's attention support is unknown ({support.unknown}); {why}",
         )
     refusal = support.refusal(wanted) if wanted is not None else None
     if wanted is not None and refusal is None:
-        return AttentionChoice(wanted, True, f"{wanted}: {why}; supported by {support.checked()}")
+        return (wanted, True, f"{wanted}: {why}; supported by {support.checked()}")
     if refusal is not None:
         why = f"{wanted} not passed: {refusal}; {why}"
     default = transformers_default(support)
     if default is None:
-        return AttentionChoice(
-            None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}"
-        )
-    return AttentionChoice(
-        default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}"
-    )
+        return (None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}")
+    return (default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}")
 
 
 def _defaults(support: AttentionSupport) -> str:
@@ -215,17 +213,22 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
 
 
 def _without_flash(
-    backend: Backend, dtype: str | None, task: str, model: Any, no_flash: str, measured: Calibration | None = None
+    backend: Backend,
+    dtype: str | None,
+    task: str,
+    model: ModelFacts | None,
+    no_flash: str,
+    measured: Calibration | None = None,
 ) -> tuple[str | None, str]:
     """None (transformers' own choice), or on the CPU in bf16/fp16 for inference the decode attention
     (see decode_attention); and why, after ``no_flash``."""
-    from whichdevice.attention.decode import ATTENTION_NAME, VERIFIED_MODEL_TYPES, model_type_of
+    from whichdevice.attention.decode import ATTENTION_NAME, VERIFIED_MODEL_TYPES
 
     # The decode attention is a fix for torch's fused CPU kernel: a fact about the CPU, not a capability.
     if backend.name != "cpu" or task != "inference" or dtype not in ("bfloat16", "float16"):
         return None, no_flash
     # Read only here: everywhere else the architecture does not change the answer.
-    model_type = model_type_of(model)
+    model_type = model.model_type if model is not None else None
     faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
     if measured is not None:
         from whichdevice.precision.measured import measured_attention

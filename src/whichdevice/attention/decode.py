@@ -59,11 +59,11 @@ _REGISTERED: list[bool] = []
 
 
 def model_type_of(model: Any) -> str | None:
-    """``model_type`` of a transformers config, or of the config.json in a local or cached model
+    """``model_type`` of a transformers config or ModelFacts, or of the config.json in a local or cached model
     folder; None when it cannot be read (placement reports a bad ``model=`` with the reason)."""
-    from whichdevice.model.support import read_model_config
+    from whichdevice.model.facts import model_config
 
-    config = read_model_config(model)
+    config = model_config(model)
     found = config.get("model_type") if config is not None else None
     return found if isinstance(found, str) else None
 

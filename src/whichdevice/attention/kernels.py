@@ -229,24 +229,22 @@ def hub_flash_attention(
 
 
 def decide_kernels(
-    backend: Backend, result: ProbeResult, requested: Any, trace: list[TraceStep]
-) -> tuple[bool, str | None]:
-    """(use_kernels, kernels device key): off unless asked ("auto": on where every check passes;
-    True: on, or ConfigConflictError with the reasons)."""
+    backend: Backend, result: ProbeResult, requested: Any
+) -> tuple[tuple[bool, str | None], list[TraceStep]]:
+    """(use_kernels, kernels device key) and the trace line that says why: off unless asked ("auto":
+    on where every check passes; True: on, or ConfigConflictError with the reasons)."""
     from whichdevice.core.records import TraceStep
 
     key = kernels_key(backend, result)
     if requested in (False, None):
         # Off unless asked, as in transformers: on, transformers downloads compiled code from the Hub and runs it.
-        trace.append(
-            TraceStep(
-                "kernels",
-                f"Hub kernels off (use_kernels={requested!r}, the default, as in transformers); "
-                "use_kernels='auto' turns them on where they can work (they download and run compiled code "
-                "from the Hub)",
-            )
+        off = TraceStep(
+            "kernels",
+            f"Hub kernels off (use_kernels={requested!r}, the default, as in transformers); "
+            "use_kernels='auto' turns them on where they can work (they download and run compiled code "
+            "from the Hub)",
         )
-        return False, key
+        return (False, key), [off]
     if requested not in ("auto", True):
         raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False")
     checks = [kernels_compatibility()]
@@ -260,7 +258,5 @@ def decide_kernels(
     if failed:
         if requested is True:
             raise ConfigConflictError("use_kernels=True cannot work here: " + "; ".join(failed))
-        trace.append(TraceStep("kernels", "Hub kernels off: " + "; ".join(failed)))
-        return False, key
-    trace.append(TraceStep("kernels", "Hub kernels on: " + "; ".join(why for _, why in checks)))
-    return True, key
+        return (False, key), [TraceStep("kernels", "Hub kernels off: " + "; ".join(failed))]
+    return (True, key), [TraceStep("kernels", "Hub kernels on: " + "; ".join(why for _, why in checks))]

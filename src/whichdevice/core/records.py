@@ -1,18 +1,21 @@
 """Records shared by every layer: trace steps, probe results, backend rows, variables a hook set.
 
 They live at the bottom so that no module has to import upward to name them: the registry holds
-:class:`Backend` rows, the probes return :class:`ProbeResult`, the resolver and its deciders append
-:class:`TraceStep` lines. Plain frozen dataclasses; nothing here touches hardware or imports torch.
+:class:`Backend` rows, the probes return :class:`ProbeResult`, the resolver's deciders return
+:class:`TraceStep` lines with their values, gathered in a :class:`Trace`. Plain frozen
+dataclasses; nothing here touches hardware or imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Backend", "DeviceInfo", "EnvAction", "EnvDefault", "ProbeResult", "TraceStep", "Visibility"]
+T = TypeVar("T")
+
+__all__ = ["Backend", "DeviceInfo", "EnvAction", "EnvDefault", "ProbeResult", "Trace", "TraceStep", "Visibility"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,16 @@ class TraceStep:
 
     def to_dict(self) -> dict[str, Any]:
         return {"topic": self.topic, "message": self.message, "chosen": self.chosen}
+
+
+class Trace(list[TraceStep]):
+    """The trace lines of a pipeline. Every decider returns ``(value, steps)``; ``take`` keeps the
+    steps here and hands back the value, so a decider never appends to a list it was given."""
+
+    def take(self, step: tuple[T, Iterable[TraceStep]]) -> T:
+        value, steps = step
+        self.extend(steps)
+        return value
 
 
 @dataclass(frozen=True)

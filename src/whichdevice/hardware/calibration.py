@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core import envview
+from whichdevice.core.dtypes import NAMES, short_name
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
@@ -49,7 +50,6 @@ _OFF = frozenset({"0", "off", "no", "false", "none"})
 _FORMAT = 1
 # A calibration that a busy machine kept from being steady is measured again after this long.
 RETRY_S = 6 * 3600
-_SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Calibration:
 
     def speed(self, dtype: str, shape: str) -> float | None:
         """``dtype``'s speed over fp32 at ``shape`` ("b1".."b8", "prompt", "attention"); None: not measured."""
-        return self.speeds.get(f"{_SHORT.get(dtype, dtype)}.{shape}")
+        return self.speeds.get(f"{(short_name(dtype) if dtype in NAMES else dtype)}.{shape}")
 
     def summary(self) -> str:
         """One line: each half precision's figures, e.g. "bf16 decode 1.15x/1.02x/0.72x/0.55x (batch 1/2/4/8) ..."."""

@@ -35,6 +35,7 @@ __all__ = [
     "SCHEDULERS",
     "DistributedContext",
     "check_training_launch",
+    "checked_when_resolved",
     "detect_distributed",
     "process_group_backend",
 ]
@@ -305,6 +306,13 @@ def _check_consistent(ctx: DistributedContext, env: Mapping[str, str], partial: 
             else ""
         )
         raise DeviceError(f"{rank_is} is not below {world_is}; ranks run from 0 to {ctx.world_size - 1}{fix}")
+
+
+def checked_when_resolved(context: DistributedContext | None) -> bool:
+    """Whether resolve_device(task="training") runs check_training_launch for this run: one a
+    scheduler started, or one transformers does not see. torch's variables alone (a launcher's, or
+    set by hand to try a rank) are checked by training_arguments() only."""
+    return context is not None and (not context.seen or context.scheduler is not None)
 
 
 def check_training_launch(context: DistributedContext | None) -> None:

@@ -1,21 +1,20 @@
 """What a whole job needs besides the weights: the KV cache, activations, gradients, optimizer state.
 
 Each figure is a named :class:`Term` with its size and the formula it came from, so the trace can say
-it. The shape facts (layers, KV heads, head size, sliding window) come from the model's config, read
-as plain JSON (no transformers import for a local folder). The formulas are upper bounds: the
+it. The shape facts (layers, KV heads, head size, sliding window) come from the model's config
+(:class:`whichdevice.model.shape.ModelShape`, read once with the model's other facts). The
+formulas are upper bounds: the
 benchmark ``benchmarks/placement_memory.py`` checks them against measured peaks on the CPU.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Any
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.dtypes import item_size
+from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
-from whichdevice.model.files import read_json
-from whichdevice.model.size import resolve_model_path
+from whichdevice.model.shape import ModelShape
 
 __all__ = [
     "ADAPTER_FRACTION",
@@ -29,10 +28,8 @@ __all__ = [
     "headroom_tokens",
     "job_memory",
     "kv_cache_bytes",
-    "model_shape",
 ]
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Optimizer state per trainable parameter, in units of the parameter's own size (torch's AdamW keeps
 # exp_avg and exp_avg_sq like the parameter), or in bytes for the 8-bit optimizers (one byte each).
 OPTIMIZER_STATES = {"adamw": ("x", 2.0), "adamw_8bit": ("bytes", 2.0), "sgd": ("x", 0.0)}
@@ -50,43 +47,6 @@ WORKSPACE = 32 * 1024**2
 
 
 OFFLOADS = ("cpu", "disk")
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the caller said about the job: the task, its sequences, and whether it may offload."""
-
-    task: str = "inference"
-    batch_size: int | None = None
-    max_length: int | None = None
-    offload: str | None = None
-    offload_folder: str | None = None
-    # The attention the model will run with: "eager" materialises every head's T x T scores; sdpa and
-    # FlashAttention kernels do not.
-    attention: str | None = None
-    # A pre-quantized checkpoint that transformers loads dequantized here (FP8 below cc 8.9, ...).
-    dequantize: bool = False
-
-    @property
-    def generation(self) -> bool:
-        """An inference job whose sequences are known: a generate() call."""
-        return self.task == "inference" and (self.batch_size is not None or self.max_length is not None)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The config facts the KV cache and activations depend on."""
-
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    sliding_window: int | None = None
-    sliding_layers: int = 0
-    max_positions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,71 +77,9 @@ class JobMemory:
         return " + ".join(parts) + f" = {format_bytes(weights + self.bytes)}"
 
 
-def _first(config: dict[str, Any], *names: str) -> Any:
-    for name in names:
-        value = config.get(name)
-        if value is not None:
-            return value
-    return None
-
-
-def _config_dict(model: Any) -> dict[str, Any] | None:
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        data: dict[str, Any] = model.to_dict()
-    elif isinstance(model, (str, os.PathLike)):
-        path = resolve_model_path(model)
-        folder = path if path.is_dir() else path.parent
-        try:
-            data = read_json(folder / "config.json")  # a regular file only: a named pipe would block
-        except DeviceError:
-            return None
-    else:
-        return None
-    if not isinstance(data, dict):
-        return None
-    text = data.get("text_config")
-    if _first(data, "num_hidden_layers", "n_layer", "num_layers") is None and isinstance(text, dict):
-        return text
-    return data
-
-
-def model_shape(model: Any) -> ModelShape | None:
-    """The shape facts of ``model``'s config (a config, a local folder or a cached id); None where it lacks them."""
-    config = _config_dict(model)
-    if config is None:
-        return None
-    layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _first(config, "num_attention_heads", "n_head", "num_heads")
-    hidden = _first(config, "hidden_size", "n_embd", "d_model")
-    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, hidden)):
-        return None
-    kv_heads = _first(config, "num_key_value_heads", "n_head_kv", "num_kv_heads")
-    if config.get("multi_query") is True:
-        kv_heads = 1
-    head_dim = _first(config, "head_dim") or hidden // heads
-    window = _first(config, "sliding_window", "attention_chunk_size")
-    types = config.get("layer_types")
-    if isinstance(types, list):
-        sliding = sum(1 for t in types if "sliding" in str(t) or t == "chunked_attention")
-    else:
-        sliding = layers if window else 0  # transformers' DynamicCache: every layer slides then
-    return ModelShape(
-        layers=layers,
-        heads=heads,
-        kv_heads=int(kv_heads or heads),
-        head_dim=int(head_dim),
-        hidden=hidden,
-        intermediate=int(_first(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden),
-        vocab=int(_first(config, "vocab_size") or 0),
-        sliding_window=int(window) if window else None,
-        sliding_layers=sliding if window else 0,
-        max_positions=_first(config, "max_position_embeddings", "n_positions", "max_seq_len"),
-    )
-
-
 def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype: str) -> int:
     """2 (keys, values) x layers x KV heads x head size x tokens x batch x bytes, sliding layers capped."""
-    per_token = 2 * shape.kv_heads * shape.head_dim * batch * _ITEMSIZE.get(dtype, 4)
+    per_token = 2 * shape.kv_heads * shape.head_dim * batch * item_size(dtype)
     full_layers = shape.layers - shape.sliding_layers
     window_tokens = min(tokens, shape.sliding_window or tokens)
     return per_token * (full_layers * tokens + shape.sliding_layers * window_tokens)
@@ -202,7 +100,7 @@ def _scores(shape: ModelShape, tokens: int, batch: int, size: int, eager: bool) 
 
 def _inference_activations(shape: ModelShape, tokens: int, batch: int, dtype: str, eager: bool) -> Term:
     # The prefill of a prompt as long as the whole sequence is the largest forward pass of a generate.
-    size = _ITEMSIZE.get(dtype, 4)
+    size = item_size(dtype)
     stream = batch * tokens * (_INFER_HIDDEN * shape.hidden + _INFER_MLP * shape.intermediate) * size
     scores, said = _scores(shape, tokens, batch, size, eager)
     logits = 2 * batch * shape.vocab * 4  # the last position's logits in float32, and their softmax
@@ -214,7 +112,7 @@ def _inference_activations(shape: ModelShape, tokens: int, batch: int, dtype: st
 
 
 def _training_activations(shape: ModelShape, tokens: int, batch: int, dtype: str, eager: bool) -> Term:
-    size = _ITEMSIZE.get(dtype, 4)
+    size = item_size(dtype)
     per_layer = batch * tokens * (_TRAIN_HIDDEN * shape.hidden + _TRAIN_MLP * shape.intermediate) * size
     scores, said = _scores(shape, tokens, batch, size, eager)
     logits = 3 * batch * tokens * shape.vocab * 4  # logits, their log-softmax and its gradient, in float32
@@ -226,7 +124,7 @@ def _training_activations(shape: ModelShape, tokens: int, batch: int, dtype: str
 
 
 def _training_state(params: int, dtype: str, optimizer: str, trainable: float) -> list[Term]:
-    size = _ITEMSIZE.get(dtype, 4)
+    size = item_size(dtype)
     train = int(params * trainable)
     who = "every parameter" if trainable >= 1 else f"the LoRA adapters (up to {trainable:.0%} of the parameters)"
     unit, factor = OPTIMIZER_STATES[optimizer]

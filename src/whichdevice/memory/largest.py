@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from whichdevice.memory.job import Job, ModelShape, job_memory
+from whichdevice.core.job import Job
+from whichdevice.memory.job import job_memory
+from whichdevice.model.shape import ModelShape
 
 __all__ = ["LargestFit", "largest_fit"]
 

@@ -11,15 +11,16 @@ import math
 from typing import TYPE_CHECKING
 
 from whichdevice.core.errors import ConfigConflictError, DoesNotFitError
+from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION
-from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory
+from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
 from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
-    from whichdevice.memory.job import ModelShape
+    from whichdevice.model.shape import ModelShape
 
 __all__ = ["cpu_available", "offload_placement", "remedies"]
 
@@ -44,9 +45,9 @@ def offload_placement(
     caps: dict[int | str, int],
     budget_given: bool,
     job: Job,
-    trace: list[TraceStep],
-) -> tuple[str, dict[int | str, str], None, str | None]:
-    """device_map="auto" with the devices' budgets, ``max_memory["cpu"]`` and, for disk, the folder."""
+) -> tuple[tuple[str, dict[int | str, str], None, str | None], list[TraceStep]]:
+    """device_map="auto" with the devices' budgets, ``max_memory["cpu"]`` and, for disk, the folder,
+    with the trace line that says how much goes where."""
     if backend.memory_by_name and job.offload == "cpu":
         raise ConfigConflictError(
             f"offload='cpu' on {backend.name}: the model is in the memory CPU offload would use already; "
@@ -74,16 +75,14 @@ def offload_placement(
             "offload='disk' with offload_folder=..., or quantize='auto'"
         )
     where = "the CPU" if job.offload == "cpu" else f"the CPU, then {job.offload_folder}"
-    trace.append(
-        TraceStep(
-            "placement",
-            f"device_map='auto' with offload={job.offload!r} as you asked: {backend.name} keeps "
-            f"{format_bytes(on_devices)} and about {format_bytes(spill)} of the weights go to {where} "
-            "(slow: offloaded layers are copied in on every forward pass)",
-        )
+    step = TraceStep(
+        "placement",
+        f"device_map='auto' with offload={job.offload!r} as you asked: {backend.name} keeps "
+        f"{format_bytes(on_devices)} and about {format_bytes(spill)} of the weights go to {where} "
+        "(slow: offloaded layers are copied in on every forward pass)",
     )
     max_memory: dict[int | str, str] = {k: f"{v // _MiB}MiB" for k, v in budget.items()}
-    return "auto", max_memory, None, job.offload_folder if job.offload == "disk" else None
+    return ("auto", max_memory, None, job.offload_folder if job.offload == "disk" else None), [step]
 
 
 def remedies(

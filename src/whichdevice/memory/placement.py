@@ -7,13 +7,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError
+from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes, parse_size
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
-from whichdevice.memory.job import ADAPTER_FRACTION, Job, JobMemory, job_memory, model_shape
+from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
 from whichdevice.memory.largest import LargestFit, largest_fit
 from whichdevice.memory.offload import offload_placement, remedies
-from whichdevice.model.size import ModelSize, estimate_model_size
+from whichdevice.model.facts import estimate_model_size, model_shape
+from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
@@ -159,12 +161,12 @@ def place_model(
         if adapters is not None:
             return adapters
         if job.offload is not None and quantize is None:
-            return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+            return _offload(offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job), trace)
     try:
         return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace)
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
-            return offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job, trace)
+            return _offload(offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job), trace)
         said = f". On these devices, {largest.text()}" if largest is not None else ""
         raise DoesNotFitError(
             f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}{said}"
@@ -395,9 +397,18 @@ def _place_prequantized(
         trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
         return placement.device_map, placement.max_memory, None, None
     if job.offload is not None:
-        return offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job, trace)
+        return _offload(offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job), trace)
     what = size.quantized.describe() if size.quantized is not None else "quantized"
     raise DoesNotFitError(
         f"The model does not fit: {placement.note}; it is already quantized ({what}), so quantizing is no "
         "way out: give more memory (max_memory), use more devices, or pass offload='cpu'"
     )
+
+
+def _offload(
+    placed: tuple[tuple[str, dict[int | str, str], None, str | None], list[TraceStep]], trace: list[TraceStep]
+) -> Placed:
+    """offload_placement's answer, its reasons added to ``trace``."""
+    answer, steps = placed
+    trace.extend(steps)
+    return answer

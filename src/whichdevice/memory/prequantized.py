@@ -208,9 +208,10 @@ def prequantized_device(
     trace; quantize= is checked against it first. Unquantized or no model: the chosen backend as is."""
     if model is None:
         return (None, chosen, False), []
+    from whichdevice.model.facts import ModelFacts
     from whichdevice.model.size import checkpoint_quantization
 
-    quant = checkpoint_quantization(model)
+    quant = model.quantization if isinstance(model, ModelFacts) else checkpoint_quantization(model)
     if quant is None:
         return (None, chosen, False), []
     check_requested(quant, quantize)

@@ -149,9 +149,8 @@ def plan_quantization(
     ``does_not_fit`` is the placement's note when the weights do not fit in ``dtype`` (None: they
     fit, so only an explicit "4bit"/"8bit" gets here). ``usable`` is the memory the quantized
     weights go into (None: unknown); ``still_too_big`` the placement's note when even the
-    quantized weights do not fit it.
+    quantized weights do not fit it. ``quantize`` comes checked (resolve_device's argument checks).
     """
-    check_quantize(quantize)
     full = size.bytes_in(dtype)
     bits = _bits(quantize)
     quantized = size.bytes_quantized(bits, dtype)
@@ -191,22 +190,17 @@ def plan_quantization(
     return QuantizationPlan(bits, dtype, full, quantized, usable, explanation, requested=does_not_fit is None)
 
 
-def requested_quantization(
-    backend: Backend, result: ProbeResult, dtype: str, quantize: Any, trace: list[TraceStep]
-) -> QuantizationPlan | None:
+def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, quantize: Any) -> QuantizationPlan | None:
     """The plan for an explicit ``quantize="4bit"/"8bit"`` when the model's size is not known.
 
     None for "auto" and None (nothing to decide without a size). Raises for hardware bitsandbytes
-    does not support.
+    does not support. ``quantize`` comes checked (resolve_device's argument checks).
     """
-    from whichdevice.core.records import TraceStep
-
-    check_quantize(quantize)
     if quantize not in ("4bit", "8bit"):
         return None
     _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
     bits = _bits(quantize)
-    plan = QuantizationPlan(
+    return QuantizationPlan(
         bits,
         dtype,
         None,
@@ -216,8 +210,6 @@ def requested_quantization(
         f"{dtype} (pass model= to see the memory it saves)",
         requested=True,
     )
-    trace.append(TraceStep("quantization", plan.explanation))
-    return plan
 
 
 def finish_quantization(
@@ -227,20 +219,22 @@ def finish_quantization(
     dtype: str,
     quantize: Any,
     task: str,
-    trace: list[TraceStep],
-) -> QuantizationPlan | None:
+) -> tuple[QuantizationPlan | None, list[TraceStep]]:
     """The resolver's last word on quantization: an explicit request placement did not see, and
-    for training the way a quantized model trains (adapters)."""
+    for training the way a quantized model trains (adapters); with the trace lines that say so."""
     from whichdevice.core.records import TraceStep
 
+    steps: list[TraceStep] = []
     if plan is None:
-        plan = requested_quantization(backend, result, dtype, quantize, trace)
+        plan = requested_quantization(backend, result, dtype, quantize)
+        if plan is not None:
+            steps.append(TraceStep("quantization", plan.explanation))
     if plan is not None and task == "training":
-        trace.append(
+        steps.append(
             TraceStep(
                 "quantization",
                 f"{plan.bits}-bit weights do not train themselves: train LoRA adapters on them with "
                 "whichdevice.lora_training(model, resolution)",
             )
         )
-    return plan
+    return plan, steps

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DoesNotFitError
@@ -45,7 +46,15 @@ def _meta_model(model: Any, dtype: str) -> Any:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = model if hasattr(model, "to_dict") else AutoConfig.from_pretrained(str(model), trust_remote_code=False)
+    from whichdevice.model.facts import ModelFacts
+
+    if isinstance(model, ModelFacts):  # the record resolve_device() read: its config object or folder
+        model = model.config_object if model.config_object is not None else model.path
+    if hasattr(model, "to_dict"):
+        config = model
+    else:
+        folder = Path(model) if Path(model).is_dir() else Path(model).parent
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     with init_empty_weights():
         return AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, ModelShape
+from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory
+from whichdevice.model.shape import ModelShape
 
 __all__ = ["FULL", "ORDER", "Strategy", "TrainingPlan", "layer_parameters", "plan_strategies"]
 

@@ -14,15 +14,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DoesNotFitError
+from whichdevice.core.job import Job
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 from whichdevice.launch.accelerate_settings import launch_command
 from whichdevice.memory.fit import FIT_FRACTION
-from whichdevice.memory.job import ADAPTER_FRACTION, Job, job_memory, model_shape
+from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
 from whichdevice.memory.placement import LORA_STEP, Placed, capacities, place_model
 from whichdevice.memory.strategy import FULL, TrainingPlan, plan_strategies
+from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.layers import layer_classes
-from whichdevice.model.size import estimate_model_size
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult

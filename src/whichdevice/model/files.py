@@ -16,49 +16,27 @@ import shlex
 import stat
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
 from whichdevice.model.adapter import adapter_base_name, missing_base
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
-    "SAFETENSORS_DTYPES",
     "DamagedModelError",
+    "ModelFiles",
     "check_config",
     "check_link",
-    "check_model",
-    "check_model_folder",
+    "is_config_object",
     "read_config",
     "read_header",
     "read_json",
+    "read_model_folder",
     "refetch_hint",
     "resolve_model_path",
 ]
 
-# safetensors' Dtype names and bits per element (safetensors/src/tensor.rs).
-SAFETENSORS_DTYPES = {
-    "BOOL": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "C64": 64,
-    "F64": 64,
-    "I64": 64,
-    "U64": 64,
-}
 # safetensors refuses a header over 100 MB (MAX_HEADER_SIZE).
 _MAX_HEADER = 100_000_000
 # Whole-number config fields whichdevice's sizing and transformers' model builders divide and
@@ -270,7 +248,7 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
-    if not isinstance(info, dict) or info.get("dtype") not in SAFETENSORS_DTYPES:
+    if not isinstance(info, dict) or info.get("dtype") not in SAFETENSORS_BITS:
         dtype = info.get("dtype") if isinstance(info, dict) else info
         raise _damaged(path, f"tensor {name!r} has dtype {dtype!r}, which safetensors does not know (corrupt)")
     shape, offsets = info.get("shape"), info.get("data_offsets")
@@ -283,7 +261,7 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
         or not 0 <= offsets[0] <= offsets[1]
     ):
         raise _damaged(path, f"tensor {name!r} has data_offsets {offsets!r} (corrupt)")
-    huge = size_problem(name, shape, SAFETENSORS_DTYPES[info["dtype"]], info["dtype"])
+    huge = size_problem(name, shape, SAFETENSORS_BITS[info["dtype"]], info["dtype"])
     if huge is not None:
         raise _damaged(path, huge)
     if offsets[1] > data:
@@ -292,7 +270,7 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
             f"tensor {name!r} ends at byte {offsets[1]} of the data, but the file holds {data} bytes of data "
             "(truncated download)",
         )
-    if (offsets[1] - offsets[0]) * 8 != math.prod(shape) * SAFETENSORS_DTYPES[info["dtype"]]:
+    if (offsets[1] - offsets[0]) * 8 != math.prod(shape) * SAFETENSORS_BITS[info["dtype"]]:
         raise _damaged(path, f"tensor {name!r}: shape {shape} does not match its {offsets[1] - offsets[0]} bytes")
 
 
@@ -352,24 +330,29 @@ def _inside_snapshots(found: Path) -> Path:
     return found
 
 
-def check_model(model: Any) -> None:
-    """Raise DamagedModelError for a damaged ``model=`` (a folder, a file, a cached id or a config)."""
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        check_config(model.to_dict(), f"model=<{type(model).__name__}>")
-    elif isinstance(model, (str, os.PathLike)):
-        check_model_folder(resolve_model_path(model))
-    else:
-        raise DeviceError(
-            f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
-        )
+def is_config_object(model: Any) -> bool:
+    """Whether ``model=`` is a transformers config (``LlamaConfig(...)``, ``AutoConfig.from_pretrained``)
+    rather than a path: the one place this is decided."""
+    return hasattr(model, "model_type") and hasattr(model, "to_dict")
 
 
-def check_model_folder(path: Path) -> None:
+class ModelFiles(NamedTuple):
+    """What a model folder (or one safetensors file) holds, read and checked once."""
+
+    folder: Path
+    config: dict[str, Any] | None  # config.json, checked; None when there is none
+    headers: tuple[tuple[Path, dict[str, dict[str, Any]]], ...]  # each safetensors file's tensors
+
+
+def read_model_folder(path: Path, *, weights: bool = True) -> ModelFiles:
     """Read every file whichdevice and from_pretrained read first in ``path`` (a folder or one
-    safetensors file): config.json, the shard index and the shards it names, safetensors headers."""
+    safetensors file): config.json, the shard index and the shards it names, safetensors headers;
+    each once, each checked. ``weights=False`` reads config.json only."""
     if path.is_file() and path.suffix != ".safetensors":
         raise DeviceError(f"model={str(path)!r} is a file; pass the model's folder (or one .safetensors file)")
     folder = path if path.is_dir() else path.parent
+    if not weights:
+        return ModelFiles(folder, read_config(folder), ())
     if path.is_dir():
         entries = sorted(folder.iterdir())
         for entry in entries:
@@ -377,12 +360,11 @@ def check_model_folder(path: Path) -> None:
                 check_link(entry)
         if not any(e.name == "config.json" or e.name.endswith((".safetensors", ".bin")) for e in entries):
             raise _damaged(path, "holds no config.json and no weights: an empty or incomplete download")
-    read_config(folder)
+    config = read_config(folder)
     for index in sorted(folder.glob("*.safetensors.index.json")):
         _check_index(index, folder)
     files = [path] if path.is_file() else sorted(folder.glob("*.safetensors"))
-    for file in files:
-        read_header(file)
+    return ModelFiles(folder, config, tuple((file, read_header(file)) for file in files))
 
 
 def _check_index(index: Path, folder: Path) -> None:

@@ -191,9 +191,9 @@ def _compute_dtype(method: str, qc: dict[str, Any]) -> str | None:
 
 def stored_bytes(headers: list[dict[str, dict[str, Any]]]) -> int:
     """The bytes every tensor takes as stored: packed integers, scales, zeros and float weights."""
-    from whichdevice.model.files import SAFETENSORS_DTYPES
+    from whichdevice.core.dtypes import SAFETENSORS_BITS
 
-    return sum(math.prod(i["shape"]) * SAFETENSORS_DTYPES.get(i["dtype"], 32) // 8 for h in headers for i in h.values())
+    return sum(math.prod(i["shape"]) * SAFETENSORS_BITS.get(i["dtype"], 32) // 8 for h in headers for i in h.values())
 
 
 def estimate_stored(bits: int, group_size: int | None, quantized_params: int, other_params: int) -> int:

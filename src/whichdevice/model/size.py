@@ -1,24 +1,23 @@
 """How big a model is in a given dtype, and the dtype its checkpoint stores.
 
 Sizes come from safetensors headers (8-byte length + JSON; no tensor is read) or, without
-safetensors, from a build of the config on the meta device. A model id is looked up in the local
-Hugging Face cache only: whichdevice never downloads.
+safetensors, from a build of the config on the meta device. The headers and config are read once,
+by :func:`whichdevice.model.facts.read_model_facts`; this module turns them into figures.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from whichdevice.core.dtypes import FLOAT_CODES, NAMES, SAFETENSORS_BITS, code_name, item_size
 from whichdevice.core.errors import DeviceError
-from whichdevice.model.adapter import adapter_base_name
 from whichdevice.model.files import (
-    SAFETENSORS_DTYPES,
     DamagedModelError,
-    check_config,
     read_config,
     read_header,
     refetch_hint,
@@ -29,14 +28,14 @@ from whichdevice.model.quantized import CAST_CODES, CheckpointQuantization, esti
 __all__ = [
     "CheckpointDtype",
     "ModelSize",
-    "checkpoint_dtype",
-    "estimate_model_size",
+    "StoredWeights",
+    "auto_config",
+    "config_object_dtype",
     "resolve_model_path",
+    "size_from_config",
+    "stored_dtype",
+    "stored_weights",
 ]
-
-
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-_FLOAT_CODES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"}
 
 
 @dataclass(frozen=True)
@@ -65,14 +64,14 @@ class ModelSize:
         return ModelSize(f"{self.source}, dequantized", self.parameters, self.linear_params, 0, self.quantized)
 
     def bytes_in(self, dtype: str) -> int:
-        return self.float_params * _ITEMSIZE.get(dtype, 4) + self.other_bytes
+        return self.float_params * item_size(dtype) + self.other_bytes
 
     def bytes_quantized(self, bits: int, dtype: str) -> int:
         """Estimated weights in memory with linear layers in ``bits``-bit (bitsandbytes) and the rest in dtype."""
         rest = self.float_params - self.linear_params
         # 4-bit NF4 also stores one absmax per 64-weight block (double-quantized: ~0.127 bits/weight).
         per_weight = bits / 8 + (0.016 if bits == 4 else 0.0)
-        return int(self.linear_params * per_weight + rest * _ITEMSIZE.get(dtype, 4) + self.other_bytes)
+        return int(self.linear_params * per_weight + rest * item_size(dtype) + self.other_bytes)
 
 
 def _is_linear(name: str, shape: list[int]) -> bool:
@@ -87,13 +86,58 @@ def _is_linear(name: str, shape: list[int]) -> bool:
     )
 
 
-def _from_safetensors(files: list[Path], config: dict[str, Any] | None = None) -> ModelSize:
+@dataclass(frozen=True)
+class StoredWeights:
+    """What a checkpoint's safetensors headers say: parameters and bytes per safetensors dtype."""
+
+    source: str
+    float_params: int
+    linear_params: int
+    other_bytes: int
+    # (safetensors code, parameters, bytes stored), one per code the headers name
+    by_code: tuple[tuple[str, int, int], ...]
+
+    def model_size(self) -> ModelSize:
+        return ModelSize(self.source, self.float_params, self.linear_params, self.other_bytes)
+
+    def most_float_code(self) -> str | None:
+        """The floating-point code most weights are stored in; None when no weight is floating-point."""
+        floats = {code: params for code, params, _ in self.by_code if code in FLOAT_CODES}
+        return max(floats, key=lambda c: floats[c]) if floats else None
+
+
+def stored_weights(headers: tuple[tuple[Path, Mapping[str, Mapping[str, Any]]], ...]) -> StoredWeights | None:
+    """The figures of already read and checked headers ((file, tensors) each); None without a file."""
+    if not headers:
+        return None
     float_params = linear = other = 0
-    headers = [read_header(path) for path in files]
+    by_code: dict[str, list[int]] = {}
+    for _, tensors in headers:
+        for name, info in tensors.items():
+            code, count = info["dtype"], math.prod(info["shape"])
+            stored = by_code.setdefault(code, [0, 0])
+            stored[0] += count
+            stored[1] += count * SAFETENSORS_BITS[code] // 8
+            if code in FLOAT_CODES:
+                float_params += count
+                if _is_linear(name, info["shape"]):
+                    linear += count
+            else:
+                other += count * SAFETENSORS_BITS[code] // 8
+    files = [file for file, _ in headers]
     where = files[0].parent if len(files) > 1 else files[0]
-    quantized = read_quantization(config or {}, f"{where}", headers)
-    # In a quantized checkpoint only the float tensors follow the load dtype; FP8/FP4 stay as stored.
-    floats = CAST_CODES if quantized is not None else _FLOAT_CODES
+    codes = tuple((code, p, b) for code, (p, b) in sorted(by_code.items()))
+    return StoredWeights(f"safetensors headers ({len(files)} file(s) in {where})", float_params, linear, other, codes)
+
+
+def size_from_headers(
+    headers: Sequence[Mapping[str, Mapping[str, Any]]], where: Path, config: Mapping[str, Any] | None = None
+) -> ModelSize:
+    """The size of already read and checked safetensors headers. In a quantized checkpoint only the
+    float tensors (F64/F32/F16/BF16) follow the load dtype; FP8/FP4 and packed integers stay as stored."""
+    float_params = linear = other = 0
+    quantized = read_quantization(dict(config or {}), f"{where}", cast(Any, list(headers)))
+    floats = CAST_CODES if quantized is not None else FLOAT_CODES
     for header in headers:
         for name, info in header.items():
             count = math.prod(info["shape"])
@@ -102,12 +146,13 @@ def _from_safetensors(files: list[Path], config: dict[str, Any] | None = None) -
                 if _is_linear(name, info["shape"]):
                     linear += count
             else:
-                other += count * SAFETENSORS_DTYPES.get(info["dtype"], 32) // 8
-    source = f"safetensors headers ({len(files)} file(s) in {where})"
+                other += count * SAFETENSORS_BITS[info["dtype"]] // 8
+    source = f"safetensors headers ({len(headers)} file(s) in {where})"
     return ModelSize(source, float_params, linear, other, quantized)
 
 
-def _from_config(config: Any) -> ModelSize:
+def size_from_config(config: Any) -> ModelSize:
+    """The parameters of a transformers config's model, built on the meta device (imports transformers)."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
@@ -155,58 +200,34 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return {"quantization_config": qc if isinstance(qc, dict) else qc.to_dict()}
 
 
-def estimate_model_size(model: Any) -> ModelSize:
-    """Size of ``model``: a local folder or file, a cached model id, or a transformers config."""
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        check_config(model.to_dict(), f"model=<{type(model).__name__}>")
-        return _from_config(model)
-    if not isinstance(model, (str, os.PathLike)):
-        raise DeviceError(
-            f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
-        )
-    size = _from_path(resolve_model_path(model))
-    folder = Path(model).expanduser()
-    if adapter_base_name(folder) is None:
-        return size
-    # An adapter folder: its base model (resolve_model_path followed it) plus the adapter's weights.
-    extra = adapter_bytes(folder)
-    return replace(size, other_bytes=size.other_bytes + extra, source=f"{size.source}, plus the adapter in {folder}")
-
-
 def adapter_bytes(folder: Path) -> int:
     """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
     total = 0
     for file in sorted(folder.glob("adapter_model*.safetensors")):
         for info in read_header(file).values():
-            total += math.prod(info["shape"]) * SAFETENSORS_DTYPES.get(info["dtype"], 32) // 8
+            total += math.prod(info["shape"]) * SAFETENSORS_BITS.get(info["dtype"], 32) // 8
     return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
-def _from_path(path: Path) -> ModelSize:
-    if path.is_file() and path.suffix == ".safetensors":
-        return _from_safetensors([path], read_config(path.parent))
-    files = sorted(path.glob("*.safetensors"))
-    if files:
-        return _from_safetensors(files, read_config(path))
-    config = read_config(path)
-    if config is not None:
-        unknown = _own_code(config)
-        if unknown is not None:
-            raise DeviceError(
-                f"{path} cannot be sized: {unknown}, and whichdevice never runs a model's own code; save "
-                "the weights as safetensors (save_pretrained writes them) so their headers give the size, "
-                "or leave model= out and pass device= (and device_map=) yourself; if it is a newer "
-                "architecture, a newer transformers may have it (pip install -U transformers)"
-            )
-        size = _from_config(_auto_config(path))
-        if config.get("auto_map"):
-            not_run = "transformers' own classes: the folder's code, auto_map, was not run"
-            return replace(size, source=f"{size.source} ({not_run})")
-        return size
-    raise DeviceError(f"{path} has neither *.safetensors files nor a config.json to size the model from")
+def size_of_config_folder(folder: Path, config: Mapping[str, Any]) -> ModelSize:
+    """The size of a folder without safetensors weights, from a meta-device build of its config.json
+    with transformers' own classes (imports transformers); never the folder's own code."""
+    unknown = _own_code(config)
+    if unknown is not None:
+        raise DeviceError(
+            f"{folder} cannot be sized: {unknown}, and whichdevice never runs a model's own code; save "
+            "the weights as safetensors (save_pretrained writes them) so their headers give the size, "
+            "or leave model= out and pass device= (and device_map=) yourself; if it is a newer "
+            "architecture, a newer transformers may have it (pip install -U transformers)"
+        )
+    size = size_from_config(auto_config(folder))
+    if config.get("auto_map"):
+        not_run = "transformers' own classes: the folder's code, auto_map, was not run"
+        return replace(size, source=f"{size.source} ({not_run})")
+    return size
 
 
-def _own_code(config: dict[str, Any]) -> str | None:
+def _own_code(config: Mapping[str, Any]) -> str | None:
     """Why only the model's own code could build ``config`` (an architecture the installed
     transformers does not have), or None when transformers builds it with its own classes."""
     from transformers import __version__
@@ -218,7 +239,8 @@ def _own_code(config: dict[str, Any]) -> str | None:
     return f"transformers {__version__} has no model_type {config['model_type']!r}{brings}"
 
 
-def _auto_config(folder: Path) -> Any:
+def auto_config(folder: Path) -> Any:
+    """transformers' config for the config.json in ``folder`` (a model without safetensors weights)."""
     from transformers import AutoConfig
 
     try:
@@ -238,9 +260,6 @@ def _auto_config(folder: Path) -> Any:
         ) from None
 
 
-_DTYPE_CODES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-
-
 @dataclass(frozen=True)
 class CheckpointDtype:
     """The dtype a checkpoint's weights are stored in, its architecture, and where they were read."""
@@ -252,41 +271,28 @@ class CheckpointDtype:
 
 def _canonical(value: Any) -> str | None:
     name = str(value).removeprefix("torch.") if value is not None else ""
-    return name if name in _ITEMSIZE else None
+    return name if name in NAMES else None
 
 
-def checkpoint_dtype(model: Any) -> CheckpointDtype | None:
-    """What ``model`` says about its own dtype, as vLLM reads it: the config's ``dtype`` (or
-    ``torch_dtype``), else the dtype most safetensors weights are stored in. None when ``model``
-    cannot be read here (placement then says why)."""
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        stated = getattr(model, "dtype", None) or getattr(model, "torch_dtype", None)
-        where = f"the config's dtype {stated}" if stated is not None else "the config, which states no dtype"
-        return CheckpointDtype(_canonical(stated), getattr(model, "model_type", None) or None, where)
-    if not isinstance(model, (str, os.PathLike)):
-        return None
-    try:
-        path = resolve_model_path(model)
-    except DamagedModelError:
-        raise
-    except DeviceError:
-        return None  # placement says why the model cannot be found
-    folder = path if path.is_dir() else path.parent
-    config = read_config(folder) or {}
+def stored_dtype(config: Mapping[str, Any] | None, stored: StoredWeights | None) -> CheckpointDtype:
+    """What a checkpoint says about its own dtype, as vLLM reads it: config.json's ``dtype`` (or
+    ``torch_dtype``), else the dtype most safetensors weights are stored in."""
+    config = config or {}
     model_type = config.get("model_type") or None
     stated = config.get("dtype") or config.get("torch_dtype")
     if _canonical(stated):
         return CheckpointDtype(_canonical(stated), model_type, f"config.json's dtype {stated!r}")
-    files = [path] if path.is_file() else sorted(folder.glob("*.safetensors"))
-    counts: dict[str, int] = {}
-    for file in files:
-        for info in read_header(file).values():
-            if info["dtype"] in _FLOAT_CODES:
-                counts[info["dtype"]] = counts.get(info["dtype"], 0) + math.prod(info["shape"])
-    if not counts:
+    code = stored.most_float_code() if stored is not None else None
+    if code is None:
         return CheckpointDtype(None, model_type, "neither config.json nor safetensors headers state a dtype")
-    code = max(counts, key=lambda c: counts[c])
-    return CheckpointDtype(_DTYPE_CODES.get(code), model_type, f"the safetensors headers: most weights are {code}")
+    return CheckpointDtype(code_name(code), model_type, f"the safetensors headers: most weights are {code}")
+
+
+def config_object_dtype(config: Any) -> CheckpointDtype:
+    """What a transformers config object states about its dtype (its ``dtype`` or ``torch_dtype``)."""
+    stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    where = f"the config's dtype {stated}" if stated is not None else "the config, which states no dtype"
+    return CheckpointDtype(_canonical(stated), getattr(config, "model_type", None) or None, where)
 
 
 def checkpoint_quantization(model: Any) -> CheckpointQuantization | None:

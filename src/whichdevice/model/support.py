@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["AttentionSupport", "ModelClass", "attention_support", "read_model_config", "transformers_default"]
+__all__ = [
+    "AttentionSupport",
+    "ModelClass",
+    "attention_support",
+    "read_model_config",
+    "support_of_config",
+    "transformers_default",
+]
 
 # The class attribute transformers checks before it runs each kind of attention (modeling_utils.py).
 # Matched the way transformers matches names: "flash" anywhere (flash_attention_2, Hub flash
@@ -103,30 +111,21 @@ def transformers_default(support: AttentionSupport) -> str | None:
     return picks.pop() if len(picks) == 1 else None
 
 
-def read_model_config(model: Any) -> dict[str, Any] | None:
+def read_model_config(model: Any) -> Mapping[str, Any] | None:
     """The config of ``model`` as a dict: a transformers config, or the config.json of a local or
     cached model folder; None when it cannot be read (placement reports a bad ``model=``)."""
-    if model is None:
-        return None
-    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
-        found = model.to_dict()
-        return found if isinstance(found, dict) else None
-    from whichdevice.core.errors import DeviceError
-    from whichdevice.model.files import read_json, resolve_model_path
+    from whichdevice.model.facts import model_config
 
-    try:
-        path = resolve_model_path(model)
-        # read_json reads regular files only (a named pipe would block forever) and raises
-        # DamagedModelError (a DeviceError) for anything else.
-        config = read_json((path.parent if path.is_file() else path) / "config.json")
-    except (DeviceError, OSError, TypeError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
+    return model_config(model)
 
 
 def attention_support(model: Any) -> AttentionSupport:
-    """The attention support of the classes ``model`` (a path, cached id or config) loads as."""
-    config = read_model_config(model)
+    """The attention support of the classes ``model`` (a path, cached id, config or ModelFacts) loads as."""
+    return support_of_config(read_model_config(model))
+
+
+def support_of_config(config: Mapping[str, Any] | None) -> AttentionSupport:
+    """The attention support of the classes a model with this config (config.json's content) loads as."""
     if config is None:
         return AttentionSupport(None, unknown="model= has no readable config.json")
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
@@ -142,7 +141,7 @@ def attention_support(model: Any) -> AttentionSupport:
     return _read_classes(package_version("transformers"), model_type, names, parts)
 
 
-def _sub_configs(config: dict[str, Any]) -> set[tuple[str, str]]:
+def _sub_configs(config: Mapping[str, Any]) -> set[tuple[str, str]]:
     """(key, model_type) of every nested config that is a model of its own (a vision tower, ...)."""
     found: set[tuple[str, str]] = set()
     for key, value in config.items():

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
-from whichdevice.precision.measured import Job, measured_dtype, measured_training
+from whichdevice.precision.measured import measured_dtype, measured_training
 from whichdevice.precision.training import training_precision
 
 if TYPE_CHECKING:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.core.dtypes import NAMES, short_name
 from whichdevice.core.errors import DeviceError
 
 if TYPE_CHECKING:
@@ -11,14 +12,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DTYPE_NAMES", "choose_dtype", "dtype_name", "parse_dtype", "supports"]
 
+# Every spelling parse_dtype takes: torch's names, the short names, and torch's aliases.
 DTYPE_NAMES = {
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
+    **{name: name for name in NAMES},
+    **{short_name(name): name for name in NAMES},
     "half": "float16",
-    "float32": "float32",
-    "fp32": "float32",
     "float": "float32",
 }
 
@@ -40,7 +38,8 @@ def parse_dtype(value: Any) -> str:
 
 
 def dtype_name(name: str) -> str:
-    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[name]
+    """The short name ("bf16") of a dtype name ("bfloat16"), as TrainingArguments' flags spell it."""
+    return short_name(name)
 
 
 def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, str]:

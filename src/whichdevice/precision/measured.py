@@ -13,7 +13,10 @@ not fp16-unsafe; bf16 (fp32's range) always is; the measurement never turns on w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+from whichdevice.core.dtypes import short_name
+from whichdevice.core.job import Job
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
@@ -36,17 +39,6 @@ MARGIN = 1.05
 ATTENTION_MARGIN = 1.10
 # Tokens per sequence assumed when max_length is not given: a 128-token prompt and 128 new tokens.
 DEFAULT_LENGTH = 256
-
-
-class Job(NamedTuple):
-    """The workload resolve_device() was told about (None: not given)."""
-
-    batch_size: int | None = None
-    max_length: int | None = None
-
-
-def _short(dtype: str) -> str:
-    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
 
 
 def _decode_shape(batch: int) -> str:
@@ -91,7 +83,7 @@ def measured_dtype(calib: Calibration, job: Job, candidates: tuple[str, ...]) ->
         if speed is None:
             continue
         decode, prompt = calib.speed(dtype, shape), calib.speed(dtype, "prompt")
-        figures = f"{_short(dtype)} decode {decode:.2f}x fp32 here at batch {batch}"
+        figures = f"{short_name(dtype)} decode {decode:.2f}x fp32 here at batch {batch}"
         if prompt is not None:
             figures += f", prompt {prompt:.2f}x"
         quoted.append(f"{figures}: {speed:.2f}x fp32 estimated for {batch} x {length} tokens")
@@ -119,5 +111,5 @@ def measured_attention(calib: Calibration, dtype: str) -> tuple[bool | None, str
     ratio = calib.speed(dtype, "attention")
     if ratio is None:
         return None, ""
-    text = f"a one-token {_short(dtype)} attention by plain matmuls measured {ratio:.2f}x torch's fused kernel here"
+    text = f"a one-token {short_name(dtype)} attention by plain matmuls measured {ratio:.2f}x torch's fused kernel here"
     return ratio >= ATTENTION_MARGIN, text

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.core.job import Job
 from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
 from whichdevice.memory.quantization import check_quantize
@@ -215,21 +216,21 @@ class Arguments(NamedTuple):
     offload: str | None = None
     offload_folder: Any = None
 
+    def job(self) -> Job:
+        """The job these arguments describe (checked first: check_arguments)."""
+        folder = str(self.offload_folder) if self.offload_folder is not None else None
+        return Job(self.task, self.batch_size, self.max_length, self.offload, folder)
+
 
 def check_arguments(args: Arguments) -> None:
-    """Raise for a task, quantize, count or model= that cannot be used (check_shapes checks the rest)."""
+    """Raise for a task, quantize, count or offload that cannot be used (check_shapes checks the
+    shapes, and reading model= checks the model: whichdevice.model.facts)."""
     if not isinstance(args.task, str) or args.task not in TASKS:
         raise DeviceError(f"task={args.task!r}: use 'inference' or 'training'")
     check_quantize(args.quantize)
     for name in ("batch_size", "max_length"):
         check_count(getattr(args, name), name)
     check_offload(args.offload, args.offload_folder, args.task)
-    if args.model is not None:
-        # A damaged download is named before anything is decided from it (DamagedModelError).
-        # Imported here: the model readers are only for calls that name a model.
-        from whichdevice.model.files import check_model
-
-        check_model(args.model)
 
 
 def check_count(value: Any, name: str) -> None:

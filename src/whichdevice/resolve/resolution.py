@@ -20,6 +20,7 @@ from whichdevice.launch.distributed import DistributedContext, process_group_bac
 if TYPE_CHECKING:
     import torch
 
+    from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
@@ -58,6 +59,9 @@ class Resolution:
     training_plan: TrainingPlan | None = field(default=None, repr=False)
     # For model= with batch_size=/max_length=: the longest length and largest batch that fit (memory/largest.py).
     fit_limits: LargestFit | None = field(default=None, repr=False)
+    # accelerate's variables and config file as this resolution read them (training_arguments()
+    # follows the same reading); None for a Resolution built by hand.
+    accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         return self.device

@@ -12,15 +12,18 @@ placement, quantization, kernels_support, distributed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from whichdevice.attention.choose import AttentionChoice, choose_attention
+from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 from whichdevice.attention.kernels import decide_kernels
+from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import pinned
+from whichdevice.core.job import Job
 from whichdevice.core.packages import transformers_problem
-from whichdevice.core.records import Backend, ProbeResult, TraceStep
+from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
 from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
 from whichdevice.hardware import probing
@@ -37,6 +40,7 @@ from whichdevice.launch.accelerate_settings import (
 from whichdevice.launch.distributed import (
     DistributedContext,
     check_training_launch,
+    checked_when_resolved,
     detect_distributed,
     process_group_backend,
 )
@@ -45,7 +49,6 @@ from whichdevice.memory.prequantized import follow_compute_dtype, prequantized_d
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.memory.training_placement import trainer_parallel_steps
 from whichdevice.precision.decide import Precision, decide_precision
-from whichdevice.precision.measured import Job as Workload
 from whichdevice.resolve.arguments import (
     Arguments,
     check_arguments,
@@ -62,10 +65,10 @@ if TYPE_CHECKING:
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
+    from whichdevice.model.facts import ModelFacts
+    from whichdevice.model.quantized import CheckpointQuantization
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
-
-T = TypeVar("T")
 
 
 def resolve_device(
@@ -107,22 +110,22 @@ def resolve_device(
         check_flag(refresh, "refresh")
         probing.clear_cache()
     args = Arguments(
-        device,
-        task,
-        model,
-        prefer,
-        exclude,
-        dtype,
-        attn_implementation,
-        device_map,
-        max_memory,
-        quantize,
-        use_kernels,
-        torch_compile,
-        batch_size,
-        max_length,
-        offload,
-        offload_folder,
+        device=device,
+        task=task,
+        model=model,
+        prefer=prefer,
+        exclude=exclude,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        device_map=device_map,
+        max_memory=max_memory,
+        quantize=quantize,
+        use_kernels=use_kernels,
+        torch_compile=torch_compile,
+        batch_size=batch_size,
+        max_length=max_length,
+        offload=offload,
+        offload_folder=offload_folder,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -150,24 +153,19 @@ def _attention_registered(res: Resolution) -> Resolution:
     return res
 
 
-class _Trace(list[TraceStep]):
-    def take(self, step: tuple[T, Iterable[TraceStep]]) -> T:
-        """The step's value; its trace lines are appended here."""
-        value, steps = step
-        self.extend(steps)
-        return value
-
-
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
+    # model= is read here, once, and checked for damage before anything is decided from it.
+    model = _read_model(args.model)
     check_shapes(args)
-    trace = _Trace()
+    job = args.job()
+    trace = Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
     quant, (backend, result), dequantize = trace.take(
-        prequantized_device(args.model, args.quantize, (backend, result), request.detect, args.prefer, args.exclude)
+        prequantized_device(model, args.quantize, (backend, result), request.detect, args.prefer, args.exclude)
     )
     dist = _launch(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
@@ -175,25 +173,26 @@ def _resolve(args: Arguments) -> Resolution:
     parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
     env_set = trace.take(_environment(backend, result))
     calibration = trace.take(_calibration(backend, args))
-    precision = trace.take(_dtype(backend, result, args, calibration))
-    dtype = precision.weights
+    checkpoint = model.checkpoint if model is not None else None
+    measured = (calibration, job) if calibration is not None else None
+    precision = trace.take(decide_precision(backend, result, args.dtype, args.task, checkpoint, measured))
     if quant is not None and not dequantize:
-        dtype = trace.take(follow_compute_dtype(quant, backend, result, dtype, args.dtype))
-        precision = precision._replace(weights=dtype)
-    attention = _attention(backend, result, _computes_in(precision, args.task), args, calibration)
-    trace.append(TraceStep("attention", attention.why))
-    computes = _computes_in(precision, args.task)
-    placed = trace.take(_placement(backend, result, device, dist, dtype, args, attention.name, computes, dequantize))
+        precision = precision._replace(
+            weights=trace.take(follow_compute_dtype(quant, backend, result, precision.weights, args.dtype))
+        )
+    dtype = precision.weights
+    computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
+    attention = trace.take(
+        choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
+    )
+    job = replace(job, attention=attention.name, dequantize=dequantize)
+    placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job))
     dtype = placed.dtype or dtype
     trace[parallel_at:parallel_at] = trainer_parallel_steps(
         parallel, placed.device_map, placed.plan, dist, backend, result
     )
-    quantization = None
-    if quant is None:
-        quantization = trace.take(_quantization(placed.quantization, backend, result, dtype, args))
-    else:
-        trace.extend(training_note(quant, args.task))
-    use_kernels, kernels_key = trace.take(_kernels(backend, result, args.use_kernels))
+    quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
+    use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
     trace.extend(_distributed(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
@@ -204,8 +203,6 @@ def _resolve(args: Arguments) -> Resolution:
         device_map=placed.device_map,
         dtype_name=dtype,
         mixed_precision=precision.mixed,
-        training_plan=placed.plan,
-        fit_limits=placed.limits,
         attn_implementation=attention.name,
         attn_passed=attention.passed,
         probe=result,
@@ -219,7 +216,34 @@ def _resolve(args: Arguments) -> Resolution:
         use_kernels=use_kernels,
         kernels_key=kernels_key,
         torch_compile=args.torch_compile,
+        accelerate=accelerate,
+        training_plan=placed.plan,
+        fit_limits=placed.limits,
     )
+
+
+def _quantization(
+    plan: QuantizationPlan | None,
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    args: Arguments,
+    quant: CheckpointQuantization | None,
+    trace: Trace,
+) -> QuantizationPlan | None:
+    """bitsandbytes for an unquantized checkpoint; a pre-quantized one keeps its own (and says so for training)."""
+    if quant is not None:
+        trace.extend(training_note(quant, args.task))
+        return None
+    return trace.take(finish_quantization(plan, backend, result, dtype or "float32", args.quantize, args.task))
+
+
+def _read_model(model: Any) -> ModelFacts | None:
+    if model is None:
+        return None
+    from whichdevice.model.facts import read_model_facts  # no model=, no model module loaded
+
+    return read_model_facts(model)
 
 
 def _training_request(
@@ -265,32 +289,11 @@ def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None,
     return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
 
 
-def _dtype(
-    backend: Backend, result: ProbeResult, args: Arguments, calibration: Calibration | None
-) -> tuple[Precision, list[TraceStep]]:
-    """The weights' dtype and, for training, the mixed precision that agrees with it (model_precision)."""
-    checkpoint = None
-    if args.model is not None:
-        from whichdevice.model.size import checkpoint_dtype
-
-        checkpoint = checkpoint_dtype(args.model)
-    measured = (calibration, Workload(args.batch_size, args.max_length)) if calibration is not None else None
-    return decide_precision(backend, result, args.dtype, args.task, checkpoint, measured)
-
-
 def _computes_in(precision: Precision, task: str) -> str | None:
     # Under mixed precision the layers compute in the autocast dtype, not the fp32 weights' dtype.
     if task == "training" and precision.mixed is not None:
-        return {"bf16": "bfloat16", "fp16": "float16"}[precision.mixed]
+        return from_short(precision.mixed)
     return precision.weights
-
-
-def _attention(
-    backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments, calibration: Calibration | None
-) -> AttentionChoice:
-    return choose_attention(
-        backend, result, dtype, args.attn_implementation, task=args.task, model=args.model, measured=calibration
-    )
 
 
 class _Placed(NamedTuple):
@@ -308,11 +311,10 @@ def _placement(
     result: ProbeResult,
     device: str,
     dist: DistributedContext | None,
-    dtype: str | None,
+    dtypes: tuple[str | None, str | None],
     args: Arguments,
-    attention: str | None = None,
-    computes: str | None = None,
-    dequantize: bool = False,
+    model: ModelFacts | None,
+    job: Job,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
     if args.max_memory is not None:
@@ -327,17 +329,14 @@ def _placement(
 
         budget = {k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in args.max_memory.items()}
         return _Placed(args.device_map, budget), steps
-    if args.model is not None or args.max_memory is not None:
-        from whichdevice.memory.job import Job
+    if model is not None or args.max_memory is not None:
         from whichdevice.memory.training_placement import place_training
 
+        dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
         sized: list[TraceStep] = []
-        folder = str(args.offload_folder) if args.offload_folder is not None else None
-        job = Job(args.task, args.batch_size, args.max_length, args.offload, folder, attention, dequantize)
         done, plan, loads, limits = place_training(
-            args.model, backend, result, device, dist, dtype or "float32", computes or dtype or "float32",
-            args.max_memory, args.quantize, sized, job,
-        )  # fmt: skip
+            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job
+        )
         return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
     return _Placed(device), [
         TraceStep(
@@ -345,20 +344,6 @@ def _placement(
             f"device_map={device!r}: the whole model on the chosen device (pass model= to check that it fits)",
         )
     ]
-
-
-def _quantization(
-    plan: QuantizationPlan | None, backend: Backend, result: ProbeResult, dtype: str | None, args: Arguments
-) -> tuple[QuantizationPlan | None, list[TraceStep]]:
-    steps: list[TraceStep] = []
-    plan = finish_quantization(plan, backend, result, dtype or "float32", args.quantize, args.task, steps)
-    return plan, steps
-
-
-def _kernels(backend: Backend, result: ProbeResult, requested: Any) -> tuple[tuple[bool, str | None], list[TraceStep]]:
-    steps: list[TraceStep] = []
-    decision = decide_kernels(backend, result, requested, steps)
-    return decision, steps
 
 
 def _launch(backend: Backend, task: str) -> DistributedContext | None:
@@ -369,7 +354,7 @@ def _launch(backend: Backend, task: str) -> DistributedContext | None:
         # Variables no launcher left together, which transformers would read: refused here, before
         # TrainingArguments fails on them (see whichdevice.launch.leftovers).
         refuse_leftovers(launch_leftovers(cpu=backend.name == "cpu"))
-    if task == "training" and dist is not None and (not dist.seen or dist.scheduler is not None):
+    if task == "training" and checked_when_resolved(dist):
         # A scheduler started the processes: without torch's variables each would train alone on the
         # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
         # launcher's or set by hand to try a rank, are checked by training_arguments().)

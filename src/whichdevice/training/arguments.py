@@ -17,7 +17,7 @@ from whichdevice.core.errors import (
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
-from whichdevice.launch.distributed import check_training_launch
+from whichdevice.launch.distributed import check_training_launch, checked_when_resolved
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
 from whichdevice.precision.training import precision_conflicts
@@ -119,10 +119,6 @@ def training_arguments(
     _check_switches(cls, kwargs)
     from whichdevice.resolve.resolver import resolve_device
 
-    settings = read_accelerate_settings()
-    problems = settings.problems()
-    if problems:  # TrainingArguments or the Trainer's Accelerator would raise later, with less to go on
-        raise ConfigConflictError("; ".join(problems))
     if device is None and resolution is None and kwargs.get("use_cpu"):
         device = "cpu"  # TrainingArguments' own switch for the CPU: resolve for it, not against it
     res = (
@@ -130,10 +126,16 @@ def training_arguments(
         if resolution is not None
         else resolve_device(device, task="training", torch_compile=bool(kwargs.get("torch_compile")))
     )
-    refuse_leftovers(launch_leftovers(cpu=res.backend.name == "cpu"))  # also for a resolution made for inference
-    check_training_launch(res.distributed)
+    # accelerate's settings as the resolution read them: read again only for one built by hand.
+    settings = res.accelerate if res.accelerate is not None else read_accelerate_settings()
+    problems = settings.problems()
+    if problems:  # TrainingArguments or the Trainer's Accelerator would raise later, with less to go on
+        raise ConfigConflictError("; ".join(problems))
+    _check_launch(res)
     _conflicts(res, kwargs)
-    filled = dict(res.training_kwargs(torch_compile=bool(kwargs.get("torch_compile"))))
+    # torch_compile: yours when you pass it, else the resolution's (resolve_device(torch_compile=True)).
+    compile_ = kwargs.get("torch_compile")
+    filled = dict(res.training_kwargs(torch_compile=None if compile_ is None else bool(compile_)))
     if "bf16" in kwargs or "fp16" in kwargs:
         # One precision choice is the user's: the other flag is stated off, not left to the class's
         # default (SFTConfig defaults to bf16=True, which beside fp16=True makes two precisions).
@@ -148,6 +150,15 @@ def training_arguments(
     if "accelerator_config" not in kwargs and _accelerate_state_configured():
         final["accelerator_config"] = {"use_configured_state": True}
     return cls(**final)
+
+
+def _check_launch(res: Resolution) -> None:
+    """The launch checks resolve_device(task="training") did not run for ``res``: all of them for a
+    resolution made for inference, and torch's own variables (which resolving leaves to this moment)."""
+    if res.task != "training":
+        refuse_leftovers(launch_leftovers(cpu=res.backend.name == "cpu"))
+    if res.task != "training" or not checked_when_resolved(res.distributed):
+        check_training_launch(res.distributed)
 
 
 def check_resolution(resolution: Any) -> None:

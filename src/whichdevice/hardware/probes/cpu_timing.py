@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from whichdevice.core.dtypes import short_name
+
 __all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "STEADY", "WIDTH", "measure"]
 
 # A representative width (between small models' 512-768 and 7B models' 4096): two matrices of
@@ -26,7 +28,6 @@ BATCHES = (1, 2, 4, 8)
 PROMPT_ROWS = 128
 HALF_DTYPES = ("bfloat16", "float16")
 HOPELESS = 0.25
-_SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 # Interleaved rounds, each dtype's best kept: other work on the machine only ever adds time, so the
 # minimum of neighbouring runs is the figure least moved by it. A figure counts as steady when its
 # two best runs agree within STEADY; more rounds are run until they do, up to _MAX_ROUNDS.
@@ -93,12 +94,12 @@ def _matmul_speeds(
             unsteady.append(shape)
         fp32[shape] = best["float32"] / (PROMPT_ROWS if shape == "prompt" else 1)
         for name in live:
-            speeds[f"{_SHORT[name]}.{shape}"] = best["float32"] / best[name]
+            speeds[f"{short_name(name)}.{shape}"] = best["float32"] / best[name]
         # Larger shapes only do more of the arithmetic a hopeless dtype emulates: not worth the time.
-        for name in [n for n in live if speeds[f"{_SHORT[n]}.{shape}"] < HOPELESS]:
+        for name in [n for n in live if speeds[f"{short_name(n)}.{shape}"] < HOPELESS]:
             live.remove(name)
             for rest in shapes:
-                speeds.setdefault(f"{_SHORT[name]}.{rest}", speeds[f"{_SHORT[name]}.{shape}"])
+                speeds.setdefault(f"{short_name(name)}.{rest}", speeds[f"{short_name(name)}.{shape}"])
     return speeds, fp32, unsteady
 
 
@@ -133,11 +134,11 @@ def measure(budget_s: float = BUDGET_S) -> tuple[dict[str, float], dict[str, flo
         with torch.inference_mode():
             speeds, fp32, unsteady = _matmul_speeds(torch, weights, deadline)
             for name in HALF_DTYPES:
-                if speeds.get(f"{_SHORT[name]}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
+                if speeds.get(f"{short_name(name)}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
                     ratio, steady = _attention_ratio(torch, getattr(torch, name), deadline)
-                    speeds[f"{_SHORT[name]}.attention"] = ratio
+                    speeds[f"{short_name(name)}.attention"] = ratio
                     if not steady:
-                        unsteady.append(f"{_SHORT[name]} attention")
+                        unsteady.append(f"{short_name(name)} attention")
         return speeds, fp32, torch.get_num_threads(), unsteady
     finally:
         torch.random.set_rng_state(generator_state)

@@ -1,0 +1,32 @@
+"""The job resolve_device() was told about: task, sequences, offload and attention, one record for every decider.
+
+The CPU's measured dtype (precision) reads its batch size and length; placement (memory) reads all
+of it. It lives here, below both, so neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Job"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the caller said about the job: the task, its sequences, and whether it may offload (None: not said)."""
+
+    task: str = "inference"
+    batch_size: int | None = None
+    max_length: int | None = None
+    offload: str | None = None
+    offload_folder: str | None = None
+    # The attention the model will run with: "eager" materialises every head's T x T scores; sdpa and
+    # FlashAttention kernels do not. Known once attention is chosen, after the dtype.
+    attention: str | None = None
+    # A pre-quantized checkpoint that transformers loads dequantized here (FP8 below cc 8.9, ...).
+    dequantize: bool = False
+
+    @property
+    def generation(self) -> bool:
+        """An inference job whose sequences are known: a generate() call."""
+        return self.task == "inference" and (self.batch_size is not None or self.max_length is not None)
