@@ -170,7 +170,7 @@ def test_an_initialised_process_group_needs_no_variables(tmp_path):
     ("env", "match"),
     [
         ({"LOCAL_RANK": "abc"}, "LOCAL_RANK='abc' is not a whole number"),
-        ({"LOCAL_RANK": "-1"}, "must be 0 or more"),
+        ({"LOCAL_RANK": "-2"}, "must be 0 or more"),
         ({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "smaller than LOCAL_WORLD_SIZE"),
         ({"LOCAL_RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, "not below LOCAL_WORLD_SIZE=2"),
         ({"LOCAL_RANK": "0", "RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is not below WORLD_SIZE=4"),

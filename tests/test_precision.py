@@ -3,6 +3,7 @@ stated, a checkpoint's own dtype is read, and architectures that overflow in fp1
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.model.size import checkpoint_dtype
-from whichdevice.precision.decide import FP16_UNSAFE
+from whichdevice.precision.decide import EXPLICIT_TRAINING_DTYPE, FP16_UNSAFE
 from whichdevice.precision.training import check_precision_flag, precision_conflicts
 from whichdevice.testing import simulate
 
@@ -204,7 +205,18 @@ def test_explicit_bf16_weights_for_training_are_pure_bf16_and_said_so():
         res = wd.resolve_device(task="training", dtype="bfloat16")
     assert res.dtype == torch.bfloat16
     assert res.training_kwargs() == {"bf16": True, "fp16": False}
-    assert "pure bf16 weights as you asked" in _messages(res)
+    assert "pure bf16 weights and bf16 compute" in _messages(res)
+
+
+@pytest.mark.parametrize("spec", [H100, T4, None])
+def test_explicit_float32_for_training_means_no_autocast(spec):
+    # One rule for an explicit dtype in training: the weights' dtype and the compute dtype.
+    with simulate(spec) if spec else contextlib.nullcontext():  # None: this machine
+        res = wd.resolve_device(task="training", dtype="float32")
+    assert res.dtype == torch.float32
+    kwargs = res.training_kwargs()
+    assert kwargs["bf16"] is False and kwargs["fp16"] is False
+    assert "float32 weights and float32 compute" in _messages(res) and EXPLICIT_TRAINING_DTYPE in _messages(res)
 
 
 def test_weights_left_to_transformers_never_get_fp16_mixed_precision_blind(tmp_path):

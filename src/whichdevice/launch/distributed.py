@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV_VARIABLES",
     "SCHEDULERS",
+    "not_distributed_marker_removed",
     "DistributedContext",
     "check_training_launch",
     "detect_distributed",
@@ -198,6 +199,15 @@ def _process_group_started() -> bool:
 _Read = list[tuple[int | None, str]]
 
 
+def not_distributed_marker_removed(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` without a ``LOCAL_RANK`` of -1: accelerate and transformers read -1 as "not distributed"
+    (``int(os.environ.get("LOCAL_RANK", -1)) != -1``, accelerate 1.16 state.py; TrainingArguments'
+    own ``local_rank`` defaults to -1), so scripts and launchers that export it mean a single process."""
+    if env.get(TORCH.local_rank, "").strip() != "-1":
+        return env
+    return {k: v for k, v in env.items() if k != TORCH.local_rank}
+
+
 def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = False) -> DistributedContext | None:
     """The run this process belongs to, or None for a single process.
 
@@ -205,7 +215,7 @@ def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = 
     variables. The numbers are the ones accelerate will use. Variables that say "several processes"
     but that accelerate does not read give a context with ``seen=False`` (see ``check_training_launch``).
     """
-    env = envview.environ() if environ is None else environ
+    env = not_distributed_marker_removed(envview.environ() if environ is None else environ)
     found = _scheduler(env)
     scheduler = found[0] if found is not None else None
     # accelerate's rule: LOCAL_RANK on every device; on the CPU also MPI's variables, after torch's.

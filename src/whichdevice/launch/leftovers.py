@@ -18,9 +18,18 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError
-from whichdevice.launch.distributed import _LAUNCHED, SCHEDULERS, TORCH, _process_group_started
+from whichdevice.launch.distributed import (
+    _LAUNCHED,
+    SCHEDULERS,
+    TORCH,
+    _process_group_started,
+    not_distributed_marker_removed,
+)
 
 __all__ = ["ENV_VARIABLES", "Leftover", "launch_leftovers", "refuse_leftovers"]
+
+# The sizes accelerate's CPU path reads, in its order (get_cpu_distributed_information).
+_CPU_WORLD_SIZES = (TORCH.world_size, *(s.names.world_size for s in SCHEDULERS if s.name != "SLURM"))
 
 _SLURM = next(s for s in SCHEDULERS if s.name == "SLURM")
 # srun sets these in each task of a step; the batch script (sbatch) and an salloc shell have none.
@@ -65,6 +74,10 @@ def _torch(env: Mapping[str, str]) -> Leftover | None:
     )
 
 
+def _at_least_zero(value: int | None) -> bool:
+    return value is not None and value >= 0
+
+
 def _started_by_scheduler(env: Mapping[str, str]) -> bool:
     for scheduler in SCHEDULERS:
         size = _count(env, scheduler.names.world_size)
@@ -82,12 +95,18 @@ def _mpi(env: Mapping[str, str], cpu: bool) -> list[Leftover]:
         size = _count(env, names.world_size)
         if scheduler is _SLURM or size is None or size <= 1 or env.get(names.rank) is not None:
             continue
-        read = cpu  # accelerate's CPU path reads MPI's sizes (utils/environment.py); nothing else does
-        effect = (
-            "accelerate would count the processes from it and fail to start a process group"
-            if read
-            else "transformers does not read it, so this process runs alone"
-        )
+        # accelerate's CPU path takes the process count from the first of WORLD_SIZE, PMI_SIZE,
+        # OMPI_COMM_WORLD_SIZE, MV2_COMM_WORLD_SIZE set to 0 or more (get_int_from_env in
+        # get_cpu_distributed_information, accelerate 1.16 utils/environment.py): a size behind one
+        # that is set (torchrun's WORLD_SIZE) is never read. Nothing but that CPU path reads MPI's sizes.
+        first = next((n for n in _CPU_WORLD_SIZES if _at_least_zero(_count(env, n))), None)
+        read = cpu and first == names.world_size
+        if read:
+            effect = "accelerate would count the processes from it and fail to start a process group"
+        elif cpu and first is not None:
+            effect = f"accelerate counts the processes from {first}={env[first]} and never reads it"
+        else:
+            effect = "transformers does not read it, so this process runs alone"
         out.append(
             Leftover(
                 (names.world_size,),
@@ -119,7 +138,7 @@ def launch_leftovers(environ: Mapping[str, str] | None = None, *, cpu: bool = Fa
 
     ``cpu``: the process trains on the CPU, where accelerate also reads MPI's sizes.
     """
-    env = os.environ if environ is None else environ
+    env = not_distributed_marker_removed(os.environ if environ is None else environ)
     found = [_torch(env), *_mpi(env, cpu), _slurm_batch(env)]
     return tuple(f for f in found if f is not None)
 

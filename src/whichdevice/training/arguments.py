@@ -6,15 +6,17 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, PackageVersionError
+from whichdevice.core.errors import ConfigConflictError, DeviceError, PackageVersionError
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
 from whichdevice.launch.distributed import check_training_launch
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
+from whichdevice.launch.user_keywords import check_compile_backend, check_ddp_package, cpu_switch_off
 from whichdevice.precision.training import precision_conflicts
 from whichdevice.resolve.arguments import check_flag
+from whichdevice.training.simulated import refuse_simulated_accelerator
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -59,11 +61,14 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
                 "process group has not been initialized'. Leave ddp_backend out, or launch with torchrun "
                 "or accelerate launch"
             )
-    # use_cpu is TrainingArguments' switch for the CPU itself.
-    if user.get("use_cpu") is False and name == "cpu":
-        raise DeviceUnavailableError(
-            f"use_cpu=False, but this machine has no usable accelerator ({res.probe.reason or 'only a CPU'}); "
-            "leave use_cpu out or install the backend for your hardware (see `whichdevice`)"
+        ccl = check_ddp_package(ddp)
+        if ccl is not None:
+            warnings.warn(ccl, stacklevel=4)
+    check_compile_backend(backend, user.get("torch_compile_backend"))
+    # use_cpu is TrainingArguments' switch for the CPU itself; use_cpu=False on the CPU: cpu_switch_off.
+    if user.get("use_cpu") is False and name == "cpu" and res.source != "detection":
+        raise ConfigConflictError(
+            f"use_cpu=False contradicts the device {res.device} ({res.source}); leave one of them out"
         )
     if user.get("use_cpu") and name != "cpu":
         raise ConfigConflictError(
@@ -127,11 +132,15 @@ def training_arguments(
         filled.update({flag: False for flag in ("bf16", "fp16") if flag not in kwargs})
     else:
         filled.update(_precision_flags(res, filled, settings))
+    if kwargs.get("use_cpu") is False and res.backend.name == "cpu":
+        filled, note = cpu_switch_off(res.backend, kwargs, filled)
+        warnings.warn(note, stacklevel=2)
     final = {**filled, **kwargs}
     if output_dir is not None:
         final["output_dir"] = output_dir
     if "accelerator_config" not in kwargs and _accelerate_state_configured():
         final["accelerator_config"] = {"use_configured_state": True}
+    refuse_simulated_accelerator(res, final)  # every check above has run: the error carries the keywords
     return cls(**final)
 
 
