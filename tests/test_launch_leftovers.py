@@ -195,3 +195,18 @@ def test_local_rank_minus_one_means_not_distributed(
     assert launch_leftovers(cpu=True) == ()
     args = wd.training_arguments(str(tmp_path), report_to="none")
     assert args.parallel_mode.name == "NOT_PARALLEL" and str(args.device) == "cpu"
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_a_leftover_accelerate_torch_device_is_refused_with_the_unset_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Before: the trace warned and TrainingArguments was built; the Trainer then moved the model to xpu:0.
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "xpu:0")
+    with pytest.raises(wd.ConfigConflictError) as err:
+        wd.training_arguments(str(tmp_path), report_to="none")
+    text = str(err.value)
+    assert "ACCELERATE_TORCH_DEVICE='xpu:0'" in text and "does not have" in text
+    assert "`unset ACCELERATE_TORCH_DEVICE`" in text
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    assert str(wd.training_arguments(str(tmp_path), report_to="none").device) == "cpu"

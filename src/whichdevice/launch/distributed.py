@@ -308,6 +308,14 @@ def _check_consistent(ctx: DistributedContext, env: Mapping[str, str], partial: 
         raise DeviceError(
             f"{local_var}={ctx.local_rank} is not below {local_world_var}={lws}; local ranks run from 0 to {lws - 1}"
         )
+    port = env.get("MASTER_PORT")
+    if port is not None and not (port.strip().isdigit() and 0 < int(port.strip()) < 65536):
+        # torch's env:// rendezvous does int(MASTER_PORT) and fails with a bare ValueError.
+        raise DeviceError(
+            f"MASTER_PORT={port[:20]!r} is not a TCP port (a whole number from 1 to 65535); torch's rendezvous "
+            "would fail with int()'s error. Set it to a free port (MASTER_PORT=29500), or unset it and let "
+            "torchrun or accelerate launch set it"
+        )
     if ctx.rank >= ctx.world_size:
         fix = (
             f"; a launcher sets all of them, so set {world_var} too or unset {local_var} if you exported it by hand"

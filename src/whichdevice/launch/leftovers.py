@@ -26,7 +26,7 @@ from whichdevice.launch.distributed import (
     not_distributed_marker_removed,
 )
 
-__all__ = ["ENV_VARIABLES", "Leftover", "launch_leftovers", "refuse_leftovers"]
+__all__ = ["ENV_VARIABLES", "Leftover", "launch_leftovers", "refuse_accelerate_device", "refuse_leftovers"]
 
 # The sizes accelerate's CPU path reads, in its order (get_cpu_distributed_information).
 _CPU_WORLD_SIZES = (TORCH.world_size, *(s.names.world_size for s in SCHEDULERS if s.name != "SLURM"))
@@ -37,7 +37,16 @@ _SLURM_STEP = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
 _SLURM_TASKS = "SLURM_NTASKS"  # the allocation's task count, in every process of the job
 
 ENV_VARIABLES = tuple(
-    dict.fromkeys([*TORCH, *_LAUNCHED, *_SLURM_STEP, _SLURM_TASKS, *(v for s in SCHEDULERS for v in s.names)])
+    dict.fromkeys(
+        [
+            *TORCH,
+            *_LAUNCHED,
+            *_SLURM_STEP,
+            _SLURM_TASKS,
+            *(v for s in SCHEDULERS for v in s.names),
+            "ACCELERATE_TORCH_DEVICE",
+        ]
+    )
 )
 
 
@@ -148,3 +157,28 @@ def refuse_leftovers(leftovers: tuple[Leftover, ...]) -> None:
     read = [f for f in leftovers if f.read]
     if read:
         raise ConfigConflictError("; ".join(f.message for f in read))
+
+
+def refuse_accelerate_device(chosen: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse ``ACCELERATE_TORCH_DEVICE`` naming another kind of device than ``chosen`` (a backend name).
+
+    accelerate's PartialState takes it as its device whenever it is set, use_cpu or not (accelerate
+    1.16 state.py, ``torch.device(env_device)``), so the Trainer would move the model there: left over
+    from a Ray Train worker or an export, it fails at the Trainer's first step.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get("ACCELERATE_TORCH_DEVICE")
+    if given is None or given.partition(":")[0].strip() == chosen:
+        return
+    from whichdevice.hardware import probing
+    from whichdevice.hardware.registry import backends
+
+    kind = given.partition(":")[0].strip()
+    known = any(b.name == kind for b in backends())
+    missing = not known or not probing.probe(kind).available
+    where = " (which this machine does not have)" if missing else ""
+    instead = "" if missing else f", or pass device={kind!r} to train there"
+    raise ConfigConflictError(
+        f"ACCELERATE_TORCH_DEVICE={given[:20]!r} is set: accelerate trains on that device{where} whatever "
+        f"TrainingArguments says, but this run is on {chosen}. Run `unset ACCELERATE_TORCH_DEVICE`{instead}"
+    )

@@ -24,7 +24,17 @@ from whichdevice.hardware.registry import backends
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
 
-__all__ = ["ONECCL_MODULE", "check_compile_backend", "check_ddp_package", "cpu_switch_off"]
+__all__ = ["ONECCL_MODULE", "REMOVED_SWITCHES", "check_compile_backend", "check_ddp_package", "cpu_switch_off"]
+
+# TrainingArguments switches transformers 5 removed, and what does their job now (transformers 4.x
+# deprecated each in its field's help text: "`no_cuda` is deprecated ... use `use_cpu` instead";
+# "`use_mps_device` is deprecated ... mps device will be used by default if available"; use_ipex:
+# "IPEX is deprecated ... and will be removed", Intel's CPU optimisations being upstream in torch).
+REMOVED_SWITCHES = {
+    "no_cuda": "use_cpu=True",
+    "use_mps_device": "nothing: TrainingArguments uses MPS when it is available (use_cpu=True to avoid it)",
+    "use_ipex": "nothing: IPEX's CPU optimisations are in torch itself; torch_compile=True compiles for the CPU",
+}
 
 # oneCCL's torch bindings (PyPI: oneccl_bind_pt); importing it registers the "ccl" process group.
 ONECCL_MODULE = "oneccl_bindings_for_pytorch"

@@ -11,9 +11,14 @@ from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
 from whichdevice.launch.distributed import check_training_launch
-from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
+from whichdevice.launch.leftovers import launch_leftovers, refuse_accelerate_device, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
-from whichdevice.launch.user_keywords import check_compile_backend, check_ddp_package, cpu_switch_off
+from whichdevice.launch.user_keywords import (
+    REMOVED_SWITCHES,
+    check_compile_backend,
+    check_ddp_package,
+    cpu_switch_off,
+)
 from whichdevice.precision.training import precision_conflicts
 from whichdevice.resolve.arguments import check_flag
 from whichdevice.training.simulated import refuse_simulated_accelerator
@@ -55,15 +60,15 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
                 f"ddp_backend={ddp!r} does not fit {name} ({backend.hardware}); "
                 + (f"use {' or '.join(repr(a) for a in allowed)}" if allowed else f"{name} has no distributed backend")
             )
+        ccl = check_ddp_package(ddp)
+        if ccl is not None:
+            warnings.warn(ccl, stacklevel=4)
         if res.distributed is None:
             raise ConfigConflictError(
                 f"ddp_backend={ddp!r} in a single process: TrainingArguments then fails with 'Default "
                 "process group has not been initialized'. Leave ddp_backend out, or launch with torchrun "
                 "or accelerate launch"
             )
-        ccl = check_ddp_package(ddp)
-        if ccl is not None:
-            warnings.warn(ccl, stacklevel=4)
     check_compile_backend(backend, user.get("torch_compile_backend"))
     # use_cpu is TrainingArguments' switch for the CPU itself; use_cpu=False on the CPU: cpu_switch_off.
     if user.get("use_cpu") is False and name == "cpu" and res.source != "detection":
@@ -120,7 +125,8 @@ def training_arguments(
         if resolution is not None
         else resolve_device(device, task="training", torch_compile=bool(kwargs.get("torch_compile")))
     )
-    refuse_leftovers(launch_leftovers(cpu=res.backend.name == "cpu"))  # also for a resolution made for inference
+    refuse_leftovers(launch_leftovers(cpu=res.backend.name == "cpu"))
+    refuse_accelerate_device(res.backend.name)  # also for a resolution made for inference
     check_training_launch(res.distributed)
     _conflicts(res, kwargs)
     filled = dict(res.training_kwargs(torch_compile=bool(kwargs.get("torch_compile"))))
@@ -205,8 +211,15 @@ def _arguments_class(arguments_class: Any, kwargs: dict[str, Any]) -> type[Train
 
         near = [m for name in unknown for m in difflib.get_close_matches(name, sorted(takes), n=1)]
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        removed = [
+            f"{name} was removed in transformers 5: use {REMOVED_SWITCHES[name]}"
+            for name in unknown
+            if name in REMOVED_SWITCHES
+        ]
         other = (
-            ""
+            f"; {'; '.join(removed)}"
+            if removed
+            else ""
             if arguments_class is not None
             else "; pass arguments_class= for a class that takes it (trl.SFTConfig takes max_length, ...)"
         )
