@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DeviceError, DeviceUnavailableError
 from whichdevice.core.records import Backend, ProbeResult, TraceStep
 from whichdevice.device.choice import least_busy
+from whichdevice.device.others import other_accelerators
 from whichdevice.device.request import ENV_DEVICE, DeviceRequest, device_names
 from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends, get_backend
@@ -72,8 +73,7 @@ def _detect(order: list[Backend]) -> _Chosen:
             continue
         if result.available:
             steps.append(TraceStep(backend.name, f"chosen: {describe(backend, result)}", True))
-            for later in order[position + 1 :]:
-                steps.append(TraceStep(later.name, f"not probed: {backend.name} comes first in the order", False))
+            steps += other_accelerators(backend, order[position + 1 :])
             return (backend, result), steps
         steps.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
     raise DeviceUnavailableError(
