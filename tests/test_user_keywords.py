@@ -70,3 +70,26 @@ def test_removed_switches_name_what_replaced_them(name: str, tmp_path) -> None:
         wd.training_arguments(str(tmp_path), **{name: True})
     assert f"{name} was removed in transformers 5: use {REMOVED_SWITCHES[name]}" in str(err.value)
     assert "arguments_class=" not in str(err.value)
+
+
+@pytest.mark.parametrize(("value", "mode"), [("1", "lazy"), ("0", "eager"), (None, "default")])
+def test_gaudi_execution_mode_is_read_and_compile_needs_eager(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, value: str | None, mode: str
+) -> None:
+    from whichdevice.hardware import probing
+    from whichdevice.testing import simulate
+    from whichdevice.training.simulated import SimulatedTrainingError
+
+    if value is None:
+        monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    else:
+        monkeypatch.setenv("PT_HPU_LAZY_MODE", value)
+    with simulate("hpu:8"):
+        assert f"execution-mode:{mode}" in probing.probe("hpu").features
+        if mode == "lazy":
+            with pytest.raises(wd.ConfigConflictError, match="PT_HPU_LAZY_MODE=0"):
+                wd.training_arguments(str(tmp_path), torch_compile=True)
+        else:
+            with pytest.raises(SimulatedTrainingError) as err:
+                wd.training_arguments(str(tmp_path), torch_compile=True)
+            assert err.value.kwargs["torch_compile_backend"] == "hpu_backend"

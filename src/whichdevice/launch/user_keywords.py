@@ -24,7 +24,13 @@ from whichdevice.hardware.registry import backends
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
 
-__all__ = ["ONECCL_MODULE", "REMOVED_SWITCHES", "check_compile_backend", "check_ddp_package", "cpu_switch_off"]
+__all__ = [
+    "ONECCL_MODULE",
+    "REMOVED_SWITCHES",
+    "check_compile_backend",
+    "check_compile_mode",     "check_ddp_package",
+    "cpu_switch_off",
+]
 
 # TrainingArguments switches transformers 5 removed, and what does their job now (transformers 4.x
 # deprecated each in its field's help text: "`no_cuda` is deprecated ... use `use_cpu` instead";
@@ -60,6 +66,20 @@ def check_compile_backend(backend: Backend, value: Any) -> None:
         raise ConfigConflictError(
             f"torch_compile_backend='inductor' does not compile for {backend.name} ({backend.hardware}); its "
             f"compile backend is {own!r} (TrainingArguments picks it itself when you leave torch_compile_backend out)"
+        )
+
+
+def check_compile_mode(backend: Backend, features: frozenset[str], torch_compile: Any) -> None:
+    """Refuse torch_compile=True on Gaudi in lazy mode: hpu_backend compiles in eager mode only
+    (Intel's PyTorch Support Matrix: torch.compile(backend="hpu_backend") Yes with PT_HPU_LAZY_MODE=0,
+    No with PT_HPU_LAZY_MODE=1)."""
+    from whichdevice.hardware.probes.hpu import LAZY_MODE_VARIABLE
+
+    if backend.name == "hpu" and torch_compile is True and "execution-mode:lazy" in features:
+        raise ConfigConflictError(
+            f"torch_compile=True on Gaudi with {LAZY_MODE_VARIABLE}=1 (lazy mode): torch.compile runs in eager "
+            f"mode only (Intel Gaudi PyTorch Support Matrix). Run with {LAZY_MODE_VARIABLE}=0, set before Python "
+            "starts, or leave torch_compile out (lazy mode builds its own graphs)"
         )
 
 

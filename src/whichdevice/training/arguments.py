@@ -16,6 +16,7 @@ from whichdevice.launch.trainer_kwargs import training_kwargs_for
 from whichdevice.launch.user_keywords import (
     REMOVED_SWITCHES,
     check_compile_backend,
+    check_compile_mode,
     check_ddp_package,
     cpu_switch_off,
 )
@@ -70,6 +71,7 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
                 "or accelerate launch"
             )
     check_compile_backend(backend, user.get("torch_compile_backend"))
+    check_compile_mode(backend, res.probe.features, user.get("torch_compile"))
     # use_cpu is TrainingArguments' switch for the CPU itself; use_cpu=False on the CPU: cpu_switch_off.
     if user.get("use_cpu") is False and name == "cpu" and res.source != "detection":
         raise ConfigConflictError(
