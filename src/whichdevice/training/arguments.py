@@ -20,7 +20,7 @@ from whichdevice.launch.user_keywords import (
     check_ddp_package,
     cpu_switch_off,
 )
-from whichdevice.precision.training import precision_conflicts
+from whichdevice.precision.training import fp16_weights_problem, precision_conflicts
 from whichdevice.resolve.arguments import check_flag
 from whichdevice.training.simulated import refuse_simulated_accelerator
 
@@ -90,6 +90,7 @@ def training_arguments(
     arguments_class: type[TrainingArguments] | None = None,
     resolution: Resolution | None = None,
     device: Any = None,
+    model: Any = None,
     **kwargs: Any,
 ) -> TrainingArguments:
     """A real ``TrainingArguments`` (or ``arguments_class``, any subclass of it) for this machine.
@@ -102,7 +103,8 @@ def training_arguments(
     settings you left out, and raises ``DeviceError`` before construction when one of yours
     conflicts with the hardware. ``use_cpu=True`` trains on the CPU. ``ACCELERATE_MIXED_PRECISION``
     (which ``accelerate launch`` exports from its config) is followed when it can run here, and
-    refused when it cannot. Accelerate's global state is left as found: if you configured an
+    refused when it cannot. ``model``: the model you will train; fp16 weights under ``fp16=True`` are
+    warned about (the first step would fail). Accelerate's global state is left as found: if you configured an
     ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
@@ -148,6 +150,9 @@ def training_arguments(
         final["output_dir"] = output_dir
     if "accelerator_config" not in kwargs and _accelerate_state_configured():
         final["accelerator_config"] = {"use_configured_state": True}
+    unscale = fp16_weights_problem(model, bool(final.get("fp16")))
+    if unscale is not None:
+        warnings.warn(unscale, stacklevel=2)
     refuse_simulated_accelerator(res, final)  # every check above has run: the error carries the keywords
     return cls(**final)
 
