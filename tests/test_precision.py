@@ -104,13 +104,13 @@ def test_trl_config_gets_whichdevices_precision(tmp_path):
     assert config.bf16 is False and config.fp16 is False
 
 
-def test_pascal_gpus_get_fp16_by_the_rule_and_say_it_was_not_timed():
+def test_a_p100_gets_fp16_from_nvidias_throughput_table():
     with simulate("cuda:1,cc=6.0,mem=16GiB,name=Tesla P100"):
         res = wd.resolve_device(task="training")
         inference = wd.resolve_device()
     assert res.training_kwargs() == {"bf16": False, "fp16": True}
     assert inference.dtype == torch.float16
-    assert "not timed on such a GPU" in _messages(inference)
+    assert "fp16 arithmetic runs at 2x fp32 on compute capability 6.0" in _messages(inference)
     assert check_precision_flag(res.backend, res.probe, res.device, "fp16").verdict == "ok"
 
 
@@ -227,3 +227,34 @@ def test_weights_left_to_transformers_never_get_fp16_mixed_precision_blind(tmp_p
         )
     assert unknown.training_kwargs() == {"bf16": False, "fp16": False}
     assert fp32.training_kwargs() == {"bf16": False, "fp16": True}
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "mixed", "says"),
+    [
+        ("cuda:1,cc=5.2", torch.float32, None, "no fp16 arithmetic"),
+        ("cuda:1,cc=6.1,name=Tesla P40", torch.float32, None, "1/64 of fp32"),
+        ("cuda:1,cc=6.0", torch.float16, "fp16", "2x fp32"),
+        ("cuda:1,variant=rocm,name=AMD Instinct MI100", torch.float16, "fp16", "184.6"),
+        ("cuda:1,variant=rocm,cc=10.3", torch.float16, "fp16", "no bf16 arithmetic"),
+        ("cuda:1,variant=rocm,name=AMD Instinct MI250X", torch.bfloat16, "bf16", "support bf16"),
+    ],
+)
+def test_each_gpu_generation_gets_its_fast_dtype_from_the_vendors_figures(spec, dtype, mixed, says):
+    with simulate(spec):
+        inference = wd.resolve_device()
+        training = wd.resolve_device(task="training")
+    assert inference.dtype == dtype
+    kwargs = training.training_kwargs()
+    assert (kwargs["bf16"], kwargs["fp16"]) == (mixed == "bf16", mixed == "fp16")
+    assert says in _messages(training) + _messages(inference)
+
+
+def test_fp16_true_before_fp16_arithmetic_runs_with_a_warning_not_a_refusal():
+    with simulate("cuda:1,cc=5.2"):
+        res = wd.resolve_device(task="training")
+    check = check_precision_flag(res.backend, res.probe, res.device, "fp16")
+    assert check.verdict == "warn" and "runs, slowly" in check.message and "no fp16 arithmetic" in check.message
+    with simulate("cuda:1,cc=6.1"):
+        res = wd.resolve_device(task="training")
+    assert "1/64 of fp32" in check_precision_flag(res.backend, res.probe, res.device, "fp16").message

@@ -75,6 +75,9 @@ def check_precision_flag(backend: Backend, probe: ProbeResult, device: str, flag
             f"fp16=True on {device} runs, slowly: {why}; accelerate makes no loss scaler on the CPU, so small "
             "gradients underflow to zero",
         )
+    if name == "cuda" and probe.variant != "rocm":
+        # fp16 mixed precision runs on every CUDA GPU, converting where the GPU has no fp16 arithmetic.
+        return FlagCheck("warn", f"fp16=True on {device} runs, slowly: {why}; fp32 (neither flag) is faster here")
     if not backend.fast_fp16:
         instead = "bf16=True" if supports(backend, probe, "bfloat16")[0] else "neither (fp32)"
         return FlagCheck(
