@@ -346,15 +346,17 @@ def test_use_cpu_false_on_a_cpu_only_machine_is_accepted_and_said(tmp_path):
 
 
 def test_fp16_weights_under_fp16_mixed_precision_are_warned(tmp_path):
-    from tiny_models import tiny_config
     from transformers import AutoModelForCausalLM
+
+    from tiny_models import tiny_config
 
     fp16_model = AutoModelForCausalLM.from_config(tiny_config()).half()
     fp32_model = AutoModelForCausalLM.from_config(tiny_config())
     with simulate("cuda:1,cc=7.5,mem=16GiB,name=Tesla T4"):  # fp16 mixed precision is the choice here
-        with pytest.warns(UserWarning, match="Attempting to unscale FP16 gradients"), pytest.raises(
-            SimulatedTrainingError
-        ) as err:
+        with (
+            pytest.warns(UserWarning, match="Attempting to unscale FP16 gradients"),
+            pytest.raises(SimulatedTrainingError) as err,
+        ):
             wd.training_arguments(str(tmp_path), model=fp16_model)
         assert err.value.kwargs["fp16"] is True
         import warnings

@@ -38,7 +38,7 @@ def test_ccl_needs_onecclbindings() -> None:
     if importlib.util.find_spec(ONECCL_MODULE) is not None:
         assert "import oneccl_bindings_for_pytorch" in (check_ddp_package("ccl") or "")
         return
-    with pytest.raises(wd.ConfigConflictError, match="oneccl_bind_pt.*'xccl'.*'gloo'"):
+    with pytest.raises(wd.ConfigConflictError, match=r"oneccl_bind_pt.*'xccl'.*'gloo'"):
         check_ddp_package("ccl")
     assert check_ddp_package("gloo") is None
 

@@ -34,7 +34,9 @@ def other_accelerators(chosen: Backend, later: list[Backend]) -> list[TraceStep]
         result = probing.probe(backend.name) if not backend.shared_device else None
         if result is not None and result.available and not result.incompatible:
             usable.append(backend.name)
-            steps.append(TraceStep(backend.name, f"usable too, not chosen: {chosen.name} comes first in the order", False))
+            steps.append(
+                TraceStep(backend.name, f"usable too, not chosen: {chosen.name} comes first in the order", False)
+            )
         elif result is None:
             steps.append(TraceStep(backend.name, f"not probed: {chosen.name} comes first in the order", False))
         else:

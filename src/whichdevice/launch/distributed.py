@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV_VARIABLES",
     "SCHEDULERS",
-    "not_distributed_marker_removed",
     "DistributedContext",
     "check_training_launch",
     "detect_distributed",
+    "not_distributed_marker_removed",
     "process_group_backend",
 ]
 

@@ -28,7 +28,8 @@ __all__ = [
     "ONECCL_MODULE",
     "REMOVED_SWITCHES",
     "check_compile_backend",
-    "check_compile_mode",     "check_ddp_package",
+    "check_compile_mode",
+    "check_ddp_package",
     "cpu_switch_off",
 ]
 

@@ -48,14 +48,19 @@ def nvidia_fp16(cc: tuple[int, int]) -> Fp16Rate | None:
             "with every fp16 operation converted to fp32, slower than fp32 alone",
         )
     if rate < 1:
-        return Fp16Rate(False, f"fp16 arithmetic runs at 1/{round(1 / rate)} of fp32 on compute capability {text} ({_GUIDE})")
+        return Fp16Rate(
+            False, f"fp16 arithmetic runs at 1/{round(1 / rate)} of fp32 on compute capability {text} ({_GUIDE})"
+        )
     return Fp16Rate(True, f"fp16 arithmetic runs at {rate:g}x fp32 on compute capability {text} ({_GUIDE})")
 
 
 def amd_half_precision(name: str | None, cc: tuple[int, int] | None) -> tuple[str, str] | None:
     """("float16", why) where an AMD GPU computes fp16 faster than bf16 (None: bf16 is as fast)."""
     if name and "MI100" in name.upper():
-        return "float16", "AMD CDNA white paper: the MI100's peak fp16 matrix rate (184.6 TFLOPS) is twice bf16's (92.3)"
+        return (
+            "float16",
+            "AMD CDNA white paper: the MI100's peak fp16 matrix rate (184.6 TFLOPS) is twice bf16's (92.3)",
+        )
     if cc is not None and cc[0] == 10:
         return "float16", (
             f"gfx10 (RDNA 1/2, compute capability {cc[0]}.{cc[1]}): the RDNA 2 ISA has no bf16 arithmetic or matrix "

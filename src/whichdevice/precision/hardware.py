@@ -54,8 +54,8 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
         return True, "fp32 runs everywhere"
     if name == "cuda":
         if result.variant == "rocm":
-            name = next((d.name for d in result.devices if d.name), None)
-            slower = amd_half_precision(name, result.min_capability)
+            gpu = next((d.name for d in result.devices if d.name), None)
+            slower = amd_half_precision(gpu, result.min_capability)
             if dtype == "bfloat16" and slower is not None:
                 return False, slower[1]
             return True, "AMD GPUs (ROCm) support bf16 and fp16"

@@ -133,6 +133,17 @@ def training_arguments(
     refuse_accelerate_device(res.backend.name)  # also for a resolution made for inference
     check_training_launch(res.distributed)
     _conflicts(res, kwargs)
+    filled = _filled(res, kwargs, settings)
+    final = {**filled, **kwargs}
+    if output_dir is not None:
+        final["output_dir"] = output_dir
+    if "accelerator_config" not in kwargs and _accelerate_state_configured():
+        final["accelerator_config"] = {"use_configured_state": True}
+    return _build(cls, res, final, model)
+
+
+def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSettings) -> dict[str, Any]:
+    """The keywords whichdevice adds to the user's, the precision flags agreed with theirs."""
     filled = dict(res.training_kwargs(torch_compile=bool(kwargs.get("torch_compile"))))
     if "bf16" in kwargs or "fp16" in kwargs:
         # One precision choice is the user's: the other flag is stated off, not left to the class's
@@ -144,16 +155,16 @@ def training_arguments(
         filled.update(_precision_flags(res, filled, settings))
     if kwargs.get("use_cpu") is False and res.backend.name == "cpu":
         filled, note = cpu_switch_off(res.backend, kwargs, filled)
-        warnings.warn(note, stacklevel=2)
-    final = {**filled, **kwargs}
-    if output_dir is not None:
-        final["output_dir"] = output_dir
-    if "accelerator_config" not in kwargs and _accelerate_state_configured():
-        final["accelerator_config"] = {"use_configured_state": True}
+        warnings.warn(note, stacklevel=3)
+    return filled
+
+
+def _build(cls: type[TrainingArguments], res: Resolution, final: dict[str, Any], model: Any) -> TrainingArguments:
+    """The class built from ``final``, after the checks that need every keyword."""
     unscale = fp16_weights_problem(model, bool(final.get("fp16")))
     if unscale is not None:
-        warnings.warn(unscale, stacklevel=2)
-    refuse_simulated_accelerator(res, final)  # every check above has run: the error carries the keywords
+        warnings.warn(unscale, stacklevel=3)
+    refuse_simulated_accelerator(res, final)  # every check has run: the error carries the keywords
     return cls(**final)
 
 

@@ -7,9 +7,9 @@ stops before it when accelerate is too old for the result to be usable anyway.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
-from collections.abc import Mapping
 from typing import Any
 
 from whichdevice.core.packages import package_version, requirement_on, version_before
@@ -31,11 +31,11 @@ from whichdevice.hardware.visible import Visibility, visible_devices
 
 __all__ = [
     "ENV_VARIABLES",
-    "LAZY_MODE_VARIABLE",
-    "execution_mode",
     "GAUDI_GROUP_SIZES",
+    "LAZY_MODE_VARIABLE",
     "HpuReadings",
     "accelerate_block",
+    "execution_mode",
     "gaudi_generation",
     "hpu_group_warnings",
     "interpret_hpu",
@@ -135,7 +135,7 @@ def interpret_hpu(backend: Backend, readings: HpuReadings) -> ProbeResult:
 
 
 def execution_mode(env: Mapping[str, str]) -> str:
-    """"execution-mode:lazy", ":eager" or ":default" (PT_HPU_LAZY_MODE unset: the Gaudi software's own)."""
+    """ "execution-mode:lazy", ":eager" or ":default" (PT_HPU_LAZY_MODE unset: the Gaudi software's own)."""
     modes = {"1": "lazy", "0": "eager"}
     return "execution-mode:" + modes.get(env.get(LAZY_MODE_VARIABLE, "").strip(), "default")
 
