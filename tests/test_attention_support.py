@@ -301,3 +301,18 @@ def test_threads_resolving_a_model_at_once_get_the_answer_one_thread_gets(tmp_pa
     ).stdout.strip()
     answers, alone = out.rsplit(" ", 1)
     assert answers == f"[{alone!r}]" and alone != "None", out
+
+
+def test_flash_attn_package_is_no_reason_on_xpu_and_ascend_needs_none():
+    from tiny_models import tiny_config
+
+    # flash-attn has no XPU build: FlashAttention-2 there is the Hub kernel, which is opt-in.
+    with simulated_packages({"flash-attn": "2.8.3"}), simulate("xpu:1"):
+        xpu = wd.resolve_device(model=tiny_config())
+    assert xpu.model_kwargs().get("attn_implementation") != "flash_attention_2"
+    assert "flash-attn" not in _attention_line(xpu)
+    # Ascend runs FlashAttention-2 through torch_npu (transformers' integrations/npu_flash_attention.py).
+    with simulate("npu:1"):
+        npu = wd.resolve_device(model=tiny_config())
+    assert npu.model_kwargs()["attn_implementation"] == "flash_attention_2"
+    assert "torch_npu's own FlashAttention" in _attention_line(npu)

@@ -351,8 +351,8 @@ ENVIRONMENTS = [
         id="local-rank-abc",
     ),
     pytest.param(
-        BadEnv({"LOCAL_RANK": "-1"}, ("cuda:2",), None, DeviceError, ("LOCAL_RANK='-1' must be 0 or more", "unset it")),
-        id="local-rank--1",
+        BadEnv({"LOCAL_RANK": "-2"}, ("cuda:2",), None, DeviceError, ("LOCAL_RANK='-2' must be 0 or more", "unset it")),
+        id="local-rank--2",
     ),
     pytest.param(
         BadEnv(
@@ -519,11 +519,29 @@ CONFLICTS = [
     pytest.param(
         Conflict(
             (),
-            lambda out: wd.training_arguments(out, use_cpu=False),
-            DeviceUnavailableError,
-            ("use_cpu=False", "no usable accelerator", "leave use_cpu out"),
+            lambda out: wd.training_arguments(out, use_cpu=False, bf16=True),
+            ConfigConflictError,
+            ("use_cpu=False", "doesn't support bf16/gpu", "pass use_cpu=True"),
         ),
-        id="use-cpu-false-without-accelerator",
+        id="use-cpu-false-with-bf16-without-accelerator",
+    ),
+    pytest.param(
+        Conflict(
+            ("hpu:8",),
+            lambda out: wd.training_arguments(out, torch_compile=True, torch_compile_backend="inductor"),
+            ConfigConflictError,
+            ("'inductor' does not compile for hpu", "'hpu_backend'"),
+        ),
+        id="inductor-on-gaudi",
+    ),
+    pytest.param(
+        Conflict(
+            ("cuda:1",),
+            lambda out: wd.training_arguments(out, torch_compile=True, torch_compile_backend="hpu_backend"),
+            ConfigConflictError,
+            ("'hpu_backend' compiles for hpu only", "torch_compile_backend='inductor'"),
+        ),
+        id="hpu-backend-on-cuda",
     ),
     pytest.param(
         Conflict(

@@ -99,9 +99,10 @@ def test_check_fails_on_a_new_gpu_with_an_old_build() -> None:
     answer = check("cuda", simulate=(spec,))
     assert answer["exit_code"] == 1 and not answer["ok"]
     assert "no kernel image is available" in answer["message"] and "sm_120" in answer["message"]
-    # The resolution itself still works: the devices are there.
-    with simulate(spec):
-        assert wd.resolve_device("cuda").device == "cuda:0"
+    # Asked for explicitly, the resolution refuses too, naming the build to install.
+    with simulate(spec), pytest.raises(DeviceUnavailableError) as err:
+        wd.resolve_device("cuda")
+    assert "sm_120" in str(err.value) and "get_arch_list" in str(err.value) and "cpu" in str(err.value)
     assert check("cuda", simulate=("cuda:2,cc=9.0,arch=sm_80+sm_90,cuda=12.6",))["exit_code"] == 0
 
 
@@ -145,3 +146,29 @@ def test_no_gpu_reason_is_one_sentence_without_an_install_hint(monkeypatch: pyte
     with simulate("cuda:2"), pytest.raises(DeviceUnavailableError) as err:
         wd.resolve_device("cuda")
     assert "finds no NVIDIA GPU among the visible devices; CUDA_VISIBLE_DEVICES='5' names device(s) 5" in str(err.value)
+
+
+BLACKWELL_ON_OLD_BUILD = "cuda:1,cc=12.0,name=NVIDIA RTX PRO 6000 Blackwell,mem=96GiB,arch=sm_80+sm_90"
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [(BLACKWELL_ON_OLD_BUILD, "no kernel image is available"), ("cuda:1,cc=8.0,driver=470.0,cuda=12.4", "525.60.13")],
+)
+def test_detection_skips_a_backend_the_stack_cannot_run(spec: str, says: str) -> None:
+    with simulate(spec):
+        res = wd.resolve_device()
+        with pytest.raises(DeviceUnavailableError) as err:
+            wd.resolve_device("cuda:0")
+    assert res.backend.name == "cpu"
+    step = next(s for s in res.trace if s.topic == "cuda")
+    assert step.chosen is False and says in step.message
+    assert says in str(err.value) and "This machine can use: cpu" in str(err.value)
+
+
+def test_a_plugin_built_for_another_torch_is_not_chosen() -> None:
+    with simulate("npu:2", packages={"torch": "2.12.1", "torch-npu": "2.13.0"}):
+        res = wd.resolve_device()
+        with pytest.raises(DeviceUnavailableError, match=r"torch==2\.13\.0\.\*"):
+            wd.resolve_device("npu")
+    assert res.backend.name == "cpu"

@@ -170,7 +170,7 @@ def test_an_initialised_process_group_needs_no_variables(tmp_path):
     ("env", "match"),
     [
         ({"LOCAL_RANK": "abc"}, "LOCAL_RANK='abc' is not a whole number"),
-        ({"LOCAL_RANK": "-1"}, "must be 0 or more"),
+        ({"LOCAL_RANK": "-2"}, "must be 0 or more"),
         ({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "smaller than LOCAL_WORLD_SIZE"),
         ({"LOCAL_RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, "not below LOCAL_WORLD_SIZE=2"),
         ({"LOCAL_RANK": "0", "RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is not below WORLD_SIZE=4"),
@@ -483,3 +483,13 @@ def test_torch_variables_by_hand_name_both_fixes(monkeypatch):
         check_training_launch(detect_distributed())
     text = str(err.value)
     assert "export RANK=<rank>" in text and "`unset LOCAL_RANK WORLD_SIZE`" in text
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "70000", "-1"])
+def test_a_master_port_that_is_not_a_port_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
+    # Before: torch's rendezvous raised int()'s bare ValueError.
+    for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", port)
+    with simulate("cuda:2"), pytest.raises(DeviceError, match=r"MASTER_PORT=.* is not a TCP port.*MASTER_PORT=29500"):
+        wd.resolve_device(task="training")

@@ -219,7 +219,7 @@ HUB_ATTENTION = [
     ("cuda:2,variant=rocm", "kernels-community/aiter-flash-attn", None),
     ("xpu:1", "kernels-community/flash-attn2", None),
     ("cuda:1,cc=7.5", None, "compute capability 8.0 or newer; this GPU has 7.5"),
-    ("npu:1", None, "no flash_attention_2 Hub kernel is built for npu"),
+    # npu: torch_npu serves FlashAttention-2 itself (tests/test_attention_support.py), no Hub kernel
     ("mps", None, "no flash_attention_2 Hub kernel is built for mps"),
     ("neuron:2", None, "no flash_attention_2 Hub kernel is built for neuron"),
     ("hpu:8", None, "no flash_attention_2 Hub kernel is built for hpu"),

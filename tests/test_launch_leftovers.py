@@ -152,3 +152,61 @@ def test_leftover_variables_are_part_of_the_memo_key() -> None:
 def test_long_values_are_not_echoed_whole() -> None:
     (found,) = launch_leftovers({"LOCAL_RANK": "0" * 5000})
     assert len(found.message) < 1000
+
+
+TORCHRUN_RANK_1 = {
+    "LOCAL_RANK": "1",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "2",
+    "TORCHELASTIC_RUN_ID": "x",
+    **GROUP,
+}
+
+
+def test_a_stray_mpi_size_behind_torchruns_world_size_is_what_accelerate_ignores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accelerate.utils.environment import get_cpu_distributed_information
+
+    env = {**TORCHRUN_RANK_1, "OMPI_COMM_WORLD_SIZE": "2"}
+    _set(monkeypatch, env)
+    # accelerate's own CPU path: the world size and rank come from torchrun's variables.
+    info = get_cpu_distributed_information()
+    assert (info.rank, info.world_size) == (1, 2)
+    (found,) = launch_leftovers(env, cpu=True)
+    assert not found.read and "accelerate counts the processes from WORLD_SIZE=2 and never reads it" in found.message
+    res = wd.resolve_device("cpu", task="training")
+    assert res.distributed is not None and (res.distributed.rank, res.distributed.world_size) == (1, 2)
+    assert res.training_kwargs()["ddp_backend"] == "gloo"
+    # Without torchrun's WORLD_SIZE, accelerate would count 2 processes from it: still refused.
+    assert launch_leftovers({"OMPI_COMM_WORLD_SIZE": "2"}, cpu=True)[0].read
+
+
+@pytest.mark.parametrize("device", ["cpu", None])
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_local_rank_minus_one_means_not_distributed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device: str | None
+) -> None:
+    # accelerate (state.py: int(os.environ.get("LOCAL_RANK", -1)) != -1) and TrainingArguments read -1 as unset.
+    monkeypatch.setenv("LOCAL_RANK", "-1")
+    res = wd.resolve_device(device, task="training")
+    assert res.distributed is None and "ddp_backend" not in res.training_kwargs()
+    assert launch_leftovers(cpu=True) == ()
+    args = wd.training_arguments(str(tmp_path), report_to="none")
+    assert args.parallel_mode.name == "NOT_PARALLEL" and str(args.device) == "cpu"
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_a_leftover_accelerate_torch_device_is_refused_with_the_unset_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Before: the trace warned and TrainingArguments was built; the Trainer then moved the model to xpu:0.
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "xpu:0")
+    with pytest.raises(wd.ConfigConflictError) as err:
+        wd.training_arguments(str(tmp_path), report_to="none")
+    text = str(err.value)
+    assert "ACCELERATE_TORCH_DEVICE='xpu:0'" in text and "does not have" in text
+    assert "`unset ACCELERATE_TORCH_DEVICE`" in text
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    assert str(wd.training_arguments(str(tmp_path), report_to="none").device) == "cpu"

@@ -3,6 +3,7 @@ stated, a checkpoint's own dtype is read, and architectures that overflow in fp1
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.model.facts import checkpoint_dtype
+from whichdevice.precision.decide import EXPLICIT_TRAINING_DTYPE
 from whichdevice.precision.fp16_safe import KNOWN_OVERFLOW
 from whichdevice.precision.training import check_precision_flag, precision_conflicts
 from whichdevice.testing import simulate
@@ -103,13 +105,13 @@ def test_trl_config_gets_whichdevices_precision(tmp_path):
     assert config.bf16 is False and config.fp16 is False
 
 
-def test_pascal_gpus_get_fp16_by_the_rule_and_say_it_was_not_timed():
+def test_a_p100_gets_fp16_from_nvidias_throughput_table():
     with simulate("cuda:1,cc=6.0,mem=16GiB,name=Tesla P100"):
         res = wd.resolve_device(task="training")
         inference = wd.resolve_device()
     assert res.training_kwargs() == {"bf16": False, "fp16": True}
     assert inference.dtype == torch.float16
-    assert "not timed on such a GPU" in _messages(inference)
+    assert "fp16 arithmetic runs at 2x fp32 on compute capability 6.0" in _messages(inference)
     assert check_precision_flag(res.backend, res.probe, res.device, "fp16").verdict == "ok"
 
 
@@ -203,7 +205,18 @@ def test_explicit_bf16_weights_for_training_are_pure_bf16_and_said_so():
         res = wd.resolve_device(task="training", dtype="bfloat16")
     assert res.dtype == torch.bfloat16
     assert res.training_kwargs() == {"bf16": True, "fp16": False}
-    assert "pure bf16 weights as you asked" in _messages(res)
+    assert "pure bf16 weights and bf16 compute" in _messages(res)
+
+
+@pytest.mark.parametrize("spec", [H100, T4, None])
+def test_explicit_float32_for_training_means_no_autocast(spec):
+    # One rule for an explicit dtype in training: the weights' dtype and the compute dtype.
+    with simulate(spec) if spec else contextlib.nullcontext():  # None: this machine
+        res = wd.resolve_device(task="training", dtype="float32")
+    assert res.dtype == torch.float32
+    kwargs = res.training_kwargs()
+    assert kwargs["bf16"] is False and kwargs["fp16"] is False
+    assert "float32 weights and float32 compute" in _messages(res) and EXPLICIT_TRAINING_DTYPE in _messages(res)
 
 
 def test_weights_left_to_transformers_never_get_fp16_mixed_precision_blind(tmp_path):
@@ -214,3 +227,34 @@ def test_weights_left_to_transformers_never_get_fp16_mixed_precision_blind(tmp_p
         )
     assert unknown.training_kwargs() == {"bf16": False, "fp16": False}
     assert fp32.training_kwargs() == {"bf16": False, "fp16": True}
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "mixed", "says"),
+    [
+        ("cuda:1,cc=5.2", torch.float32, None, "no fp16 arithmetic"),
+        ("cuda:1,cc=6.1,name=Tesla P40", torch.float32, None, "1/64 of fp32"),
+        ("cuda:1,cc=6.0", torch.float16, "fp16", "2x fp32"),
+        ("cuda:1,variant=rocm,name=AMD Instinct MI100", torch.float16, "fp16", "184.6"),
+        ("cuda:1,variant=rocm,cc=10.3", torch.float16, "fp16", "no bf16 arithmetic"),
+        ("cuda:1,variant=rocm,name=AMD Instinct MI250X", torch.bfloat16, "bf16", "support bf16"),
+    ],
+)
+def test_each_gpu_generation_gets_its_fast_dtype_from_the_vendors_figures(spec, dtype, mixed, says):
+    with simulate(spec):
+        inference = wd.resolve_device()
+        training = wd.resolve_device(task="training")
+    assert inference.dtype == dtype
+    kwargs = training.training_kwargs()
+    assert (kwargs["bf16"], kwargs["fp16"]) == (mixed == "bf16", mixed == "fp16")
+    assert says in _messages(training) + _messages(inference)
+
+
+def test_fp16_true_before_fp16_arithmetic_runs_with_a_warning_not_a_refusal():
+    with simulate("cuda:1,cc=5.2"):
+        res = wd.resolve_device(task="training")
+    check = check_precision_flag(res.backend, res.probe, res.device, "fp16")
+    assert check.verdict == "warn" and "runs, slowly" in check.message and "no fp16 arithmetic" in check.message
+    with simulate("cuda:1,cc=6.1"):
+        res = wd.resolve_device(task="training")
+    assert "1/64 of fp32" in check_precision_flag(res.backend, res.probe, res.device, "fp16").message

@@ -654,3 +654,20 @@ def test_real_cpu_probe_reads_the_onednn_cap(monkeypatch: pytest.MonkeyPatch) ->
     result = wd.probe("cpu", refresh=True)
     assert result.devices[0].bf16 is False
     assert wd.resolve_device().dtype_name == "float32"
+
+
+def test_the_answer_follows_a_visible_devices_edit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A notebook: a first call under CUDA_VISIBLE_DEVICES="0,1", then the user edits the variable.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with simulate("cuda:4,cc=8.0"):
+        first = wd.resolve_device(task="training")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+        second = wd.resolve_device(task="training")
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        third = wd.resolve_device(task="training")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        fourth = wd.resolve_device(task="training")
+    assert first.launch_command("t.py")[:2] == ["env", "CUDA_VISIBLE_DEVICES=0,1"]
+    assert second.launch_command("t.py") == ["env", "CUDA_VISIBLE_DEVICES=2", "torchrun", "--nproc-per-node=1", "t.py"]
+    assert third.launch_command("t.py") == ["torchrun", "--nproc-per-node=4", "t.py"]
+    assert fourth.backend.name == "cpu"

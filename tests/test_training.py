@@ -6,6 +6,7 @@ import pytest
 
 import whichdevice as wd
 from whichdevice.testing import simulate
+from whichdevice.training.simulated import SimulatedTrainingError
 
 # TrainingArguments exports ACCELERATE_* variables by design (see conftest.py)
 pytestmark = pytest.mark.usefixtures("restore_accelerate_variables")
@@ -226,9 +227,10 @@ def test_accelerate_mixed_precision_is_followed_where_it_runs(tmp_path, monkeypa
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     with simulate("cuda:1"):  # an A100: whichdevice's own choice is bf16
         res = wd.resolve_device(task="training")
-        args = wd.training_arguments(str(tmp_path), report_to=[])
+        with pytest.raises(SimulatedTrainingError) as err:
+            wd.training_arguments(str(tmp_path), report_to=[])
     assert "ACCELERATE_MIXED_PRECISION='fp16' asks accelerate for fp16 while whichdevice chose bf16" in res.explain()
-    assert args.fp16 is True and args.bf16 is False and args.mixed_precision == "fp16"
+    assert err.value.kwargs["fp16"] is True and err.value.kwargs["bf16"] is False
 
 
 def test_accelerate_mixed_precision_that_cannot_run_is_refused(tmp_path, monkeypatch):
@@ -252,9 +254,10 @@ def test_accelerate_mixed_precision_fp8_is_left_to_accelerate(tmp_path, monkeypa
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
     with simulate("cuda:1"):
         res = wd.resolve_device(task="training")
-        args = wd.training_arguments(str(tmp_path), report_to=[])
+        with pytest.raises(SimulatedTrainingError) as err:
+            wd.training_arguments(str(tmp_path), report_to=[])
     # neither flag: TrainingArguments takes the variable, and accelerate checks fp8 itself
-    assert args.bf16 is False and args.fp16 is False and args.mixed_precision == "fp8"
+    assert err.value.kwargs["bf16"] is False and err.value.kwargs["fp16"] is False
     assert "leaves fp8 to accelerate" in res.explain()
 
 
@@ -310,3 +313,81 @@ def test_training_arguments_builds_on_the_resolution_without_reading_again(tmp_p
     inference = wd.resolve_device("cpu")
     wd.training_arguments(str(tmp_path), resolution=inference, report_to="none")
     assert calls == ["leftovers"]  # a resolution made for inference never ran them
+
+
+# ------------------------------------------------------------------ a training script in a user's CI
+
+
+def _users_training_script(out: str) -> tuple[wd.Resolution, dict[str, object]]:
+    """What a user's train.py does up to the Trainer (the model and data left out)."""
+    res = wd.resolve_device(task="training")
+    try:
+        args = wd.training_arguments(out, per_device_train_batch_size=8, report_to=[])
+    except SimulatedTrainingError as exc:  # under simulate(): the decision, not a TrainingArguments
+        return res, exc.kwargs
+    return res, {"use_cpu": args.use_cpu, "bf16": args.bf16, "fp16": args.fp16}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("cuda:1,cc=8.0,mem=80GiB", {"bf16": True, "fp16": False}),
+        ("cuda:1,cc=7.5,mem=16GiB,name=Tesla T4", {"bf16": False, "fp16": True}),
+        ("hpu:8,gen=gaudi3", {"bf16": True, "fp16": False}),
+        ("npu:1", {"bf16": True, "fp16": False}),
+        ("xpu:1", {"bf16": True, "fp16": False}),
+    ],
+)
+def test_training_arguments_under_simulate_is_a_device_error_carrying_the_decision(tmp_path, spec, expected):
+    # Before: transformers' "Your setup doesn't support bf16/gpu", or a CPU TrainingArguments with fp16=True.
+    with simulate(spec):
+        res, kwargs = _users_training_script(str(tmp_path))
+        with pytest.raises(wd.DeviceError) as err:
+            wd.training_arguments(str(tmp_path))
+    assert {k: kwargs[k] for k in expected} == expected and kwargs["per_device_train_batch_size"] == 8
+    assert "use_cpu" not in kwargs
+    assert kwargs["bf16"] == res.training_kwargs()["bf16"] and kwargs["fp16"] == res.training_kwargs()["fp16"]
+    text = str(err.value)
+    assert "simulated" in text and ".kwargs" in text and "launch_command" in text
+    assert "doesn't support bf16/gpu" not in text
+
+
+def test_a_simulated_cpu_builds_the_real_training_arguments(tmp_path):
+    with simulate("cpu,flags="):
+        res, kwargs = _users_training_script(str(tmp_path))
+    assert kwargs == {"use_cpu": True, "bf16": False, "fp16": False} and res.backend.name == "cpu"
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_use_cpu_false_on_a_cpu_only_machine_is_accepted_and_said(tmp_path):
+    # use_cpu=False is TrainingArguments' own default: on a machine with only a CPU it trains there anyway.
+    with simulate("cpu,flags=avx512_bf16"), pytest.warns(UserWarning, match="use_cpu=False kept.*bf16=False"):
+        args = wd.training_arguments(str(tmp_path), use_cpu=False, report_to=[])
+    assert args.use_cpu is False and args.bf16 is False and str(args.device) == "cpu"
+    with simulate("cpu,flags="), pytest.warns(UserWarning, match="use_cpu=False kept"):
+        args = wd.training_arguments(str(tmp_path), use_cpu=False, report_to=[])
+    assert str(args.device) == "cpu"
+    with pytest.raises(wd.ConfigConflictError, match="contradicts the device cpu"):
+        wd.training_arguments(str(tmp_path), device="cpu", use_cpu=False)
+
+
+def test_fp16_weights_under_fp16_mixed_precision_are_warned(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import tiny_config
+
+    fp16_model = AutoModelForCausalLM.from_config(tiny_config()).half()
+    fp32_model = AutoModelForCausalLM.from_config(tiny_config())
+    with simulate("cuda:1,cc=7.5,mem=16GiB,name=Tesla T4"):  # fp16 mixed precision is the choice here
+        with (
+            pytest.warns(UserWarning, match="Attempting to unscale FP16 gradients"),
+            pytest.raises(SimulatedTrainingError) as err,
+        ):
+            wd.training_arguments(str(tmp_path), model=fp16_model)
+        assert err.value.kwargs["fp16"] is True
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(SimulatedTrainingError):
+                wd.training_arguments(str(tmp_path), model=fp32_model)

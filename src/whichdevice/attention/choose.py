@@ -91,13 +91,18 @@ def _wanted(
 ) -> tuple[str | None, str]:
     """The implementation whichdevice would pass on this hardware (None: transformers' own choice is best), and why."""
     for impl in ("flash_attention_3", "flash_attention_2"):
+        if FLASH[impl][0] in backend.flash_attention_native and flash_fits(impl, backend, result, dtype)[0]:
+            # torch_npu's own kernels (transformers' integrations/npu_flash_attention.py): no package needed.
+            return impl, f"served by {backend.module}'s own FlashAttention, no flash-attn package needed"
         version = flash_attention_package(impl)
-        if version is None:
+        if version is None or not backend.flash_attn_builds:
             continue
         ok, why = flash_fits(impl, backend, result, dtype)
         if ok:
             return impl, f"{FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
     installed = [impl for impl in FLASH if flash_attention_package(impl)]
+    if installed and not backend.flash_attn_builds:
+        installed = []  # it has no build for this hardware: not a reason, and not "unusable" either
     if requested == AUTO_HUB:
         from whichdevice.attention.kernels import hub_flash_attention
 

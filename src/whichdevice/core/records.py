@@ -207,6 +207,9 @@ class Backend:
     flash_attention: tuple[int, ...] = ()
     # Versions the backend's own package serves without any flash-attn package (torch_npu's).
     flash_attention_native: tuple[int, ...] = ()
+    # False where the flash-attn pip packages have no build for this hardware: an installed one is
+    # then no reason to choose FlashAttention here (it is a Hub kernel, opted into).
+    flash_attn_builds: bool = True
     # fp16 computes fast here and fp16 mixed-precision training works; False on CPUs and on chips
     # built for bf16 (TPU, Trainium).
     fast_fp16: bool = True

@@ -3,6 +3,12 @@
 Detection walks the registry's order (``prefer``/``exclude`` reorder it) and takes the first backend
 whose probe says it is usable. A backend asked for by name is probed alone; when it cannot be used,
 or its index is not visible, the error says why, what this machine has, and what to change.
+
+Usable means the installed stack runs on it, not only that devices are present: a probe's
+``incompatible`` (a GPU architecture the torch build has no kernels for, a driver older than the
+build's CUDA, a plugin built for another torch; see hardware/compatibility.py) makes detection go
+on to the next backend with the reason in the trace, and an explicit request fail naming the build
+or driver to install, because the user's first kernel would fail anyway.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DeviceError, DeviceUnavailableError
 from whichdevice.core.records import Backend, ProbeResult, TraceStep
 from whichdevice.device.choice import least_busy
+from whichdevice.device.others import other_accelerators
 from whichdevice.device.request import ENV_DEVICE, DeviceRequest, device_names
 from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends, get_backend
@@ -61,10 +68,12 @@ def _detect(order: list[Backend]) -> _Chosen:
     steps = []
     for position, backend in enumerate(order):
         result = probing.probe(backend.name)
+        if result.available and result.incompatible:
+            steps.append(TraceStep(backend.name, f"not chosen: {'; '.join(result.incompatible)}", False))
+            continue
         if result.available:
             steps.append(TraceStep(backend.name, f"chosen: {describe(backend, result)}", True))
-            for later in order[position + 1 :]:
-                steps.append(TraceStep(later.name, f"not probed: {backend.name} comes first in the order", False))
+            steps += other_accelerators(backend, order[position + 1 :])
             return (backend, result), steps
         steps.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
     if not order:  # prefer=/exclude= left nothing to try
@@ -84,6 +93,13 @@ def _asked_for(request: DeviceRequest) -> _Chosen:
     asked, source = request.asked or request.name, request.source
     if not result.available:
         raise _unavailable(asked, backend, result, source)
+    if result.incompatible:
+        where = f"{source}={asked!r}" if source != "device" else f"device {asked!r}"
+        fix = "" if source == "device" else f" Or fix or unset {source}."
+        raise DeviceUnavailableError(
+            f"{where} cannot run with the installed stack: {'; '.join(result.incompatible)}. "
+            f"This machine can use: {_machine_has()}.{fix}"
+        )
     if request.index is not None and request.index >= result.device_count:
         raise _index_error(asked, backend, result, request.index, source)
     steps = [
@@ -110,7 +126,7 @@ def _machine_has() -> str:
     found = [
         f"{r.backend} ({r.device_count} device{'s' if r.device_count != 1 else ''})"
         for r in probing.probe_all()
-        if r.available
+        if r.available and not r.incompatible
     ]
     return ", ".join(found) or "nothing usable"
 

@@ -9,6 +9,7 @@ nothing else, so simulated hardware goes through the same machinery.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -59,8 +60,9 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
     backend = get_backend(name)
     store = _store()
     while True:
+        visible = _visible_key(backend)
         with store.lock:
-            if not refresh and name in store.results:
+            if not refresh and name in store.results and store.visible.get(name) == visible:
                 return store.results[name]
             event = store.inflight.get(name)
             owner = event is None
@@ -81,10 +83,22 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
             with store.lock:
                 if result is not None:
                     store.results[name] = result
+                    store.visible[name] = visible
                     store.counts[name] = store.counts.get(name, 0) + 1
                 store.inflight.pop(name, None)
             event.set()
         return result
+
+
+def _visible_key(backend: Backend) -> tuple[str | None, ...]:
+    """The backend's visible-devices variables as they are now.
+
+    A notebook that edits CUDA_VISIBLE_DEVICES between calls gets an answer that follows the edit:
+    a cached result read under other values is probed again. Once the runtime has started in this
+    process the new probe reads what the runtime really has (the variable no longer applies) and its
+    own warning says so (probes/cuda.py, ``_initialised_warnings``).
+    """
+    return tuple(os.environ.get(variable) for variable in backend.visible_devices_env)
 
 
 def gave_up() -> dict[str, str]:
@@ -142,12 +156,14 @@ def clear_cache(name: str | None = None) -> None:
         store.resolutions.clear()
         if name is None:
             store.results.clear()
+            store.visible.clear()
             store.counts.clear()
             store.faults.clear()
             if store is _real_store:
                 trial.forget_bad_imports()  # a package fixed since is tried again
         else:
             store.results.pop(name, None)
+            store.visible.pop(name, None)
             store.counts.pop(name, None)
 
 
@@ -158,6 +174,7 @@ def forget_backend(name: str) -> None:
     for store in (_real_store, *_simulations):
         with store.lock:
             store.results.pop(name, None)
+            store.visible.pop(name, None)
             store.counts.pop(name, None)
             store.faults.pop(name, None)
             store.resolutions.clear()

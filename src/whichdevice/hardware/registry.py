@@ -170,6 +170,9 @@ _BUILTIN: tuple[Backend, ...] = (
         bitsandbytes=True,
         kernels_key="xpu",
         flash_attention=(2,),
+        # flash-attn builds for CUDA and ROCm only (Dao-AILab/flash-attention README, "Installation
+        # and features"); FlashAttention-2 on Intel GPUs is the Hub kernel kernels-community/flash-attn2.
+        flash_attn_builds=False,
         default_dtype="bfloat16",
         install_hint="pip install torch --index-url https://download.pytorch.org/whl/xpu",
         docs="xpu",

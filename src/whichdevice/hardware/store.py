@@ -30,6 +30,8 @@ class _Store:
         # Finished resolutions keyed by their arguments and the variables they read (see
         # memo.memo_key); they derive from the results above, so they are cleared with them.
         self.resolutions: dict[Any, Any] = {}
+        # The visible-devices variables each cached result was read under (see probing._visible_key).
+        self.visible: dict[str, tuple[str | None, ...]] = {}
         # Backends whose probe was given up (it hung, or its import crashed a trial): name -> reason.
         self.faults: dict[str, str] = {}
 

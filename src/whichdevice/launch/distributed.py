@@ -37,6 +37,7 @@ __all__ = [
     "check_training_launch",
     "checked_when_resolved",
     "detect_distributed",
+    "not_distributed_marker_removed",
     "process_group_backend",
 ]
 
@@ -199,6 +200,15 @@ def _process_group_started() -> bool:
 _Read = list[tuple[int | None, str]]
 
 
+def not_distributed_marker_removed(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` without a ``LOCAL_RANK`` of -1: accelerate and transformers read -1 as "not distributed"
+    (``int(os.environ.get("LOCAL_RANK", -1)) != -1``, accelerate 1.16 state.py; TrainingArguments'
+    own ``local_rank`` defaults to -1), so scripts and launchers that export it mean a single process."""
+    if env.get(TORCH.local_rank, "").strip() != "-1":
+        return env
+    return {k: v for k, v in env.items() if k != TORCH.local_rank}
+
+
 def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = False) -> DistributedContext | None:
     """The run this process belongs to, or None for a single process.
 
@@ -206,7 +216,7 @@ def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = 
     variables. The numbers are the ones accelerate will use. Variables that say "several processes"
     but that accelerate does not read give a context with ``seen=False`` (see ``check_training_launch``).
     """
-    env = envview.environ() if environ is None else environ
+    env = not_distributed_marker_removed(envview.environ() if environ is None else environ)
     found = _scheduler(env)
     scheduler = found[0] if found is not None else None
     # accelerate's rule: LOCAL_RANK on every device; on the CPU also MPI's variables, after torch's.
@@ -298,6 +308,14 @@ def _check_consistent(ctx: DistributedContext, env: Mapping[str, str], partial: 
     if lws is not None and ctx.local_rank >= lws:
         raise DeviceError(
             f"{local_var}={ctx.local_rank} is not below {local_world_var}={lws}; local ranks run from 0 to {lws - 1}"
+        )
+    port = env.get("MASTER_PORT")
+    if port is not None and not (port.strip().isdigit() and 0 < int(port.strip()) < 65536):
+        # torch's env:// rendezvous does int(MASTER_PORT) and fails with a bare ValueError.
+        raise DeviceError(
+            f"MASTER_PORT={port[:20]!r} is not a TCP port (a whole number from 1 to 65535); torch's rendezvous "
+            "would fail with int()'s error. Set it to a free port (MASTER_PORT=29500), or unset it and let "
+            "torchrun or accelerate launch set it"
         )
     if ctx.rank >= ctx.world_size:
         fix = (

@@ -18,9 +18,18 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError
-from whichdevice.launch.distributed import _LAUNCHED, SCHEDULERS, TORCH, _process_group_started
+from whichdevice.launch.distributed import (
+    _LAUNCHED,
+    SCHEDULERS,
+    TORCH,
+    _process_group_started,
+    not_distributed_marker_removed,
+)
 
-__all__ = ["ENV_VARIABLES", "Leftover", "launch_leftovers", "refuse_leftovers"]
+__all__ = ["ENV_VARIABLES", "Leftover", "launch_leftovers", "refuse_accelerate_device", "refuse_leftovers"]
+
+# The sizes accelerate's CPU path reads, in its order (get_cpu_distributed_information).
+_CPU_WORLD_SIZES = (TORCH.world_size, *(s.names.world_size for s in SCHEDULERS if s.name != "SLURM"))
 
 _SLURM = next(s for s in SCHEDULERS if s.name == "SLURM")
 # srun sets these in each task of a step; the batch script (sbatch) and an salloc shell have none.
@@ -28,7 +37,16 @@ _SLURM_STEP = ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")
 _SLURM_TASKS = "SLURM_NTASKS"  # the allocation's task count, in every process of the job
 
 ENV_VARIABLES = tuple(
-    dict.fromkeys([*TORCH, *_LAUNCHED, *_SLURM_STEP, _SLURM_TASKS, *(v for s in SCHEDULERS for v in s.names)])
+    dict.fromkeys(
+        [
+            *TORCH,
+            *_LAUNCHED,
+            *_SLURM_STEP,
+            _SLURM_TASKS,
+            *(v for s in SCHEDULERS for v in s.names),
+            "ACCELERATE_TORCH_DEVICE",
+        ]
+    )
 )
 
 
@@ -65,6 +83,10 @@ def _torch(env: Mapping[str, str]) -> Leftover | None:
     )
 
 
+def _at_least_zero(value: int | None) -> bool:
+    return value is not None and value >= 0
+
+
 def _started_by_scheduler(env: Mapping[str, str]) -> bool:
     for scheduler in SCHEDULERS:
         size = _count(env, scheduler.names.world_size)
@@ -82,12 +104,18 @@ def _mpi(env: Mapping[str, str], cpu: bool) -> list[Leftover]:
         size = _count(env, names.world_size)
         if scheduler is _SLURM or size is None or size <= 1 or env.get(names.rank) is not None:
             continue
-        read = cpu  # accelerate's CPU path reads MPI's sizes (utils/environment.py); nothing else does
-        effect = (
-            "accelerate would count the processes from it and fail to start a process group"
-            if read
-            else "transformers does not read it, so this process runs alone"
-        )
+        # accelerate's CPU path takes the process count from the first of WORLD_SIZE, PMI_SIZE,
+        # OMPI_COMM_WORLD_SIZE, MV2_COMM_WORLD_SIZE set to 0 or more (get_int_from_env in
+        # get_cpu_distributed_information, accelerate 1.16 utils/environment.py): a size behind one
+        # that is set (torchrun's WORLD_SIZE) is never read. Nothing but that CPU path reads MPI's sizes.
+        first = next((n for n in _CPU_WORLD_SIZES if _at_least_zero(_count(env, n))), None)
+        read = cpu and first == names.world_size
+        if read:
+            effect = "accelerate would count the processes from it and fail to start a process group"
+        elif cpu and first is not None:
+            effect = f"accelerate counts the processes from {first}={env[first]} and never reads it"
+        else:
+            effect = "transformers does not read it, so this process runs alone"
         out.append(
             Leftover(
                 (names.world_size,),
@@ -119,7 +147,7 @@ def launch_leftovers(environ: Mapping[str, str] | None = None, *, cpu: bool = Fa
 
     ``cpu``: the process trains on the CPU, where accelerate also reads MPI's sizes.
     """
-    env = os.environ if environ is None else environ
+    env = not_distributed_marker_removed(os.environ if environ is None else environ)
     found = [_torch(env), *_mpi(env, cpu), _slurm_batch(env)]
     return tuple(f for f in found if f is not None)
 
@@ -129,3 +157,28 @@ def refuse_leftovers(leftovers: tuple[Leftover, ...]) -> None:
     read = [f for f in leftovers if f.read]
     if read:
         raise ConfigConflictError("; ".join(f.message for f in read))
+
+
+def refuse_accelerate_device(chosen: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse ``ACCELERATE_TORCH_DEVICE`` naming another kind of device than ``chosen`` (a backend name).
+
+    accelerate's PartialState takes it as its device whenever it is set, use_cpu or not (accelerate
+    1.16 state.py, ``torch.device(env_device)``), so the Trainer would move the model there: left over
+    from a Ray Train worker or an export, it fails at the Trainer's first step.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get("ACCELERATE_TORCH_DEVICE")
+    if given is None or given.partition(":")[0].strip() == chosen:
+        return
+    from whichdevice.hardware import probing
+    from whichdevice.hardware.registry import backends
+
+    kind = given.partition(":")[0].strip()
+    known = any(b.name == kind for b in backends())
+    missing = not known or not probing.probe(kind).available
+    where = " (which this machine does not have)" if missing else ""
+    instead = "" if missing else f", or pass device={kind!r} to train there"
+    raise ConfigConflictError(
+        f"ACCELERATE_TORCH_DEVICE={given[:20]!r} is set: accelerate trains on that device{where} whatever "
+        f"TrainingArguments says, but this run is on {chosen}. Run `unset ACCELERATE_TORCH_DEVICE`{instead}"
+    )

@@ -6,6 +6,11 @@ fp16 only for an architecture known to be safe in fp16 (``precision/fp16_safe.py
 that fails closed: any other gets fp32, and the trace says how to opt in). Training keeps fp32
 weights under mixed precision: ``fp16=True`` needs them (torch's GradScaler refuses to unscale fp16
 gradients), and bf16 weights lose most small optimizer updates.
+
+An explicit ``dtype=`` for training names both the weights and the compute (one rule,
+:data:`EXPLICIT_TRAINING_DTYPE`): float32 is fp32 weights without autocast, bfloat16 pure bf16
+weights computing in bf16, float16 fp16 weights without loss scaling. No autocast to another dtype
+is added behind the user's back; ``dtype="auto"`` is the way to get fp32 weights with autocast.
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
     from whichdevice.model.size import CheckpointDtype
 
-__all__ = ["Precision", "decide_precision"]
+__all__ = ["EXPLICIT_TRAINING_DTYPE", "Precision", "decide_precision"]
+
+EXPLICIT_TRAINING_DTYPE = (
+    "an explicit dtype for training is both the weights' dtype and the compute dtype: no autocast to "
+    "another dtype is added (dtype='auto' chooses fp32 weights with mixed precision)"
+)
 
 # Measured here (AMD EPYC, torch 2.13 CPU): one AdamW step at lr=2e-5 on a 5.6M-parameter Llama.
 PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (18% in fp32: those without a gradient)"
@@ -180,13 +190,18 @@ def _as_asked(
             )
         )
         return Precision(dtype, None), steps
-    mixed = training_precision(backend, result, None)[0]
     if dtype == "bfloat16":
-        mixed = "bf16" if ok else None
-        steps.append(TraceStep("training", f"pure bf16 weights as you asked: {PURE_BF16_COST}"))
-    if mixed == "fp16" and _unsafe(checkpoint) is not None:
-        mixed = None
-    return Precision(dtype, mixed), steps
+        # bf16=True autocasts to the weights' own dtype: the compute stays the bf16 the user named.
+        steps.append(
+            TraceStep("training", f"pure bf16 weights and bf16 compute ({EXPLICIT_TRAINING_DTYPE}): {PURE_BF16_COST}")
+        )
+        return Precision(dtype, "bf16" if ok else None), steps
+    steps.append(
+        TraceStep(
+            "training", f"{dtype} weights and {dtype} compute, bf16=False and fp16=False: {EXPLICIT_TRAINING_DTYPE}"
+        )
+    )
+    return Precision(dtype, None), steps
 
 
 def _left_to_transformers(

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.dtypes import NAMES, short_name
 from whichdevice.core.errors import DeviceError
+from whichdevice.precision.generations import amd_half_precision, nvidia_fp16
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
@@ -52,6 +53,10 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
         return True, "fp32 runs everywhere"
     if name == "cuda":
         if result.variant == "rocm":
+            gpu = next((d.name for d in result.devices if d.name), None)
+            slower = amd_half_precision(gpu, result.min_capability)
+            if dtype == "bfloat16" and slower is not None:
+                return False, slower[1]
             return True, "AMD GPUs (ROCm) support bf16 and fp16"
         cc = result.min_capability
         if cc is None:
@@ -61,13 +66,9 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
             return cc >= (8, 0), f"bf16 needs compute capability 8.0 (Ampere) or newer; this GPU has {cc_text}"
         if cc >= (7, 0):
             return True, f"fp16 tensor cores from compute capability 7.0 (Volta); this GPU has {cc_text}"
-        if cc >= (5, 3):
-            # The project's rule (bf16 on Ampere or newer, fp16 on older GPUs), followed without a
-            # Pascal/Maxwell GPU here to time: fp16 halves weight memory and runs there, tensor cores or not.
-            return True, (
-                f"fp16 on compute capability {cc_text}: no tensor cores before 7.0, but fp16 runs from 5.3 and "
-                "whichdevice follows its rule for GPUs older than Ampere (not timed on such a GPU)"
-            )
+        rate = nvidia_fp16(cc)
+        if rate is not None:
+            return rate.fast, rate.why
         return False, f"fp16 arithmetic needs compute capability 5.3 or newer; this GPU has {cc_text}"
     if name == "hpu":
         gen = next((d.generation for d in result.devices if d.generation), None)

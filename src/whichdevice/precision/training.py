@@ -10,7 +10,7 @@ from whichdevice.precision.hardware import supports
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
 
-__all__ = ["FlagCheck", "check_precision_flag", "precision_conflicts", "training_precision"]
+__all__ = ["FlagCheck", "check_precision_flag", "fp16_weights_problem", "precision_conflicts", "training_precision"]
 
 # Measured on this project's machine (AMD EPYC with avx512_bf16, torch 2.13 CPU, 2 threads), with
 # ONEDNN_MAX_CPU_ISA=AVX512_CORE making oneDNN emulate bf16 as a CPU without it must: a 106M Llama
@@ -75,6 +75,9 @@ def check_precision_flag(backend: Backend, probe: ProbeResult, device: str, flag
             f"fp16=True on {device} runs, slowly: {why}; accelerate makes no loss scaler on the CPU, so small "
             "gradients underflow to zero",
         )
+    if name == "cuda" and probe.variant != "rocm":
+        # fp16 mixed precision runs on every CUDA GPU, converting where the GPU has no fp16 arithmetic.
+        return FlagCheck("warn", f"fp16=True on {device} runs, slowly: {why}; fp32 (neither flag) is faster here")
     if not backend.fast_fp16:
         instead = "bf16=True" if supports(backend, probe, "bfloat16")[0] else "neither (fp32)"
         return FlagCheck(
@@ -96,3 +99,21 @@ def precision_conflicts(backend: Backend, probe: ProbeResult, device: str, user:
             if check.verdict == "warn":
                 warnings.append(check.message)
     return warnings
+
+
+def fp16_weights_problem(model: Any, fp16: bool) -> str | None:
+    """The warning for ``fp16=True`` over a model whose trainable weights are fp16 (None: none).
+
+    torch's GradScaler unscales fp32 gradients only: the first optimizer step raises "Attempting to
+    unscale FP16 gradients" (torch/amp/grad_scaler.py). ``model`` is read duck-typed (``parameters()``).
+    """
+    if not fp16 or not hasattr(model, "parameters"):
+        return None
+    half = [p for p in model.parameters() if getattr(p, "requires_grad", False) and str(p.dtype) == "torch.float16"]
+    if not half:
+        return None
+    return (
+        f"the model trains {len(half)} fp16 weight tensor(s) under fp16=True: the first optimizer step fails with "
+        "'Attempting to unscale FP16 gradients'. Load it for training (resolve_device(model=..., task='training')"
+        ".model_kwargs() gives fp32 weights), or train adapters over it (whichdevice.lora_training)"
+    )

@@ -3,8 +3,10 @@
 The variables are not listed here. Each module that reads the environment on the resolve path
 declares its own (``ENV_VARIABLES`` next to the code that reads them, as Ray's ``hpu.py`` holds
 ``HABANA_VISIBLE_DEVICES_ENV_VAR``), and each registered backend's row declares its env hooks; the
-key is their union, so a new reader or a plugin backend cannot be left out. The variables the probes
-read are not in it: they are cached with the probe results, which ``refresh=True`` clears.
+key is their union, so a new reader or a plugin backend cannot be left out. The other variables the
+probes read are not in it: they are cached with the probe results, which ``refresh=True`` clears.
+The rows' visible-devices variables are in it, as they are in the probe cache's key: a notebook
+that edits CUDA_VISIBLE_DEVICES between calls gets an answer (and a launch command) that follows.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def _current() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
         return entry
     declared = [name for module in DECLARING_MODULES for name in module.ENV_VARIABLES]
     hooks = [default.name for backend in backends() for default in backend.env_defaults]
-    names = tuple(dict.fromkeys([*declared, *hooks]))
+    visible = [name for backend in backends() for name in backend.visible_devices_env]
+    names = tuple(dict.fromkeys([*declared, *hooks, *visible]))
     entry = (names, tuple(os.fsencode(name) for name in names))
     _variables[0] = entry
     return entry

@@ -11,17 +11,24 @@ from whichdevice.core.errors import (
     ArgumentsClassError,
     ConfigConflictError,
     DeviceError,
-    DeviceUnavailableError,
     PackageVersionError,
 )
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
 from whichdevice.launch.distributed import check_training_launch, checked_when_resolved
-from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
+from whichdevice.launch.leftovers import launch_leftovers, refuse_accelerate_device, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
-from whichdevice.precision.training import precision_conflicts
+from whichdevice.launch.user_keywords import (
+    REMOVED_SWITCHES,
+    check_compile_backend,
+    check_compile_mode,
+    check_ddp_package,
+    cpu_switch_off,
+)
+from whichdevice.precision.training import fp16_weights_problem, precision_conflicts
 from whichdevice.resolve.arguments import check_flag
+from whichdevice.training.simulated import refuse_simulated_accelerator
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -68,17 +75,21 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
                 f"ddp_backend={ddp!r} does not fit {name} ({backend.hardware}); "
                 + (f"use {' or '.join(repr(a) for a in allowed)}" if allowed else f"{name} has no distributed backend")
             )
+        ccl = check_ddp_package(ddp)
+        if ccl is not None:
+            warnings.warn(ccl, stacklevel=4)
         if res.distributed is None:
             raise ConfigConflictError(
                 f"ddp_backend={ddp!r} in a single process: TrainingArguments then fails with 'Default "
                 "process group has not been initialized'. Leave ddp_backend out, or launch with torchrun "
                 "or accelerate launch"
             )
-    # use_cpu is TrainingArguments' switch for the CPU itself.
-    if user.get("use_cpu") is False and name == "cpu":
-        raise DeviceUnavailableError(
-            f"use_cpu=False, but this machine has no usable accelerator ({res.probe.reason or 'only a CPU'}); "
-            "leave use_cpu out or install the backend for your hardware (see `whichdevice`)"
+    check_compile_backend(backend, user.get("torch_compile_backend"))
+    check_compile_mode(backend, res.probe.features, user.get("torch_compile"))
+    # use_cpu is TrainingArguments' switch for the CPU itself; use_cpu=False on the CPU: cpu_switch_off.
+    if user.get("use_cpu") is False and name == "cpu" and res.source != "detection":
+        raise ConfigConflictError(
+            f"use_cpu=False contradicts the device {res.device} ({res.source}); leave one of them out"
         )
     if user.get("use_cpu") and name != "cpu":
         raise ConfigConflictError(
@@ -93,6 +104,7 @@ def training_arguments(
     arguments_class: type[TrainingArguments] | None = None,
     resolution: Resolution | None = None,
     device: Any = None,
+    model: Any = None,
     **kwargs: Any,
 ) -> TrainingArguments:
     """A real ``TrainingArguments`` (or ``arguments_class``, any subclass of it) for this machine.
@@ -105,7 +117,8 @@ def training_arguments(
     settings you left out, and raises ``DeviceError`` before construction when one of yours
     conflicts with the hardware. ``use_cpu=True`` trains on the CPU. ``ACCELERATE_MIXED_PRECISION``
     (which ``accelerate launch`` exports from its config) is followed when it can run here, and
-    refused when it cannot. Accelerate's global state is left as found: if you configured an
+    refused when it cannot. ``model``: the model you will train; fp16 weights under ``fp16=True`` are
+    warned about (the first step would fail). Accelerate's global state is left as found: if you configured an
     ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
@@ -132,7 +145,19 @@ def training_arguments(
     if problems:  # TrainingArguments or the Trainer's Accelerator would raise later, with less to go on
         raise ConfigConflictError("; ".join(problems))
     _check_launch(res)
+    refuse_accelerate_device(res.backend.name)  # also for a resolution made for inference
     _conflicts(res, kwargs)
+    filled = _filled(res, kwargs, settings)
+    final = {**filled, **kwargs}
+    if output_dir is not None:
+        final["output_dir"] = output_dir
+    if "accelerator_config" not in kwargs and _accelerate_state_configured():
+        final["accelerator_config"] = {"use_configured_state": True}
+    return _build(cls, res, final, model)
+
+
+def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSettings) -> dict[str, Any]:
+    """The keywords whichdevice adds to the user's, the precision flags agreed with theirs."""
     # torch_compile: yours when you pass it, else the resolution's (resolve_device(torch_compile=True)).
     compile_ = kwargs.get("torch_compile")
     filled = dict(res.training_kwargs(torch_compile=None if compile_ is None else bool(compile_)))
@@ -144,11 +169,18 @@ def training_arguments(
         filled.update({flag: False for flag in ("bf16", "fp16") if flag not in kwargs})
     else:
         filled.update(_precision_flags(res, filled, settings))
-    final = {**filled, **kwargs}
-    if output_dir is not None:
-        final["output_dir"] = output_dir
-    if "accelerator_config" not in kwargs and _accelerate_state_configured():
-        final["accelerator_config"] = {"use_configured_state": True}
+    if kwargs.get("use_cpu") is False and res.backend.name == "cpu":
+        filled, note = cpu_switch_off(res.backend, kwargs, filled)
+        warnings.warn(note, stacklevel=3)
+    return filled
+
+
+def _build(cls: type[TrainingArguments], res: Resolution, final: dict[str, Any], model: Any) -> TrainingArguments:
+    """The class built from ``final``, after the checks that need every keyword."""
+    unscale = fp16_weights_problem(model, bool(final.get("fp16")))
+    if unscale is not None:
+        warnings.warn(unscale, stacklevel=3)
+    refuse_simulated_accelerator(res, final)  # every check has run: the error carries the keywords
     return cls(**final)
 
 
@@ -222,8 +254,15 @@ def _arguments_class(arguments_class: Any, kwargs: dict[str, Any]) -> type[Train
 
         near = [m for name in unknown for m in difflib.get_close_matches(name, sorted(takes), n=1)]
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        removed = [
+            f"{name} was removed in transformers 5: use {REMOVED_SWITCHES[name]}"
+            for name in unknown
+            if name in REMOVED_SWITCHES
+        ]
         other = (
-            ""
+            f"; {'; '.join(removed)}"
+            if removed
+            else ""
             if arguments_class is not None
             else "; pass arguments_class= for a class that takes it (trl.SFTConfig takes max_length, ...)"
         )

@@ -7,6 +7,7 @@ stops before it when accelerate is too old for the result to be usable anyway.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib.util import find_spec
 from typing import Any
@@ -31,8 +32,10 @@ from whichdevice.hardware.visible import Visibility, visible_devices
 __all__ = [
     "ENV_VARIABLES",
     "GAUDI_GROUP_SIZES",
+    "LAZY_MODE_VARIABLE",
     "HpuReadings",
     "accelerate_block",
+    "execution_mode",
     "gaudi_generation",
     "hpu_group_warnings",
     "interpret_hpu",
@@ -40,7 +43,11 @@ __all__ = [
     "read_hpu",
 ]
 
-ENV_VARIABLES = ("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES")
+# PT_HPU_LAZY_MODE: 1 lazy mode, 0 eager mode (with torch.compile). Intel's PyTorch Support Matrix
+# (docs.habana.ai, PyTorch/Reference/PyTorch_Support_Matrix): eager with torch.compile is the
+# default, lazy a legacy fallback; torch.compile(backend="hpu_backend") runs in eager mode only.
+LAZY_MODE_VARIABLE = "PT_HPU_LAZY_MODE"
+ENV_VARIABLES = ("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES", LAZY_MODE_VARIABLE)
 
 # Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis.
 GAUDI_GROUP_SIZES = (2, 4)
@@ -123,7 +130,14 @@ def interpret_hpu(backend: Backend, readings: HpuReadings) -> ProbeResult:
     devices = [
         replace(d, generation=gaudi_generation(d.name), bf16=True) for d in module_devices(readings.devices, vis)
     ]
-    return finish_runtime(backend, readings, vis, devices, hpu_group_warnings(vis))
+    result = finish_runtime(backend, readings, vis, devices, hpu_group_warnings(vis))
+    return replace(result, features=result.features | {execution_mode(readings.env)})
+
+
+def execution_mode(env: Mapping[str, str]) -> str:
+    """ "execution-mode:lazy", ":eager" or ":default" (PT_HPU_LAZY_MODE unset: the Gaudi software's own)."""
+    modes = {"1": "lazy", "0": "eager"}
+    return "execution-mode:" + modes.get(env.get(LAZY_MODE_VARIABLE, "").strip(), "default")
 
 
 def hpu_group_warnings(vis: Visibility) -> list[str]:
