@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, printable
 
 __all__ = ["main"]
 
@@ -190,7 +190,9 @@ def _out() -> TextIO:
 
 def _say(message: str, command: str | None = None) -> None:
     prefix = f"{PROG} {command}" if command and command != "report" else PROG
-    _emit(f"{prefix}: {message}\n", err=True)
+    # A message quotes what came from outside (a device's name, a variable, a report): escaped,
+    # so that it cannot clear the screen or forge a line such as "ok: ..." in a job's log.
+    _emit(f"{prefix}: {printable(message)}\n", err=True)
 
 
 def _json(data: Any) -> None:
@@ -261,7 +263,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         _json(result)
     elif code == 0:
-        _emit(result["message"] + "\n")
+        _emit(printable(result["message"]) + "\n")
     if code != 0:
         _say(result["message"], "check")
     return code
@@ -402,7 +404,7 @@ def _fail(
     if wants_json:
         _json(_error_json(type(exc).__name__ if not usage else "UsageError", message, code, command))
     if usage is not None:
-        _emit(f"{usage}: error: {message}\n", err=True)
+        _emit(f"{usage}: error: {printable(message)}\n", err=True)
         _emit(f"run '{usage} --help' for the options\n", err=True)
     else:
         _say(message, command)
