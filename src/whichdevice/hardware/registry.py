@@ -26,6 +26,7 @@ from typing import Any
 
 from whichdevice.core.errors import UnknownDeviceError, closest_match
 from whichdevice.core.records import Backend, EnvDefault
+from whichdevice.hardware import plugin_loading
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -225,21 +226,6 @@ _order: list[str] = []
 _entry_points_loaded = False
 
 
-# How a plugin's entry point is loaded: the probe layer swaps in one bounded by the probe time limit
-# (a plugin whose import hangs must not block every other backend).
-def _load_plugin(ep: Any) -> Any:
-    return ep.load()
-
-
-_plugin_loader: Callable[[Any], Any] = _load_plugin
-
-
-def set_plugin_loader(loader: Callable[[Any], Any]) -> None:
-    """Load ``whichdevice.backends`` entry points with ``loader(ep)`` (the probe layer's, time-limited)."""
-    global _plugin_loader
-    _plugin_loader = loader
-
-
 def on_change(listener: Callable[[str], None]) -> None:
     """Call ``listener(name)`` whenever backend ``name`` is registered, replaced or removed."""
     if listener not in _listeners:
@@ -262,6 +248,7 @@ def _reset() -> None:
             _registry[record.name] = record
             _order.append(record.name)
         _entry_points_loaded = False
+        plugin_loading.forget()
     for name in {**before, **dict.fromkeys(_order)}:
         _changed(name)
 
@@ -295,21 +282,20 @@ def _load_entry_points() -> None:
         added: list[str] = []
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
-                obj: Any = _plugin_loader(ep)
+                obj: Any = plugin_loading.load(ep)
                 record = obj() if callable(obj) and not isinstance(obj, Backend) else obj
                 if not isinstance(record, Backend):
-                    raise TypeError(f"entry point gave {type(record).__name__}, not a Backend")
+                    raise TypeError(f"entry point gave {type(record).__name__}, not a whichdevice.Backend")
                 _check_name(record)
                 if record.name not in _registry:
                     _insert(record, before="cpu")
+                    plugin_loading.remember_source(record.name, ep)
                     added.append(record.name)
-            except Exception as exc:
+            # SystemExit too: a plugin calling sys.exit() must not end the program that asked for a device.
+            except (Exception, SystemExit) as exc:
                 import warnings
 
-                warnings.warn(
-                    f"whichdevice: backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
-                    stacklevel=2,
-                )
+                warnings.warn(f"whichdevice: {plugin_loading.record(ep, exc)}", stacklevel=2)
         for name in added:
             _changed(name)
 
