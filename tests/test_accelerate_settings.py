@@ -31,9 +31,7 @@ def _pasted(command: str, cwd: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_the_traced_launch_line_runs_nothing_from_the_variable(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_the_traced_launch_line_runs_nothing_from_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", HOSTILE)
     with simulate("cuda:8"):
         res = wd.resolve_device(task="training")

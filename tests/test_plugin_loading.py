@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-import textwrap
 import warnings
 from collections.abc import Iterator
 from pathlib import Path

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import shlex
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -388,9 +388,7 @@ def test_a_nul_in_a_replayed_value_is_damage(tmp_path: Path, capsys: pytest.Capt
     assert "NUL character" in err and "damaged" in err and "internal error" not in err
 
 
-def test_a_report_nested_100000_deep_is_refused_as_damaged(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_report_nested_100000_deep_is_refused_as_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "deep.json"
     path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     assert cli.main(["--simulate-report", str(path)]) == 2
