@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from whichdevice.core.errors import SHOWN_LIMIT, printable, shown
+import whichdevice as wd
+from steering import STEERING
+from whichdevice.core.errors import MESSAGE_LIMIT, SHOWN_LIMIT, DeviceError, printable, shown
+from whichdevice.testing import simulate
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in STEERING:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize(
@@ -33,3 +42,29 @@ def test_shown_cuts_a_huge_value_and_says_how_long_it_was() -> None:
     text = shown("x" * 1_000_000)
     assert len(text) < SHOWN_LIMIT + 40
     assert text.endswith("... (1000000 characters)")
+
+
+def test_a_message_is_cut_in_the_middle_past_the_limit_keeping_the_fix() -> None:
+    error = DeviceError("X=" + "y" * 1_000_000 + "; unset X to fix it")
+    assert len(str(error)) < MESSAGE_LIMIT + 100
+    assert str(error).startswith("X=yyy") and str(error).endswith("; unset X to fix it")
+    assert "characters left out" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WHICHDEVICE_DEVICE", "x" * 1_000_000),
+        ("WHICHDEVICE_DEVICE", "cuda:" + "9" * 1_000_000),
+        ("WHICHDEVICE_DEVICE", "\x1b" * 1_000_000),
+        ("LOCAL_RANK", "x" * 1_000_000),
+        ("WHICHDEVICE_PROBE_TIMEOUT", "x" * 1_000_000),
+    ],
+    ids=["device-word", "device-index", "device-escapes", "local-rank", "probe-timeout"],
+)
+def test_a_megabyte_variable_gives_a_short_message(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with simulate("cuda:2"), pytest.raises(DeviceError) as info:
+        wd.resolve_device(task="training")
+    message = str(info.value)
+    assert len(message) < 1000 and variable in message and "characters)" in message

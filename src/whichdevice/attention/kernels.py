@@ -236,7 +236,7 @@ def decide_kernels(
     from whichdevice.core.records import TraceStep
 
     key = kernels_key(backend, result)
-    if requested in (False, None):
+    if requested is False:
         # Off unless asked, as in transformers: on, transformers downloads compiled code from the Hub and runs it.
         trace.append(
             TraceStep(
@@ -248,7 +248,7 @@ def decide_kernels(
         )
         return False, key
     if requested not in ("auto", True):
-        raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False")
+        raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False (the default False: off)")
     checks = [kernels_compatibility()]
     if key is None:
         keys = ", ".join(kernels_keys())

@@ -21,8 +21,20 @@ __all__ = [
 ]
 
 
+# The longest error message said in full: past it, the middle goes (a value quoted without
+# ``shown`` must not turn a 1 MB variable into a 2 MB message; the fix is said at the end).
+MESSAGE_LIMIT = 2000
+
+
 class DeviceError(ValueError):
     """A device request that cannot be honoured; the message names the fix."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if len(text) <= MESSAGE_LIMIT:
+            return text
+        head, tail = MESSAGE_LIMIT * 2 // 3, MESSAGE_LIMIT // 4
+        return f"{text[:head]}... ({len(text) - head - tail} characters left out) ...{text[-tail:]}"
 
 
 class UnknownDeviceError(DeviceError):

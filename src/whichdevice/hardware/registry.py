@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from whichdevice.core.errors import UnknownDeviceError, closest_match
+from whichdevice.core.errors import UnknownDeviceError, closest_match, shown
 from whichdevice.core.records import Backend, EnvDefault
 from whichdevice.hardware import plugin_loading
 
@@ -343,7 +343,7 @@ def get_backend(name: str) -> Backend:
     _load_entry_points()
     if not isinstance(name, str):
         raise UnknownDeviceError(
-            f"a backend name is a string such as 'cuda', not {type(name).__name__} {name!r}; "
+            f"a backend name is a string such as 'cuda', not {type(name).__name__} {shown(name)}; "
             f"valid names: {', '.join(_order)}"
         )
     record = _registry.get(name)
@@ -357,7 +357,7 @@ def unknown_name_message(name: str, what: str = "device") -> str:
     names = backend_names()
     hint = closest_match(name, names)
     guess = f" Did you mean {hint!r}?" if hint else ""
-    return f"unknown {what} {name!r}.{guess} Valid {what} names: {', '.join(names)}."
+    return f"unknown {what} {shown(name)}.{guess} Valid {what} names: {', '.join(names)}."
 
 
 def register_backend(record: Backend, *, replace: bool = False, before: str | None = None) -> Backend:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core import envview
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, shown
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
@@ -146,11 +146,11 @@ def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
         value = int(text)
     except ValueError:
         raise DeviceError(
-            f"{name}={raw!r} is not a whole number; the launcher sets it (torchrun, srun, mpirun), "
+            f"{name}={shown(raw)} is not a whole number; the launcher sets it (torchrun, srun, mpirun), "
             f"so unset it if you exported it by hand"
         ) from None
     if value < minimum:
-        raise DeviceError(f"{name}={raw!r} must be {minimum} or more; unset it or fix the launch command")
+        raise DeviceError(f"{name}={shown(raw)} must be {minimum} or more; unset it or fix the launch command")
     return value
 
 
