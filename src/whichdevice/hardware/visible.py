@@ -128,6 +128,12 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
             uuids: list[str] = []
             for entry in text.split(","):
                 entry = entry.strip()
+                if entry == prefix:
+                    # The runtime matches a UUID by its prefix, and an empty one matches any GPU.
+                    raise DeviceError(
+                        f"{variable}={shown(value)}: {prefix!r} has no UUID after it; write the whole UUID as "
+                        f"`nvidia-smi -L` prints it ({variable}={prefix}1f0e2d3c-...), or an index ({variable}=0)"
+                    )
                 if entry in uuids:
                     once = ",".join(dict.fromkeys(e.strip() for e in text.split(",")))
                     warnings.append(
