@@ -284,3 +284,31 @@ def test_a_changed_accelerate_variable_is_a_new_resolution(monkeypatch):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
     second = wd.resolve_device(task="training")
     assert second is not first and "fp8" in second.explain()
+
+
+_ENVIRONMENT_AFTER = """
+import json, os, sys, tempfile
+import whichdevice as wd
+before = dict(os.environ)
+wd.training_arguments(output_dir=tempfile.mkdtemp())
+after = dict(os.environ)
+print(json.dumps({k: [before.get(k), after.get(k)] for k in {*before, *after} if before.get(k) != after.get(k)}))
+"""
+
+
+@pytest.mark.parametrize("preset", [None, "/tmp/my-inductor-cache"], ids=["unset", "set-by-the-user"])
+def test_training_arguments_leaves_the_environment_as_it_was(preset: str | None) -> None:
+    # A fresh process: the import of TrainingArguments (peft -> bitsandbytes -> torch.compile) is
+    # what sets TORCHINDUCTOR_CACHE_DIR, and this one has imported it long ago.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if preset is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = preset
+    done = subprocess.run(
+        [sys.executable, "-c", _ENVIRONMENT_AFTER], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == {}
