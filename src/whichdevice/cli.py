@@ -9,6 +9,7 @@ after the subcommand name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 from whichdevice.core.errors import DeviceError, printable
+from whichdevice.core.limits import ResourceLimitError, limit_hit
 
 __all__ = ["main"]
 
@@ -329,12 +331,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     outer = _streams
-    with command_streams(descriptors) as streams:
-        _streams = streams
-        try:
-            code = _main(argv, debug)
-        finally:
-            _streams = outer
+    try:
+        with command_streams(descriptors) as streams:
+            _streams = streams
+            try:
+                code = _main(argv, debug)
+            finally:
+                _streams = outer
+    except (OSError, MemoryError) as exc:
+        # The streams themselves could not be set up or restored (ulimit -n, -f): one line, exit 1.
+        limit = limit_hit(exc)
+        if limit is None:
+            raise
+        with contextlib.suppress(OSError):
+            os.write(2, f"{PROG}: {limit}\n".encode("utf-8", "backslashreplace"))
+        return 1
     if debug and streams.captured.strip():
         write(streams, "output of other code while the command ran:\n" + streams.captured, err=True)
     if descriptors:
@@ -368,6 +379,9 @@ def _main(argv: list[str], debug: bool) -> int:
         _say("interrupted", command)
         return 130
     except Exception as exc:
+        limit = limit_hit(exc)
+        if limit is not None:  # ulimit -v/-n/-f: not a bug, and the fix is the limit's
+            return _fail(ResourceLimitError(limit), 1, command, args.json, debug=debug)
         # A bug or a broken installation: still one line and an exit code, the traceback on --debug.
         return _fail(exc, 1, command, args.json, debug=debug, internal=True)
 
