@@ -131,8 +131,8 @@ def load_report(report: str | os.PathLike[str] | Mapping[str, Any]) -> RecordedM
         # A 1.0 report has no replay section: its ENVIRONMENT entries and versions are what it recorded.
         entries = data.get("environment")
         entries = entries if isinstance(entries, list) else []
-        environ = {e.get("name"): e.get("value") for e in entries if isinstance(e, Mapping) and e.get("set")}
-        environ = _environ(source, environ, "environment")
+        recorded = {e.get("name"): e.get("value") for e in entries if isinstance(e, Mapping) and e.get("set")}
+        environ = _environ(source, recorded, "environment")
         packages = decode(dict[str, str | None], data["versions"], f"{source}: versions")
         packages.pop("python", None)
     elif not isinstance(section, Mapping):

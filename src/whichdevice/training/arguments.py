@@ -187,16 +187,15 @@ def training_arguments_type() -> type[TrainingArguments]:
 
 def _arguments_class(arguments_class: Any, kwargs: dict[str, Any]) -> type[TrainingArguments]:
     """The class to build, checked to be a TrainingArguments that takes every keyword given."""
-    TrainingArguments = training_arguments_type()  # noqa: N806 - the class, under its own name
-
+    base = training_arguments_type()
     if arguments_class is None:
-        cls: type[TrainingArguments] = TrainingArguments
-    elif isinstance(arguments_class, type) and issubclass(arguments_class, TrainingArguments):
+        cls: type[TrainingArguments] = base
+    elif isinstance(arguments_class, type) and issubclass(arguments_class, base):
         cls = arguments_class
     else:
         what = (
             f"an instance of {type(arguments_class).__name__}; pass the class itself"
-            if isinstance(arguments_class, TrainingArguments)
+            if isinstance(arguments_class, base)
             else "not a subclass of transformers.TrainingArguments"
         )
         raise ArgumentsClassError(
