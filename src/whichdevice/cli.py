@@ -9,7 +9,6 @@ after the subcommand name.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 from whichdevice.core.errors import DeviceError, printable
-from whichdevice.core.limits import ResourceLimitError, limit_hit
+from whichdevice.core.limits import ResourceLimitError, limit_hit, say_limit
 
 __all__ = ["main"]
 
@@ -338,14 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 code = _main(argv, debug)
             finally:
                 _streams = outer
-    except (OSError, MemoryError) as exc:
-        # The streams themselves could not be set up or restored (ulimit -n, -f): one line, exit 1.
-        limit = limit_hit(exc)
-        if limit is None:
-            raise
-        with contextlib.suppress(OSError):
-            os.write(2, f"{PROG}: {limit}\n".encode("utf-8", "backslashreplace"))
-        return 1
+    except (OSError, MemoryError) as exc:  # the streams themselves (ulimit -n, -f): one line, exit 1
+        return say_limit(exc, PROG)
     if debug and streams.captured.strip():
         write(streams, "output of other code while the command ran:\n" + streams.captured, err=True)
     if descriptors:

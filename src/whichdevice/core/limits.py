@@ -9,14 +9,16 @@ the limit, its current value where the process has one, and how to raise it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 
 try:  # read before a limit on open files can stop the import of its extension
     import resource
 except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
-__all__ = ["ResourceLimitError", "limit_hit"]
+__all__ = ["ResourceLimitError", "limit_hit", "say_limit"]
 
 
 class ResourceLimitError(RuntimeError):
@@ -80,3 +82,14 @@ def limit_hit(exc: BaseException) -> str | None:
     if code == errno.ENOMEM:
         return f"out of memory ({exc.strerror}; ulimit -v{_now('RLIMIT_AS')}): raise the limit or free memory"
     return None
+
+
+def say_limit(exc: BaseException, prog: str) -> int:
+    """Write ``prog: <the limit>`` to descriptor 2 and return exit code 1; re-raise ``exc`` when no
+    limit caused it. For failures before the command's own streams exist (or after they are gone)."""
+    limit = limit_hit(exc)
+    if limit is None:
+        raise exc
+    with contextlib.suppress(OSError):
+        os.write(2, f"{prog}: {limit}\n".encode("utf-8", "backslashreplace"))
+    return 1
