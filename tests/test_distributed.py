@@ -493,3 +493,27 @@ def test_a_master_port_that_is_not_a_port_is_refused_naming_it(monkeypatch: pyte
     monkeypatch.setenv("MASTER_PORT", port)
     with simulate("cuda:2"), pytest.raises(DeviceError, match=r"MASTER_PORT=.* is not a TCP port.*MASTER_PORT=29500"):
         wd.resolve_device(task="training")
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"SLURM_PROCID": "7", "SLURM_NTASKS": "2"}, "SLURM_PROCID=7 is not below SLURM_NTASKS=2"),
+        (
+            {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"},
+            "SLURM_PROCID=3 is not below SLURM_STEP_NUM_TASKS=2",
+        ),
+        ({"SLURM_NTASKS": "0"}, "SLURM_NTASKS='0' must be 1 or more"),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "0", "SLURM_STEP_ID": "0"}, "SLURM_STEP_NUM_TASKS='0'"),
+    ],
+    ids=["procid-past-ntasks", "procid-past-step-tasks", "ntasks-zero", "step-tasks-zero"],
+)
+def test_slurm_variables_that_contradict_each_other_are_refused(env: dict[str, str], says: str) -> None:
+    with pytest.raises(DeviceError) as info:
+        detect_distributed(env)
+    assert says in str(info.value)
+    assert "unset" in str(info.value)
+
+
+def test_a_batch_script_s_slurm_numbers_stay_a_single_process() -> None:
+    assert detect_distributed({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0"}) is None

@@ -278,7 +278,7 @@ def test_a_broken_plugin_only_warns(monkeypatch, plugin_module) -> None:  # type
         names = registry.backend_names()
     messages = [str(w.message) for w in caught]
     assert any("'bad'" in m and "plugin exploded" in m for m in messages)
-    assert any("'wrongtype'" in m and "not a Backend" in m for m in messages)
+    assert any("'wrongtype'" in m and "not a whichdevice.Backend" in m for m in messages)
     assert any("'gone'" in m for m in messages)
     # a plugin is held to the same naming rule as register_backend: "Plug-Dev" could never be asked for
     assert any("'badname'" in m and "lower-case identifier" in m for m in messages)

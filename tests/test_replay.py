@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -253,7 +254,7 @@ def _damaged_capability() -> dict[str, Any]:
         (lambda tmp: _write(tmp, '{"kind": "report", "schema'), ["is not JSON", "cut short"]),
         (lambda tmp: _write(tmp, "[1, 2]"), ["holds a JSON list, not a whichdevice report"]),
         (lambda tmp: {"kind": "check", "schema_version": "1.1"}, ["a 'check' output", "whichdevice --json >"]),
-        (lambda tmp: _good() | {"schema_version": "2.0"}, ["schema '2.0'", "pip install 'whichdevice=="]),
+        (lambda tmp: _good() | {"schema_version": "2.0"}, ["schema '2.0'", "pip install whichdevice=="]),
         (lambda tmp: _good() | {"backends": "none"}, ["'backends' is missing or damaged"]),
         (
             lambda tmp: _good() | {"backends": [{"name": "gpu9"}]},
@@ -323,3 +324,81 @@ def test_a_damaged_calibration_section_is_named(entry: object) -> None:
     machine["calibration"] = entry
     with pytest.raises(wd.DeviceError, match="'calibration' section is damaged"), simulate(report=machine):
         pass
+
+
+# ------------------------------------------------------------------------- hostile reports
+
+
+def _with_device_name(name: str) -> dict[str, Any]:
+    data = _good()
+    next(r for r in data["backends"] if r["name"] == "cuda")["devices"][0]["name"] = name
+    return data
+
+
+def _report_file(tmp_path: Path, data: Any) -> str:
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def test_escape_codes_in_a_replayed_device_name_do_not_reach_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _report_file(tmp_path, _with_device_name("\x1b[2J\x1b]0;owned\x07H100\u202e"))
+    assert cli.main(["--simulate-report", path]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "\\x1b[2J\\x1b]0;owned\\x07H100\\u202e" in out
+
+
+def test_a_newline_in_a_device_name_cannot_forge_a_line_of_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _report_file(tmp_path, _with_device_name("H100\nok: cuda:0 is usable (8 x H100)"))
+    assert cli.main(["check", "cuda", "--simulate-report", path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "H100\\nok: cuda:0" in lines[0]
+
+
+def test_a_hostile_version_becomes_a_quoted_pip_command(tmp_path: Path) -> None:
+    hostile = "1.0'; touch PWNED; echo '"
+    data = _good() | {"schema_version": "2.0", "versions": {"whichdevice": hostile}}
+    with pytest.raises(DeviceError) as info:
+        simulate(report=data)
+    command = str(info.value).split("replay it with ", 1)[1]
+    assert shlex.split(command) == ["pip", "install", f"whichdevice=={hostile}"]
+
+
+def test_only_variables_whichdevice_reads_are_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    data = _good()
+    data["replay"]["environ"] = {"LD_PRELOAD": "/tmp/evil.so", "A=B": "x", "WHICHDEVICE_DEVICE": "cpu"}
+    machine = load_report(data)
+    assert machine.environ == {"WHICHDEVICE_DEVICE": "cpu"}
+    with simulate(report=data):
+        assert "LD_PRELOAD" not in os.environ and "A=B" not in os.environ
+        assert wd.resolve_device().device == "cpu"
+
+
+def test_a_nul_in_a_replayed_value_is_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _good()
+    data["replay"]["environ"] = {"WHICHDEVICE_DEVICE": "cpu\x00cuda"}
+    assert cli.main(["--simulate-report", _report_file(tmp_path, data)]) == 2
+    err = capsys.readouterr().err
+    assert "NUL character" in err and "damaged" in err and "internal error" not in err
+
+
+def test_a_report_nested_100000_deep_is_refused_as_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert cli.main(["--simulate-report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "nests its JSON too deeply" in err and "internal error" not in err
+
+
+def test_a_huge_value_in_a_report_is_quoted_short() -> None:
+    data = _good()
+    data["platform"] = {"system": ["x" * 1_000_000]}
+    with pytest.raises(DeviceError) as info:
+        simulate(report=data)
+    assert len(str(info.value)) < 1000 and "damaged" in str(info.value)

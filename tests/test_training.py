@@ -391,3 +391,31 @@ def test_fp16_weights_under_fp16_mixed_precision_are_warned(tmp_path):
             warnings.simplefilter("error")
             with pytest.raises(SimulatedTrainingError):
                 wd.training_arguments(str(tmp_path), model=fp32_model)
+
+
+_ENVIRONMENT_AFTER = """
+import json, os, sys, tempfile
+import whichdevice as wd
+before = dict(os.environ)
+wd.training_arguments(output_dir=tempfile.mkdtemp())
+after = dict(os.environ)
+print(json.dumps({k: [before.get(k), after.get(k)] for k in {*before, *after} if before.get(k) != after.get(k)}))
+"""
+
+
+@pytest.mark.parametrize("preset", [None, "/tmp/my-inductor-cache"], ids=["unset", "set-by-the-user"])
+def test_training_arguments_leaves_the_environment_as_it_was(preset: str | None) -> None:
+    # A fresh process: the import of TrainingArguments (peft -> bitsandbytes -> torch.compile) is
+    # what sets TORCHINDUCTOR_CACHE_DIR, and this one has imported it long ago.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if preset is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = preset
+    done = subprocess.run(
+        [sys.executable, "-c", _ENVIRONMENT_AFTER], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == {}

@@ -479,3 +479,13 @@ def test_misread_values_name_the_value_to_write_too() -> None:
     assert vis.ids == () and any(f"write CUDA_VISIBLE_DEVICES={uuid}" in w for w in vis.warnings)
     vis = parse_cuda({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}, rocm=True)
     assert any("unset CUDA_VISIBLE_DEVICES" in w for w in vis.warnings)
+
+
+@pytest.mark.parametrize("value", ["GPU-", "MIG-", "GPU-0c6b4d1e,GPU-", " GPU- "])
+def test_an_empty_uuid_prefix_is_an_error_naming_the_form(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runtime matches a UUID by prefix, so "GPU-" would pick any GPU: refused, not read as GPU 0.
+    with pytest.raises(DeviceError, match="has no UUID after it; write the whole UUID as `nvidia-smi -L` prints"):
+        parse_cuda({"CUDA_VISIBLE_DEVICES": value})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    with simulate("cuda:2"), pytest.raises(DeviceError, match="has no UUID after it"):
+        wd.resolve_device("cuda")

@@ -16,7 +16,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, printable
+from whichdevice.core.limits import ResourceLimitError, limit_hit, say_limit
 
 __all__ = ["main"]
 
@@ -190,7 +191,9 @@ def _out() -> TextIO:
 
 def _say(message: str, command: str | None = None) -> None:
     prefix = f"{PROG} {command}" if command and command != "report" else PROG
-    _emit(f"{prefix}: {message}\n", err=True)
+    # A message quotes what came from outside (a device's name, a variable, a report): escaped,
+    # so that it cannot clear the screen or forge a line such as "ok: ..." in a job's log.
+    _emit(f"{prefix}: {printable(message)}\n", err=True)
 
 
 def _json(data: Any) -> None:
@@ -262,7 +265,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         _json(result)
     elif code == 0:
-        _emit(result["message"] + "\n")
+        _emit(printable(result["message"]) + "\n")
     if code != 0:
         _say(result["message"], "check")
     return code
@@ -336,12 +339,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     outer = _streams
-    with command_streams(descriptors) as streams:
-        _streams = streams
-        try:
-            code = _main(argv, debug)
-        finally:
-            _streams = outer
+    try:
+        with command_streams(descriptors) as streams:
+            _streams = streams
+            try:
+                code = _main(argv, debug)
+            finally:
+                _streams = outer
+    except (OSError, MemoryError) as exc:  # the streams themselves (ulimit -n, -f): one line, exit 1
+        return say_limit(exc, PROG)
     if debug and streams.captured.strip():
         write(streams, "output of other code while the command ran:\n" + streams.captured, err=True)
     if descriptors:
@@ -375,6 +381,9 @@ def _main(argv: list[str], debug: bool) -> int:
         _say("interrupted", command)
         return 130
     except Exception as exc:
+        limit = limit_hit(exc)
+        if limit is not None:  # ulimit -v/-n/-f: not a bug, and the fix is the limit's
+            return _fail(ResourceLimitError(limit), 1, command, args.json, debug=debug)
         # A bug or a broken installation: still one line and an exit code, the traceback on --debug.
         return _fail(exc, 1, command, args.json, debug=debug, internal=True)
 
@@ -411,7 +420,7 @@ def _fail(
     if wants_json:
         _json(_error_json(type(exc).__name__ if not usage else "UsageError", message, code, command))
     if usage is not None:
-        _emit(f"{usage}: error: {message}\n", err=True)
+        _emit(f"{usage}: error: {printable(message)}\n", err=True)
         _emit(f"run '{usage} --help' for the options\n", err=True)
     else:
         _say(message, command)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fits
 from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.core.packages import pip_install
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult, TraceStep
@@ -213,7 +214,7 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
         )
     return requested, (
         f"{requested} as you asked, but {package} is not installed and transformers cannot "
-        f"use a Hub kernel instead ({why}), so loading the model will fail: pip install {package}"
+        f"use a Hub kernel instead ({why}), so loading the model will fail: {pip_install(package)}"
     )
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.core import envview
 from whichdevice.core.errors import ConfigConflictError
-from whichdevice.core.packages import package_version, version_at_least, version_before
+from whichdevice.core.packages import package_version, pip_install, version_at_least, version_before
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult, TraceStep
@@ -69,12 +69,12 @@ def kernels_compatibility() -> tuple[bool, str]:
     if installed is None:
         return False, (
             f"the kernels package is not installed (transformers {tf} wants kernels{wanted}): "
-            f"pip install 'kernels{wanted}'"
+            f"{pip_install(f'kernels{wanted}')}"
         )
     if (low and version_before(installed, low)) or (high and version_at_least(installed, high)):
         return False, (
             f"kernels {installed} is installed but transformers {tf} wants kernels{wanted}, so it "
-            f"ignores Hub kernels: pip install 'kernels{wanted}'"
+            f"ignores Hub kernels: {pip_install(f'kernels{wanted}')}"
         )
     return True, f"kernels {installed} is within transformers {tf}'s range (kernels{wanted})"
 
@@ -236,7 +236,7 @@ def decide_kernels(
     from whichdevice.core.records import TraceStep
 
     key = kernels_key(backend, result)
-    if requested in (False, None):
+    if requested is False:
         # Off unless asked, as in transformers: on, transformers downloads compiled code from the Hub and runs it.
         off = TraceStep(
             "kernels",
@@ -246,7 +246,7 @@ def decide_kernels(
         )
         return (False, key), [off]
     if requested not in ("auto", True):
-        raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False")
+        raise ConfigConflictError(f"use_kernels={requested!r}: use 'auto', True or False (the default False: off)")
     checks = [kernels_compatibility()]
     if key is None:
         keys = ", ".join(kernels_keys())

@@ -5,6 +5,7 @@ from __future__ import annotations
 TYPE_CHECKING = False  # typing itself costs milliseconds at import; see whichdevice/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import Any
 
 __all__ = [
     "ArgumentsClassError",
@@ -17,11 +18,25 @@ __all__ = [
     "UnknownDeviceError",
     "closest_match",
     "exit_code_for",
+    "printable",
+    "shown",
 ]
+
+
+# The longest error message said in full: past it, the middle goes (a value quoted without
+# ``shown`` must not turn a 1 MB variable into a 2 MB message; the fix is said at the end).
+MESSAGE_LIMIT = 2000
 
 
 class DeviceError(ValueError):
     """A device request that cannot be honoured; the message names the fix."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if len(text) <= MESSAGE_LIMIT:
+            return text
+        head, tail = MESSAGE_LIMIT * 2 // 3, MESSAGE_LIMIT // 4
+        return f"{text[:head]}... ({len(text) - head - tail} characters left out) ...{text[-tail:]}"
 
 
 class UnknownDeviceError(DeviceError):
@@ -56,6 +71,42 @@ class DoesNotFitError(DeviceError):
 
 class DamagedModelError(DeviceError):
     """A model file that cannot be read as what it claims to be; the message names the file and the fix."""
+
+
+# Characters that change what a terminal shows rather than showing themselves: C0/C1 controls
+# (escape sequences, carriage return, newline), the line/paragraph separators, and the
+# bidirectional overrides that reorder text ("Trojan Source", CVE-2021-42574).
+_UNPRINTABLE = "[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+_unprintable_re: list[Any] = []
+
+# The most characters of one outside value an error quotes (a 1 MB variable is not a message).
+SHOWN_LIMIT = 120
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``, ``\\n``), so that
+    text from a file, the environment or a device prints as text: no escape sequence reaches the
+    terminal and no newline forges a line of output."""
+    if text.isprintable():  # the common case, without compiling anything
+        return text
+    if not _unprintable_re:
+        import re
+
+        _unprintable_re.append(re.compile(_UNPRINTABLE))
+    return str(_unprintable_re[0].sub(_escape, text))
+
+
+def _escape(match: Any) -> str:
+    return str(match.group().encode("unicode_escape").decode("ascii"))
+
+
+def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with the full length said."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    length = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
+    return f"{text[:limit]}...{length}"
 
 
 # Words people type for a device that are not device strings. Checked before fuzzy matching

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -24,6 +25,7 @@ __all__ = [
     "generation",
     "known_versions",
     "package_version",
+    "pip_install",
     "requirement_on",
     "simulated_packages",
     "transformers_problem",
@@ -215,3 +217,9 @@ def transformers_problem() -> str | None:
     if version_before(version, MIN_TRANSFORMERS):
         return f"transformers {version} is older than whichdevice supports ({MIN_TRANSFORMERS} or newer): {fix}"
     return None
+
+
+def pip_install(*requirements: str) -> str:
+    """``pip install 'torch>=2.1'``: the command, each requirement quoted for a shell, since a version
+    may come from a replayed report or a package's metadata and a pasted command must do only that."""
+    return shlex.join(["pip", "install", *requirements])

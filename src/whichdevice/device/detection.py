@@ -66,6 +66,7 @@ def detection_order(prefer: Any, exclude: Any) -> tuple[list[Backend], list[Trac
 
 def _detect(order: list[Backend]) -> _Chosen:
     steps = []
+    timed_out: list[str] = []
     for position, backend in enumerate(order):
         result = probing.probe(backend.name)
         if result.available and result.incompatible:
@@ -76,15 +77,26 @@ def _detect(order: list[Backend]) -> _Chosen:
             steps += other_accelerators(backend, order[position + 1 :])
             return (backend, result), steps
         steps.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
+        if result.reason and "did not finish within" in result.reason:
+            timed_out.append(backend.name)
+    raise DeviceUnavailableError(_nothing_usable(order, timed_out))
+
+
+def _nothing_usable(order: list[Backend], timed_out: list[str]) -> str:
+    """Why detection found nothing, naming what would change that: the time limit, or exclude=."""
     if not order:  # prefer=/exclude= left nothing to try
-        raise DeviceUnavailableError(
-            "no usable device: exclude= leaves no backend to try; leave 'cpu' out of exclude= to fall back to it"
+        return "no usable device: exclude= leaves no backend to try; leave 'cpu' out of exclude= to fall back to it"
+    message = f"no usable device: every backend in {', '.join(b.name for b in order)} is unavailable"
+    if timed_out:
+        limit = probing.probe_timeout()
+        message += (
+            f"; the probes of {', '.join(timed_out)} did not finish within the time limit of {limit:g} s "
+            f"(WHICHDEVICE_PROBE_TIMEOUT): raise it (WHICHDEVICE_PROBE_TIMEOUT=60) or unset it for the default "
+            f"of {probing.DEFAULT_TIMEOUT_S:g} s"
         )
-    raise DeviceUnavailableError(
-        "no usable device: every backend in "
-        + ", ".join(b.name for b in order)
-        + " is unavailable (see the reasons in `whichdevice`); leave 'cpu' out of exclude= to fall back to it"
-    )
+    if "cpu" not in {b.name for b in order}:
+        return message + "; leave 'cpu' out of exclude= to fall back to it"
+    return message + ("" if timed_out else " (see the reasons in `whichdevice`)")
 
 
 def _asked_for(request: DeviceRequest) -> _Chosen:

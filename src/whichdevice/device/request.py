@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core import envview
-from whichdevice.core.errors import DeviceError, UnknownDeviceError, closest_match
+from whichdevice.core.errors import DeviceError, UnknownDeviceError, closest_match, shown
 from whichdevice.core.records import TraceStep
 from whichdevice.hardware.registry import backend_names
 
@@ -53,14 +53,14 @@ def read_request(device: Any) -> tuple[DeviceRequest, list[TraceStep]]:
     if device is not None:
         name, index = parse_device(device, "device")
         steps = [
-            TraceStep("request", f"device={str(device)!r} given as an argument (beats {ENV_DEVICE} and detection)")
+            TraceStep("request", f"device={shown(str(device))} given as an argument (beats {ENV_DEVICE} and detection)")
         ]
         if env_value:
-            steps.append(TraceStep("request", f"{ENV_DEVICE}={env_value!r} ignored: the argument wins"))
+            steps.append(TraceStep("request", f"{ENV_DEVICE}={shown(env_value)} ignored: the argument wins"))
         return DeviceRequest("device", str(device), name, index), steps
     if env_value is not None and env_value.strip():
         name, index = parse_device(env_value, ENV_DEVICE)
-        steps = [TraceStep("request", f"{ENV_DEVICE}={env_value!r} set in the environment (beats detection)")]
+        steps = [TraceStep("request", f"{ENV_DEVICE}={shown(env_value)} set in the environment (beats detection)")]
         return DeviceRequest(ENV_DEVICE, env_value, name, index), steps
     return DeviceRequest(), []
 
@@ -94,7 +94,7 @@ def parse_device(value: Any, source: str = "device") -> tuple[str, int | None]:
         raise _unknown_name(text, name, source, names)
     if match is None or match.group(2) is None:
         if ":" in text:
-            raise UnknownDeviceError(f"{source}={value!r}: unexpected text; write {name!r} or '{name}:0'")
+            raise UnknownDeviceError(f"{source}={shown(value)}: unexpected text; write {shown(name)} or '{name}:0'")
         return name, None
     return name, _device_index(match.group(2), name, text, source)
 
@@ -109,18 +109,18 @@ def _device_text(value: Any, source: str, names: tuple[str, ...]) -> str:
         if isinstance(value, int) and not isinstance(value, bool):
             hint = f" A bare index is ambiguous: write 'cuda:{value}' (or 'npu:{value}', 'xpu:{value}', ...)."
         raise UnknownDeviceError(
-            f"{source}={value!r}: a device is a string such as 'cuda', 'cuda:1', 'hpu' or 'cpu', or a "
+            f"{source}={shown(value)}: a device is a string such as 'cuda', 'cuda:1', 'hpu' or 'cpu', or a "
             f"torch.device, not {type(value).__name__}.{hint} Valid device names: {valid}."
         )
     if not value.strip():
         raise UnknownDeviceError(
-            f"{source}={value!r} is empty; pass a device such as 'cuda:0' or 'cpu', or leave it out "
+            f"{source}={shown(value)} is empty; pass a device such as 'cuda:0' or 'cpu', or leave it out "
             f"to detect one. Valid device names: {valid}."
         )
     if value != value.strip():
         # What is inside must be right too, so that the suggested fix parses.
         parse_device(value.strip(), source)
-        raise UnknownDeviceError(f"{source}={value!r} has surrounding spaces; write {value.strip()!r}")
+        raise UnknownDeviceError(f"{source}={shown(value)} has surrounding spaces; write {shown(value.strip())}")
     return value
 
 
@@ -132,34 +132,36 @@ def _unknown_name(text: str, name: str, source: str, names: tuple[str, ...]) -> 
             fixed = lowered
         except DeviceError:
             fixed = lowered.split(":", 1)[0]
-        return UnknownDeviceError(f"{source}={text!r}: device strings are lower case; write {fixed!r}")
+        return UnknownDeviceError(f"{source}={shown(text)}: device strings are lower case; write {shown(fixed)}")
     guess = closest_match(name, names)
     suggestion = f" Did you mean {guess!r}?" if guess else ""
     return UnknownDeviceError(
-        f"{source}={text!r}: unknown device {name!r}.{suggestion} Valid device names: {', '.join(names)}."
+        f"{source}={shown(text)}: unknown device {shown(name)}.{suggestion} Valid device names: {', '.join(names)}."
     )
 
 
 def _device_index(index_text: str, name: str, value: str, source: str) -> int:
     if index_text == "":
         raise UnknownDeviceError(
-            f"{source}={value!r}: the index after ':' is missing; write '{name}:0' or just {name!r}"
+            f"{source}={shown(value)}: the index after ':' is missing; write '{name}:0' or just {shown(name)}"
         )
     if not _is_index(index_text):
         if ":" in index_text:
             first = index_text.split(":")[0]
             raise UnknownDeviceError(
-                f"{source}={value!r}: a device has one index; write '{name}:{first if _is_index(first) else 0}'"
+                f"{source}={shown(value)}: a device has one index; write '{name}:{first if _is_index(first) else 0}'"
             )
         if index_text.startswith("-") and _is_index(index_text[1:]):
             raise UnknownDeviceError(
-                f"{source}={value!r}: device indices start at 0; write '{name}:0' or just {name!r}"
+                f"{source}={shown(value)}: device indices start at 0; write '{name}:0' or just {shown(name)}"
             )
-        raise UnknownDeviceError(f"{source}={value!r}: {index_text!r} is not a device index; write e.g. '{name}:0'")
+        raise UnknownDeviceError(
+            f"{source}={shown(value)}: {shown(index_text)} is not a device index; write e.g. '{name}:0'"
+        )
     if len(index_text.lstrip("0")) > 7:
         # No machine numbers this many devices; also keeps int() away from its 4300-digit limit.
         raise UnknownDeviceError(
-            f"{source}={value!r}: index {index_text[:20]}... is too large to be a device; write e.g. '{name}:0'"
+            f"{source}={shown(value)}: index {index_text[:20]}... is too large to be a device; write e.g. '{name}:0'"
         )
     return int(index_text)
 

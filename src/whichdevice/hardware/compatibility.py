@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from whichdevice.core.packages import pip_install
+
 __all__ = [
     "MIN_DRIVER",
     "SAME_MINOR_PLUGINS",
@@ -144,5 +146,5 @@ def plugin_problem(
     return (
         f"{plugin} {plugin_version} is built for torch{requirement} but torch {torch_version} is installed: "
         f"importing it fails or crashes on the mismatch; install the pair that belongs together: "
-        f"pip install 'torch{requirement}' (or the {plugin} release for torch {torch.public})"
+        f"{pip_install(f'torch{requirement}')} (or the {plugin} release for torch {torch.public})"
     )

@@ -20,8 +20,9 @@ from whichdevice.core import packages
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.hardware.envhooks import release_scopes
+from whichdevice.hardware.plugin_loading import set_plugin_loader
 from whichdevice.hardware.probes.common import torch_import_reason
-from whichdevice.hardware.registry import backends, get_backend, on_change, set_plugin_loader
+from whichdevice.hardware.registry import backends, get_backend, on_change
 from whichdevice.hardware.store import (  # the state and the time limit, kept below the runner
     DEFAULT_TIMEOUT_S,
     _real_store,
@@ -271,12 +272,23 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
         return outcomes.with_notes(_failed(backend, _error_reason(backend, box["error"]), elapsed), notes, before)
     result = box["result"]
     if not isinstance(result, ProbeResult):
-        why = (
-            f"the {backend.name} probe returned {type(result).__name__}, not a ProbeResult; "
-            f"this is a bug in the probe of {backend.package!r}"
-        )
+        why = f"the {backend.name} probe returned {type(result).__name__}, not a ProbeResult; " + _probe_fix(backend)
         return _failed(backend, why, elapsed)
     return outcomes.with_notes(replace(result, seconds=elapsed), notes, before)
+
+
+def _probe_fix(backend: Backend) -> str:
+    """Whose probe it is and what to do: the plugin's package, or whichdevice's own."""
+    from whichdevice.hardware.plugin_loading import fix_for, registered_by
+
+    distribution = registered_by(backend.name)
+    if distribution is not None:
+        return f"the probe comes from the plugin package {distribution!r}: {fix_for(distribution, 'the plugin')}"
+    ref = backend.probe_ref
+    where = ref if isinstance(ref, str) else f"{ref.__module__}:{getattr(ref, '__qualname__', ref)}"
+    if where.startswith("whichdevice."):
+        return "this is a bug in whichdevice's own probe: report it with the output of `whichdevice --debug`"
+    return f"the probe is {where}, given to register_backend(): make it return a whichdevice.ProbeResult"
 
 
 def _failed(backend: Backend, reason: str, elapsed: float) -> ProbeResult:

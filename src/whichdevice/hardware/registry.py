@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from whichdevice.core.errors import UnknownDeviceError, closest_match
+from whichdevice.core.errors import UnknownDeviceError, closest_match, shown
 from whichdevice.core.records import Backend, EnvDefault
+from whichdevice.hardware import plugin_loading
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -228,21 +229,6 @@ _order: list[str] = []
 _entry_points_loaded = False
 
 
-# How a plugin's entry point is loaded: the probe layer swaps in one bounded by the probe time limit
-# (a plugin whose import hangs must not block every other backend).
-def _load_plugin(ep: Any) -> Any:
-    return ep.load()
-
-
-_plugin_loader: Callable[[Any], Any] = _load_plugin
-
-
-def set_plugin_loader(loader: Callable[[Any], Any]) -> None:
-    """Load ``whichdevice.backends`` entry points with ``loader(ep)`` (the probe layer's, time-limited)."""
-    global _plugin_loader
-    _plugin_loader = loader
-
-
 def on_change(listener: Callable[[str], None]) -> None:
     """Call ``listener(name)`` whenever backend ``name`` is registered, replaced or removed."""
     if listener not in _listeners:
@@ -265,6 +251,7 @@ def _reset() -> None:
             _registry[record.name] = record
             _order.append(record.name)
         _entry_points_loaded = False
+        plugin_loading.forget()
     for name in {**before, **dict.fromkeys(_order)}:
         _changed(name)
 
@@ -298,21 +285,20 @@ def _load_entry_points() -> None:
         added: list[str] = []
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
-                obj: Any = _plugin_loader(ep)
+                obj: Any = plugin_loading.load(ep)
                 record = obj() if callable(obj) and not isinstance(obj, Backend) else obj
                 if not isinstance(record, Backend):
-                    raise TypeError(f"entry point gave {type(record).__name__}, not a Backend")
+                    raise TypeError(f"entry point gave {type(record).__name__}, not a whichdevice.Backend")
                 _check_name(record)
                 if record.name not in _registry:
                     _insert(record, before="cpu")
+                    plugin_loading.remember_source(record.name, ep)
                     added.append(record.name)
-            except Exception as exc:
+            # SystemExit too: a plugin calling sys.exit() must not end the program that asked for a device.
+            except (Exception, SystemExit) as exc:
                 import warnings
 
-                warnings.warn(
-                    f"whichdevice: backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
-                    stacklevel=2,
-                )
+                warnings.warn(f"whichdevice: {plugin_loading.record(ep, exc)}", stacklevel=2)
         for name in added:
             _changed(name)
 
@@ -360,7 +346,7 @@ def get_backend(name: str) -> Backend:
     _load_entry_points()
     if not isinstance(name, str):
         raise UnknownDeviceError(
-            f"a backend name is a string such as 'cuda', not {type(name).__name__} {name!r}; "
+            f"a backend name is a string such as 'cuda', not {type(name).__name__} {shown(name)}; "
             f"valid names: {', '.join(_order)}"
         )
     record = _registry.get(name)
@@ -374,7 +360,7 @@ def unknown_name_message(name: str, what: str = "device") -> str:
     names = backend_names()
     hint = closest_match(name, names)
     guess = f" Did you mean {hint!r}?" if hint else ""
-    return f"unknown {what} {name!r}.{guess} Valid {what} names: {', '.join(names)}."
+    return f"unknown {what} {shown(name)}.{guess} Valid {what} names: {', '.join(names)}."
 
 
 def register_backend(record: Backend, *, replace: bool = False, before: str | None = None) -> Backend:

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, shown
 from whichdevice.core.records import Backend, ProbeFunction, ProbeResult
 
 __all__ = ["DEFAULT_TIMEOUT_S", "current_store", "parse_timeout", "probe_timeout", "set_probe_timeout"]
@@ -94,7 +94,7 @@ def parse_timeout(raw: str, where: str) -> float:
         value = math.nan
     if not value > 0:  # nan, negative, garbage
         raise DeviceError(
-            f"{where}={raw!r} is not a time limit: give seconds as a number greater than 0 "
+            f"{where}={shown(raw)} is not a time limit: give seconds as a number greater than 0 "
             f"(e.g. {where}=60), or {where}=inf for no limit; unset it for the default {DEFAULT_TIMEOUT_S:g} s"
         )
     return value
@@ -109,5 +109,7 @@ def set_probe_timeout(seconds: float | None) -> None:
 def _seconds(value: Any, where: str) -> float:
     # bool is an int, and nan compares false with everything: both are refused here.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise DeviceError(f"{where} takes a number of seconds greater than 0 (math.inf for no limit), not {value!r}")
+        raise DeviceError(
+            f"{where} takes a number of seconds greater than 0 (math.inf for no limit), not {shown(value)}"
+        )
     return float(value)

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, shown
 from whichdevice.core.records import Visibility
 
 __all__ = ["Visibility", "parse_cuda", "parse_index_list", "visibility_error", "visible_devices"]
@@ -36,7 +36,7 @@ def _strtoul(text: str) -> int:
 def _index(entry: str, variable: str, value: str) -> int:
     if len(entry.lstrip("0")) > 7 or int(entry) > _MAX_INDEX:
         raise DeviceError(
-            f"{variable}={value!r}: {entry[:20]!r} is too large to be a device index; "
+            f"{variable}={shown(value)}: {entry[:20]!r} is too large to be a device index; "
             f"{_fix(variable, value, _well_formed(value))}"
         )
     return int(entry)
@@ -92,7 +92,7 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
             # A wrong setting (exit 2), not missing hardware: HIP counts within what ROCR left.
             keep = ",".join(str(i) for i in range(len(rocr_prefix))) or "''"
             raise DeviceError(
-                f"{variable}={value!r} names more GPUs than ROCR_VISIBLE_DEVICES={rocr!r} leaves "
+                f"{variable}={shown(value)} names more GPUs than ROCR_VISIBLE_DEVICES={shown(rocr)} leaves "
                 f"visible ({len(rocr_prefix)}); HIP numbers the GPUs ROCR shows from 0, so write "
                 f"{variable}={keep}, or unset {variable} and choose the GPUs with ROCR_VISIBLE_DEVICES alone"
             )
@@ -107,7 +107,8 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
             within = [i for i in ids if int(i) < len(rocr_prefix)]
             keep = ",".join(within or (str(i) for i in range(len(rocr_prefix)))) or "''"
             raise DeviceError(
-                f"{variable}={value!r} names GPU {', '.join(beyond)} but ROCR_VISIBLE_DEVICES={rocr!r} leaves "
+                f"{variable}={shown(value)} names GPU {', '.join(beyond)} but "
+                f"ROCR_VISIBLE_DEVICES={shown(rocr)} leaves "
                 f"only {len(rocr_prefix)} GPU(s) visible, which HIP numbers from 0: write {variable}={keep}, "
                 f"or unset {variable} and choose the GPUs with ROCR_VISIBLE_DEVICES alone"
             )
@@ -118,7 +119,7 @@ def parse_cuda(environ: Mapping[str, str] | None = None, *, rocm: bool = False) 
 def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[str, ...]:
     text = value.strip()
     if text != value:
-        warnings.append(f"{variable}={value!r} has surrounding spaces; read as {text!r}")
+        warnings.append(f"{variable}={shown(value)} has surrounding spaces; read as {shown(text)}")
     if text == "":
         warnings.append(f"{variable} is set but empty, which hides every GPU")
         return ()
@@ -127,16 +128,22 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
             uuids: list[str] = []
             for entry in text.split(","):
                 entry = entry.strip()
+                if entry == prefix:
+                    # The runtime matches a UUID by its prefix, and an empty one matches any GPU.
+                    raise DeviceError(
+                        f"{variable}={shown(value)}: {prefix!r} has no UUID after it; write the whole UUID as "
+                        f"`nvidia-smi -L` prints it ({variable}={prefix}1f0e2d3c-...), or an index ({variable}=0)"
+                    )
                 if entry in uuids:
                     once = ",".join(dict.fromkeys(e.strip() for e in text.split(",")))
                     warnings.append(
-                        f"{variable}={value!r} repeats {entry}; the runtime then shows no GPU at all: "
+                        f"{variable}={shown(value)} repeats {entry}; the runtime then shows no GPU at all: "
                         f"list each GPU once (write {variable}={once})"
                     )
                     return ()
                 if not entry.startswith(prefix):
                     warnings.append(
-                        f"{variable}={value!r}: the runtime stops reading at {entry!r}; list {prefix} UUIDs "
+                        f"{variable}={shown(value)}: the runtime stops reading at {shown(entry)}; list {prefix} UUIDs "
                         "only, or indices only"
                     )
                     break
@@ -147,7 +154,7 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
         number = _strtoul(entry.strip())
         if str(number) in indices:
             warnings.append(
-                f"{variable}={value!r} repeats GPU {number}; the runtime then shows no GPU at all: "
+                f"{variable}={shown(value)} repeats GPU {number}; the runtime then shows no GPU at all: "
                 f"list each GPU once ({_fixed(variable, text)})"
             )
             return ()
@@ -157,12 +164,12 @@ def _parse_cuda_value(value: str, variable: str, warnings: list[str]) -> tuple[s
             else:
                 kept = ",".join(indices) or "none"
                 warnings.append(
-                    f"{variable}={value!r}: the runtime stops reading at {entry!r}, "
+                    f"{variable}={shown(value)}: the runtime stops reading at {shown(entry)}, "
                     f"so the visible GPUs are: {kept}; {_fixed(variable, text)}"
                 )
             break
         if entry.strip() != str(number):
-            warnings.append(f"{variable}={value!r}: the runtime reads {entry!r} as {number}; write {number}")
+            warnings.append(f"{variable}={shown(value)}: the runtime reads {shown(entry)} as {number}; write {number}")
         indices.append(str(number))
     return tuple(indices)
 
@@ -185,13 +192,13 @@ def parse_index_list(value: str, variable: str) -> tuple[str, ...]:
         entry = entry.strip()
         if not entry.isdigit() or not entry.isascii():
             raise DeviceError(
-                f"{variable}={value!r}: {entry!r} is not a device index; use comma-separated indices "
+                f"{variable}={shown(value)}: {shown(entry)} is not a device index; use comma-separated indices "
                 f"such as {variable}=0,1: {_fix(variable, value, _well_formed(value))}"
             )
         index = str(_index(entry, variable, value))
         if index in out:
             raise DeviceError(
-                f"{variable}={value!r} names device {entry} twice; list each device once: "
+                f"{variable}={shown(value)} names device {entry} twice; list each device once: "
                 f"{_fix(variable, value, _well_formed(value))}"
             )
         out.append(index)
@@ -211,23 +218,25 @@ def parse_ranges(value: str, variable: str) -> tuple[str, ...]:
         match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", entry)
         if not match:
             raise DeviceError(
-                f"{variable}={value!r}: {entry!r} is not a core index or range; "
+                f"{variable}={shown(value)}: {shown(entry)} is not a core index or range; "
                 f"write e.g. {variable}=0-1 or {variable}=0,1, or unset {variable} to use every core"
             )
         lo = _index(match.group(1), variable, value)
         hi = _index(match.group(2), variable, value) if match.group(2) else lo
         if hi < lo:
-            raise DeviceError(f"{variable}={value!r}: range {entry!r} runs backwards; write {hi}-{lo} (low-high)")
+            raise DeviceError(
+                f"{variable}={shown(value)}: range {shown(entry)} runs backwards; write {hi}-{lo} (low-high)"
+            )
         if len(seen) + hi - lo + 1 > _MAX_CORES:
             raise DeviceError(
-                f"{variable}={value!r} names more than {_MAX_CORES} cores; no Neuron machine has that many: "
+                f"{variable}={shown(value)} names more than {_MAX_CORES} cores; no Neuron machine has that many: "
                 f"name the cores this process should use, e.g. {variable}=0-1 (`neuron-ls` lists them), "
                 f"or unset {variable} to use every core"
             )
         for i in range(lo, hi + 1):
             if i in seen:
                 raise DeviceError(
-                    f"{variable}={value!r} names core {i} twice; name each core once: "
+                    f"{variable}={shown(value)} names core {i} twice; name each core once: "
                     f"write {variable}={_core_ranges(value)}"
                 )
             seen.add(i)
@@ -264,13 +273,13 @@ def parse_ze_affinity_mask(value: str, variable: str = "ZE_AFFINITY_MASK") -> tu
         entry = entry.strip()
         if not re.fullmatch(r"\d+(\.\d+)?", entry) or not entry.isascii():
             raise DeviceError(
-                f"{variable}={value!r}: {entry!r} is neither a device index nor device.tile; "
+                f"{variable}={shown(value)}: {shown(entry)} is neither a device index nor device.tile; "
                 f"write e.g. {variable}=0,1 or {variable}=0.0,0.1, or unset {variable} to see every device"
             )
         if entry in out:
             meant = _well_formed(value, r"\d+(\.\d+)?")
             raise DeviceError(
-                f"{variable}={value!r} names {entry} twice; list each once: write {variable}={','.join(meant)}"
+                f"{variable}={shown(value)} names {entry} twice; list each once: write {variable}={','.join(meant)}"
             )
         out.append(entry)
     return tuple(out)

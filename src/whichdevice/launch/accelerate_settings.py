@@ -19,6 +19,7 @@ device; only the visible-devices variable, set before the program starts, choose
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -217,7 +218,9 @@ def _only(backend: Backend, result: ProbeResult, index: int) -> str:
     """``CUDA_VISIBLE_DEVICES=3``: the setting that shows this process's device ``index`` alone."""
     variable = _visible_variable(backend, result)
     physical = result.visible.physical_id(index) if result.visible is not None else str(index)
-    return f"{variable}={physical}" if variable else f"a {backend.name} setting that shows only device {index}"
+    if not variable:
+        return f"a {backend.name} setting that shows only device {index}"
+    return shlex.quote(f"{variable}={physical}")
 
 
 def trainer_device_steps(
@@ -249,11 +252,12 @@ def trainer_device_steps(
             f"{backend.name}:0 (it calls set_device({backend.name}:0)), and the visible-devices variable "
             f"cannot change once torch has initialised {backend.name}. Start the program with that device alone "
             f"visible: {_only(backend, result, index)} python train.py (it is {backend.name}:0 there), or "
-            f"run one process per device with `{' '.join(launch_command(backend, result, ['train.py']))}`"
+            f"run one process per device with `{shlex.join(launch_command(backend, result, ['train.py']))}`"
         )
     if count < 2:
         return []
-    launch = " ".join(launch_command(backend, result, ["train.py"]))
+    # Quoted for a shell: the visible-devices value is copied from the environment as it is.
+    launch = shlex.join(launch_command(backend, result, ["train.py"]))
     if backend.name == "cuda":
         what = (
             f"Trainer in one process wraps the model in nn.DataParallel over all {count} visible GPUs "

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core import envview
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, shown
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
@@ -148,11 +148,11 @@ def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
         value = int(text)
     except ValueError:
         raise DeviceError(
-            f"{name}={raw!r} is not a whole number; the launcher sets it (torchrun, srun, mpirun), "
+            f"{name}={shown(raw)} is not a whole number; the launcher sets it (torchrun, srun, mpirun), "
             f"so unset it if you exported it by hand"
         ) from None
     if value < minimum:
-        raise DeviceError(f"{name}={raw!r} must be {minimum} or more; unset it or fix the launch command")
+        raise DeviceError(f"{name}={shown(raw)} must be {minimum} or more; unset it or fix the launch command")
     return value
 
 
@@ -217,6 +217,7 @@ def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = 
     but that accelerate does not read give a context with ``seen=False`` (see ``check_training_launch``).
     """
     env = not_distributed_marker_removed(envview.environ() if environ is None else environ)
+    _check_slurm(env)
     found = _scheduler(env)
     scheduler = found[0] if found is not None else None
     # accelerate's rule: LOCAL_RANK on every device; on the CPU also MPI's variables, after torch's.
@@ -293,6 +294,20 @@ def _mpi_backend(env: Mapping[str, str]) -> bool:
     import torch.distributed
 
     return bool(torch.distributed.is_mpi_available())
+
+
+def _check_slurm(env: Mapping[str, str]) -> None:
+    """SLURM's own numbers agree with each other (SLURM never writes a task count of 0, nor a task
+    number past the count), whether or not they count several processes here."""
+    counts = [(name, _int(env, name, 1)) for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")]
+    count_var, count = next(((n, c) for n, c in counts if c is not None), ("SLURM_NTASKS", None))
+    rank = _int(env, "SLURM_PROCID", 0)
+    if count is not None and rank is not None and rank >= count:
+        raise DeviceError(
+            f"SLURM_PROCID={rank} is not below {count_var}={count}: SLURM numbers its tasks from 0 to {count - 1}, "
+            "so these did not come from one SLURM job; unset the SLURM_ variables exported by hand or left over "
+            "from another job (`env | grep ^SLURM_`), or start the program with srun inside the job"
+        )
 
 
 def _check_consistent(ctx: DistributedContext, env: Mapping[str, str], partial: bool) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from whichdevice.core.packages import version_before
 from whichdevice.core.records import ProbeResult
+from whichdevice.hardware.plugin_loading import plugin_problems
 from whichdevice.hardware.registry import backends
 
 __all__ = ["ACCELERATE_MIN_FOR_GAUDI", "dedupe", "other_warnings", "warning"]
@@ -39,6 +40,8 @@ def other_warnings(
 ) -> list[dict[str, str]]:
     """Every warning but the environment section's own, without repeats."""
     warnings = _probe_warnings(env, results)
+    # A plugin that did not load is left out of detection; the report says so, with its package.
+    warnings += [warning(f"plugin:{name}", message) for name, message in plugin_problems().items()]
     warnings += [warning(f"compatibility:{r.backend}", m) for r in results for m in r.incompatible]
     warnings += _numbering_warnings(env, results)
     warnings += _package_warnings(versions)

@@ -9,6 +9,8 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from whichdevice.core.errors import printable
+
 __all__ = ["Style", "render_text", "terminal_width", "use_color"]
 
 Report = Mapping[str, Any]
@@ -110,6 +112,7 @@ class _Writer:
 def render_text(report: Report, *, color: bool = False, width: int | None = None) -> str:
     """The report as text: sections for backends, environment, warnings, resolution, versions."""
     w = _Writer(Style(color), width)
+    report = _escaped(report)
     if report["simulated"]:
         sim = report["simulation"]
         given = f"--simulate-report {sim['report']}" if sim.get("report") else f"--simulate {' '.join(sim['specs'])}"
@@ -126,6 +129,19 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
         w.line()
         _banner(w, "SIMULATED: the devices above are not this machine's")
     return "\n".join(w.lines) + "\n"
+
+
+def _escaped(data: Any, key: str = "") -> Any:
+    """``data`` with every control character in its strings escaped: a report holds what devices,
+    the environment and (replayed) files said, and none of it may reach the terminal as a command.
+    The explanation keeps its line breaks; ``Resolution.explain`` escapes the lines themselves."""
+    if isinstance(data, str):
+        return "\n".join(map(printable, data.split("\n"))) if key == "explanation" else printable(data)
+    if isinstance(data, Mapping):
+        return {k: _escaped(v, k) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_escaped(v) for v in data]
+    return data
 
 
 def _banner(w: _Writer, text: str) -> None:

@@ -86,10 +86,17 @@ def command_streams(descriptors: bool) -> Iterator[Streams]:
             sys.stdout, sys.stderr = saved_sys
             streams.captured = sink.getvalue()
         return
+    try:
+        # Under ulimit -f 0 no temporary file can be written (tempfile then finds "no usable
+        # temporary directory"): the command still runs, capturing at the Python level only.
+        capture = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below, after the yield
+    except OSError:
+        with command_streams(False) as streams:
+            yield streams
+        return
     _reopen_closed()
     streams = Streams(_copy_of(1, sys.stdout), _copy_of(2, sys.stderr))
     saved_fds = (os.dup(1), os.dup(2))
-    capture = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below, after the yield
     try:
         for stream in saved_sys:
             with contextlib.suppress(Exception):

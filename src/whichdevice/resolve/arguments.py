@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.core.errors import ConfigConflictError, DeviceError, shown
 from whichdevice.core.job import Job
 from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
@@ -40,8 +40,12 @@ __all__ = [
 def check_shapes(args: Arguments) -> None:
     """resolve_device()'s switches, use_kernels, device_map and max_memory, before anything is probed."""
     check_flag(args.torch_compile, "torch_compile")
-    if not (args.use_kernels in (None, "auto") or isinstance(args.use_kernels, bool)):
-        raise ConfigConflictError(f"use_kernels={args.use_kernels!r}: use 'auto', True or False")
+    # None is not a documented value (transformers' own default is False): refused, not read as "off".
+    if not ((isinstance(args.use_kernels, str) and args.use_kernels == "auto") or isinstance(args.use_kernels, bool)):
+        raise ConfigConflictError(
+            f"use_kernels={shown(args.use_kernels)}: use 'auto', True or False (False, the default, leaves Hub "
+            "kernels off)"
+        )
     if args.device_map is not None:
         check_device_map_shape(args.device_map)
     if args.max_memory is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 from whichdevice.core import packages
-from whichdevice.core.errors import ConfigConflictError
+from whichdevice.core.errors import ConfigConflictError, printable
 from whichdevice.core.records import Backend, EnvAction, ProbeResult, TraceStep
 from whichdevice.launch.distributed import DistributedContext, process_group_backend
 
@@ -216,10 +216,11 @@ class Resolution:
         if self.simulated:
             header += " (SIMULATED hardware)"
         width = max((len(s.topic) for s in self.trace), default=8)
-        lines = [header]
+        # A step quotes what devices, files and variables said: escaped, so one line stays one line.
+        lines = [printable(header)]
         for step in self.trace:
             mark = {True: "+", False: "-", None: " "}[step.chosen]
-            lines.append(f"  {mark} {step.topic.ljust(width)}  {step.message}")
+            lines.append(f"  {mark} {step.topic.ljust(width)}  {printable(step.message)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from whichdevice.core.errors import exit_code_for
+from whichdevice.core.errors import exit_code_for, printable
 from whichdevice.report.render import Style, use_color
 
 __all__ = ["Progress", "render_summary"]
@@ -70,17 +70,18 @@ class Progress:
     def update(self, detail: str) -> None:
         # Only a terminal can redraw a line; a log file gets the result when the step ends.
         if self.tty:
-            self._write(f"\r\033[K{self.label} ... {detail}")
+            self._write(f"\r\033[K{self.label} ... {printable(detail)}")
 
     def finish(self, step: _Step, detail: str = "") -> None:
         s = self.style
         if step.ok:
-            outcome = s("ok", "green") + f" ({step.seconds:.2f} s)" + (f" {detail}" if detail else "")
+            outcome = s("ok", "green") + f" ({step.seconds:.2f} s)" + (f" {printable(detail)}" if detail else "")
         else:
             outcome = s("FAILED", "red", "bold") + f" ({step.seconds:.2f} s)"
         self._write((f"\r\033[K{self.label} ... " if self.tty else "") + outcome + "\n")
         for note in step.notes:
-            self._write(s(f"      note: {note}", "dim") + "\n")
+            # A note is a library's message, which may quote a device's name or a file: escaped.
+            self._write(s(f"      note: {printable(note)}", "dim") + "\n")
 
 
 # --------------------------------------------------------------------------- library messages
@@ -190,4 +191,4 @@ def render_summary(result: dict[str, Any]) -> str:
             f"TrainingArguments({kwargs}): {tr['steps']} steps, {tr['seconds_per_step']} s/step{rate} "
             f"after a first step of {tr['first_step_seconds']} s, loss {tr['loss']}"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"

@@ -24,7 +24,8 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from whichdevice.core.errors import DeviceError
+from whichdevice.core.errors import DeviceError, shown
+from whichdevice.core.packages import pip_install
 from whichdevice.core.records import Backend, ProbeResult, Visibility
 from whichdevice.hardware import probes
 from whichdevice.hardware import store as store_module
@@ -121,27 +122,46 @@ def load_report(report: str | os.PathLike[str] | Mapping[str, Any]) -> RecordedM
     unknown = [row.get("name") for row in data["backends"] if row.get("name") not in backend_names()]
     if unknown:
         raise DeviceError(
-            f"{source}: the report has backend(s) {', '.join(map(repr, unknown))} that this whichdevice does "
+            f"{source}: the report has backend(s) {', '.join(map(shown, unknown))} that this whichdevice does "
             "not know; install the plugin that registers them (or register_backend(...)) and replay again"
         )
-    results = {row["name"]: decode(ProbeResult, row, f"{source}: backend {row['name']!r}") for row in data["backends"]}
+    results = {
+        row["name"]: decode(ProbeResult, row, f"{source}: backend {shown(row['name'])}") for row in data["backends"]
+    }
     section = data.get("replay")
     if section is None:
         # A 1.0 report has no replay section: its ENVIRONMENT entries and versions are what it recorded.
         entries = data.get("environment")
         entries = entries if isinstance(entries, list) else []
-        environ = {e["name"]: e["value"] for e in entries if isinstance(e, Mapping) and e.get("set")}
-        environ = decode(dict[str, str], environ, f"{source}: environment")
+        recorded = {e.get("name"): e.get("value") for e in entries if isinstance(e, Mapping) and e.get("set")}
+        environ = _environ(source, recorded, "environment")
         packages = decode(dict[str, str | None], data["versions"], f"{source}: versions")
         packages.pop("python", None)
     elif not isinstance(section, Mapping):
         raise DeviceError(f"{source}: the report's 'replay' section is damaged; give the unchanged report")
     else:
-        environ = decode(dict[str, str], section.get("environ", {}), f"{source}: replay.environ")
+        environ = _environ(source, section.get("environ", {}), "replay.environ")
         packages = decode(dict[str, str | None], section.get("packages", {}), f"{source}: replay.packages")
     platform = decode(dict[str, str], data["platform"], f"{source}: platform")
     spec, why = _calibration(source, data.get("calibration"))
     return RecordedMachine(source, results, environ, packages, platform, spec, why)
+
+
+def _environ(source: str, raw: Any, where: str) -> dict[str, str]:
+    """The recorded variables that this whichdevice reads, checked; a report sets nothing else.
+
+    A name this whichdevice does not declare (``LD_PRELOAD``, ``A=B``) steers nothing here, so it
+    is left out rather than set; a value that no environment can hold (a NUL) means damage.
+    """
+    environ = decode(dict[str, str], raw, f"{source}: {where}")
+    steering = set(steering_variables())
+    for name, value in environ.items():
+        if name in steering and "\0" in value:
+            raise DeviceError(
+                f"{source}: {where}.{name} holds a NUL character, which no environment variable can; "
+                "the report is damaged, give the unchanged one"
+            )
+    return {name: value for name, value in environ.items() if name in steering}
 
 
 def _calibration(source: str, entry: Any) -> tuple[str | None, str]:
@@ -185,6 +205,9 @@ def _read(report: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[str, Mapp
         raise DeviceError(
             f"{path} is not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno}); damaged or cut short? {fix}"
         ) from None
+    except RecursionError:
+        # No report nests more than a few levels; thousands are a damaged or hostile file.
+        raise DeviceError(f"{path} nests its JSON too deeply to be a whichdevice report; {fix}") from None
     if not isinstance(data, Mapping):
         raise DeviceError(f"{path} holds a JSON {type(data).__name__}, not a whichdevice report; {fix}")
     return str(path), data
@@ -203,9 +226,10 @@ def _check_kind(source: str, data: Mapping[str, Any]) -> None:
     if major != READABLE_MAJOR:
         writer = (data.get("versions") or {}).get("whichdevice") if isinstance(data.get("versions"), Mapping) else None
         raise DeviceError(
-            f"{source} has report schema {version!r} (written by whichdevice {writer or 'of unknown version'}); "
+            f"{source} has report schema {shown(version)} (written by whichdevice "
+            f"{shown(writer) if writer else 'of unknown version'}); "
             f"this whichdevice reads schema {READABLE_MAJOR}.x: replay it with "
-            + (f"pip install 'whichdevice=={writer}'" if writer else "the whichdevice that wrote it")
+            + (pip_install(f"whichdevice=={writer}") if isinstance(writer, str) else "the whichdevice that wrote it")
         )
     for key, kind_of in (("backends", list), ("platform", Mapping), ("versions", Mapping)):
         if not isinstance(data.get(key), kind_of):
@@ -239,13 +263,13 @@ def decode(kind: Any, value: Any, where: str) -> Any:
         return frozenset(decode(args[0], v, where) for v in _sequence(value, where))
     if origin in (dict, Mapping) or (isinstance(origin, type) and issubclass(origin, Mapping)):
         if not isinstance(value, Mapping):
-            raise DeviceError(f"{where}: expected an object, found {value!r}; the report is damaged")
+            raise DeviceError(f"{where}: expected an object, found {shown(value)}; the report is damaged")
         return {decode(args[0], k, where): decode(args[1], v, f"{where}.{k}") for k, v in value.items()}
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if isinstance(kind, type) and isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
-    raise DeviceError(f"{where}: {value!r} is not a {getattr(kind, '__name__', kind)}; the report is damaged")
+    raise DeviceError(f"{where}: {shown(value)} is not a {getattr(kind, '__name__', kind)}; the report is damaged")
 
 
 def _first_fit(kinds: list[Any], value: Any, where: str) -> Any:
@@ -261,7 +285,7 @@ def _first_fit(kinds: list[Any], value: Any, where: str) -> Any:
 
 def _sequence(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list | tuple):
-        raise DeviceError(f"{where}: expected a list, found {value!r}; the report is damaged")
+        raise DeviceError(f"{where}: expected a list, found {shown(value)}; the report is damaged")
     return list(value)
 
 
@@ -274,13 +298,13 @@ def _decode_tuple(args: tuple[Any, ...], value: Any, where: str) -> tuple[Any, .
         value = [int(p) if p.isdigit() else p for p in value]
     items = _sequence(value, where)
     if len(items) != len(args):
-        raise DeviceError(f"{where}: expected {len(args)} parts, found {value!r}; the report is damaged")
+        raise DeviceError(f"{where}: expected {len(args)} parts, found {shown(value)}; the report is damaged")
     return tuple(decode(a, v, where) for a, v in zip(args, items, strict=True))
 
 
 def _decode_dataclass(kind: type, value: Any, where: str) -> Any:
     if not isinstance(value, Mapping):
-        raise DeviceError(f"{where}: expected an object, found {value!r}; the report is damaged")
+        raise DeviceError(f"{where}: expected an object, found {shown(value)}; the report is damaged")
     hints = get_type_hints(kind)
     out: dict[str, Any] = {}
     for f in fields(kind):
@@ -299,8 +323,12 @@ def _decode_dataclass(kind: type, value: Any, where: str) -> Any:
 
 @contextmanager
 def replay_environment(environ: Mapping[str, str]) -> Iterator[None]:
-    """Inside the block, the steering variables are exactly ``environ``'s (the others unset)."""
-    names = tuple(dict.fromkeys([*steering_variables(), *environ]))
+    """Inside the block, the steering variables are exactly ``environ``'s (the others unset).
+
+    Only steering variables are touched: a name in ``environ`` that whichdevice does not read is
+    not set (a report is untrusted input, and ``LD_PRELOAD`` steers no device choice).
+    """
+    names = steering_variables()
     before = {name: os.environ.get(name) for name in names}
     try:
         for name in names:

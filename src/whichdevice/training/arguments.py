@@ -40,6 +40,7 @@ __all__ = [
     "ArgumentsClassError",
     "check_resolution",
     "training_arguments",
+    "training_arguments_type",
     "training_kwargs_for",
     "transformers_problem",
 ]
@@ -225,18 +226,34 @@ def _check_switches(cls: type[TrainingArguments], kwargs: dict[str, Any]) -> Non
             check_flag(value, field.name)
 
 
-def _arguments_class(arguments_class: Any, kwargs: dict[str, Any]) -> type[TrainingArguments]:
-    """The class to build, checked to be a TrainingArguments that takes every keyword given."""
+# Variables an import of transformers' TrainingArguments sets as a side effect: it imports peft,
+# which imports bitsandbytes, whose torch.compile decorators make torch._inductor write its cache
+# folder into os.environ (torch/_inductor/runtime/cache_dir_utils.py, cache_dir()). The value is a
+# default torch derives again whenever it needs one, so whichdevice leaves the variable as it was.
+IMPORT_SIDE_EFFECTS = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
+def training_arguments_type() -> type[TrainingArguments]:
+    """``transformers.TrainingArguments``, imported without leaving :data:`IMPORT_SIDE_EFFECTS` set."""
+    unset = [name for name in IMPORT_SIDE_EFFECTS if name not in os.environ]
     from transformers import TrainingArguments
 
+    for name in unset:
+        os.environ.pop(name, None)
+    return TrainingArguments
+
+
+def _arguments_class(arguments_class: Any, kwargs: dict[str, Any]) -> type[TrainingArguments]:
+    """The class to build, checked to be a TrainingArguments that takes every keyword given."""
+    base = training_arguments_type()
     if arguments_class is None:
-        cls: type[TrainingArguments] = TrainingArguments
-    elif isinstance(arguments_class, type) and issubclass(arguments_class, TrainingArguments):
+        cls: type[TrainingArguments] = base
+    elif isinstance(arguments_class, type) and issubclass(arguments_class, base):
         cls = arguments_class
     else:
         what = (
             f"an instance of {type(arguments_class).__name__}; pass the class itself"
-            if isinstance(arguments_class, TrainingArguments)
+            if isinstance(arguments_class, base)
             else "not a subclass of transformers.TrainingArguments"
         )
         raise ArgumentsClassError(

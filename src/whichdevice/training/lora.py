@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 from whichdevice.resolve.arguments import check_lora_arguments
-from whichdevice.training.arguments import check_resolution
+from whichdevice.training.arguments import check_resolution, training_arguments_type
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -212,9 +212,7 @@ def kbit_training_kwargs(
 def _checkpointing_names() -> tuple[str, str]:
     import dataclasses
 
-    from transformers import TrainingArguments
-
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    names = {f.name for f in dataclasses.fields(training_arguments_type())}
     if "activation_checkpointing" in names:
         return "activation_checkpointing", "activation_checkpointing_kwargs"
     return "gradient_checkpointing", "gradient_checkpointing_kwargs"

@@ -71,6 +71,16 @@ _lock = ForkSafeLock()
 
 _CHILD = r"""
 import importlib, json, os, sys
+if sys.platform.startswith("linux"):
+    # Die with the parent (PR_SET_PDEATHSIG = 1): a parent ended by SIGTERM while a vendor import
+    # hangs here must not leave this child running, and it leads its own session, out of reach.
+    try:
+        import ctypes, signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    if os.getppid() != int(sys.argv[1]):  # the parent died before the call above
+        os._exit(1)
 spec = json.loads(sys.stdin.readline())
 sys.path[:] = spec["path"]
 proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -169,7 +179,7 @@ class _Watch:
 
 def _start_child(steps: Sequence[Step]) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD],
+        [sys.executable, "-c", _CHILD, str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,0 +1,39 @@
+"""Detection that finds nothing names what would change that: the probe time limit, or exclude=."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import whichdevice as wd
+from steering import STEERING
+from whichdevice.core.errors import DeviceUnavailableError
+from whichdevice.testing import simulate
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in STEERING:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_time_limit_too_short_for_any_probe_is_named() -> None:
+    # Real probes in a fresh process: a simulation answers at once, and this one caches its probes.
+    env = {k: v for k, v in os.environ.items() if k not in STEERING} | {"WHICHDEVICE_PROBE_TIMEOUT": "1e-9"}
+    code = "import whichdevice as wd\ntry:\n    wd.resolve_device()\nexcept wd.DeviceError as exc:\n    print(exc)\n"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    message = done.stdout
+    assert "did not finish within the time limit of 1e-09 s (WHICHDEVICE_PROBE_TIMEOUT)" in message
+    assert "cpu" in message.split("the probes of ", 1)[1] and "raise it (WHICHDEVICE_PROBE_TIMEOUT=60)" in message
+    # Nothing was excluded, so exclude= is not the fix.
+    assert "exclude=" not in message
+
+
+def test_excluding_cpu_still_says_to_leave_it_in() -> None:
+    with simulate("cuda,unavailable"), pytest.raises(DeviceUnavailableError) as info:
+        wd.resolve_device(exclude=["cpu"])
+    assert "leave 'cpu' out of exclude= to fall back to it" in str(info.value)
+    assert "time limit" not in str(info.value)
