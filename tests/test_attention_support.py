@@ -19,7 +19,8 @@ import whichdevice as wd
 from tiny_models import TINY
 from whichdevice.attention.decode import ATTENTION_NAME, VERIFIED_MODEL_TYPES
 from whichdevice.core.packages import simulated_packages
-from whichdevice.model.support import attention_support, support_flag, transformers_default
+from whichdevice.model.facts import attention_support
+from whichdevice.model.support import support_flag, transformers_default
 from whichdevice.testing import simulate
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice import cli
 from whichdevice.core.errors import DeviceError
-from whichdevice.hardware import calibration, owned_files, probing
+from whichdevice.hardware import calibration, owned_files, probing, store
 from whichdevice.hardware.probes import cpu_timing
 from whichdevice.report import gather
 from whichdevice.resolve.memo import memo_variables
@@ -373,7 +373,7 @@ def test_threads_that_change_the_cache_setting_leave_no_stale_answer(cache_dir, 
     def resolve() -> None:
         for _ in range(30):
             wd.resolve_device(refresh=True)  # refresh: every call resolves, none is served
-            for key, res in list(probing.current_store().resolutions.items()):
+            for key, res in list(store.current_store().resolutions.items()):
                 off = "turns calibration off" in _line(res, "calibration")
                 if off != (key[1][at] in ("off", b"off")):
                     stale.append(key[1][at])

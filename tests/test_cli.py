@@ -361,7 +361,7 @@ def test_internal_errors_are_one_line_unless_debug(
     def broken(**kwargs: Any) -> dict[str, Any]:
         raise RuntimeError("the probe table is on fire")
 
-    monkeypatch.setattr(report, "gather", broken)
+    monkeypatch.setattr(sys.modules["whichdevice.report.gather"], "gather", broken)  # where the command reads it
     assert cli.main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith("whichdevice: internal error: RuntimeError: the probe table is on fire\n")
@@ -374,7 +374,7 @@ def test_keyboard_interrupt(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     def interrupted(**kwargs: Any) -> dict[str, Any]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "gather", interrupted)
+    monkeypatch.setattr(sys.modules["whichdevice.report.gather"], "gather", interrupted)
     assert cli.main([]) == 130
     assert capsys.readouterr().err == "whichdevice: interrupted\n"
 

@@ -18,7 +18,8 @@ import pytest
 import whichdevice as wd
 from tiny_models import tiny_config
 from whichdevice import DeviceError
-from whichdevice.launch.distributed import ENV_VARIABLES, check_training_launch, detect_distributed
+from whichdevice.launch.checks import check_training_launch
+from whichdevice.launch.distributed import ENV_VARIABLES, detect_distributed
 from whichdevice.testing import simulate
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"

@@ -94,7 +94,7 @@ def test_backend_page_states_the_registry_facts(backend: wd.Backend) -> None:
 
 
 def test_cli_reference_covers_every_option() -> None:
-    cli = pytest.importorskip("whichdevice.cli")
+    cli = pytest.importorskip("whichdevice.cli_parser")
     text = (DOCS / "cli.md").read_text(encoding="utf-8")
     parser = cli.build_parser()
     options: set[str] = set()

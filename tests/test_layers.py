@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("memory", ("memory",)),
     ("resolve", ("resolve",)),
     ("training", ("training",)),
-    ("surfaces", ("testing", "report", "smoke", "cli", "__main__", "pytest_plugin", "__init__")),
+    ("surfaces", ("testing", "report", "smoke", "cli", "cli_parser", "__main__", "pytest_plugin", "__init__")),
 )
 FOLDERS = tuple(layer for layer, _ in LAYERS[:-1])
 

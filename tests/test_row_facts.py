@@ -19,7 +19,7 @@ from whichdevice.core.packages import simulated_packages
 from whichdevice.hardware.probing import DeviceInfo, ProbeResult
 from whichdevice.hardware.registry import backends
 from whichdevice.hardware.visible import visible_devices
-from whichdevice.memory import placement, quantization
+from whichdevice.memory import capacity, quantization
 from whichdevice.precision import hardware as precision
 from whichdevice.precision import training as training_settings
 
@@ -113,7 +113,7 @@ def test_fast_fp16_decides_precision_and_training():
 def test_memory_by_name_and_shared_device_come_from_the_row():
     pooled = wd.register_backend(_row(memory_by_name=True))
     result = wd.probe("plugdev")
-    assert placement.capacities(pooled, result, "plugdev:0", None, None) == {"plugdev": 16 * GiB}
+    assert capacity.capacities(pooled, result, "plugdev:0", None, None) == {"plugdev": 16 * GiB}
     shared = _row(shared_device=True)
     wd.register_backend(shared, replace=True)
     assert wd.resolve_device("plugdev:0").device == "plugdev"

@@ -475,7 +475,7 @@ ENVIRONMENT: list[tuple[str, str, tuple[str, ...]]] = [
     ("LOCAL_RANK", "abc", ("LOCAL_RANK='abc'", "whole number")),
     ("LOCAL_RANK", "inf", ("LOCAL_RANK='inf'", "whole number")),
     ("LOCAL_RANK", "1e10", ("LOCAL_RANK='1e10'",)),
-    ("LOCAL_RANK", "-1", ("must be 0 or more",)),
+    ("LOCAL_RANK", "-2", ("must be 0 or more",)),
     ("WORLD_SIZE", "0", ("WORLD_SIZE='0'", "1 or more")),
     ("WORLD_SIZE", "nan", ("WORLD_SIZE='nan'",)),
 ]

@@ -74,7 +74,12 @@ def _detect(order: list[Backend]) -> _Chosen:
             continue
         if result.available:
             steps.append(TraceStep(backend.name, f"chosen: {describe(backend, result)}", True))
-            steps += other_accelerators(backend, order[position + 1 :])
+            later = order[position + 1 :]
+            # The accelerators after the chosen one are probed too (a second one is warned about); the
+            # CPU, which shares the host, is not.
+            steps += other_accelerators(
+                backend, [(b, None if b.shared_device else probing.probe(b.name)) for b in later]
+            )
             return (backend, result), steps
         steps.append(TraceStep(backend.name, f"not chosen: {result.reason}", False))
         if result.reason and "did not finish within" in result.reason:

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from whichdevice.core.records import TraceStep
-from whichdevice.hardware import probing
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend
+    from whichdevice.core.records import Backend, ProbeResult
 
 __all__ = ["TRAINER_ORDER", "other_accelerators"]
 
@@ -26,12 +25,12 @@ __all__ = ["TRAINER_ORDER", "other_accelerators"]
 TRAINER_ORDER = ("mps", "xpu", "mlu", "musa", "npu", "hpu", "neuron", "tpu", "cuda")
 
 
-def other_accelerators(chosen: Backend, later: list[Backend]) -> list[TraceStep]:
-    """Trace lines for the backends after ``chosen`` in the order: a warning for each usable one."""
+def other_accelerators(chosen: Backend, later: list[tuple[Backend, ProbeResult | None]]) -> list[TraceStep]:
+    """Trace lines for the backends after ``chosen`` in the order (with their probe results; None: not
+    probed, the CPU): a warning for each usable one."""
     usable = []
     steps = []
-    for backend in later:
-        result = probing.probe(backend.name) if not backend.shared_device else None
+    for backend, result in later:
         if result is not None and result.available and not result.incompatible:
             usable.append(backend.name)
             steps.append(

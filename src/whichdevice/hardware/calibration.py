@@ -27,7 +27,7 @@ from typing import Any
 from whichdevice.core import envview
 from whichdevice.core.dtypes import NAMES, short_name
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
-from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, cpu_facts
+from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
 from whichdevice.hardware.store import current_store
 

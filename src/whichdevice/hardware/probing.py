@@ -21,7 +21,7 @@ from whichdevice.core.errors import DeviceError
 from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.plugin_loading import set_plugin_loader
-from whichdevice.hardware.probes.common import torch_import_reason
+from whichdevice.hardware.probes.torch_import import torch_import_reason
 from whichdevice.hardware.registry import backends, get_backend, on_change
 from whichdevice.hardware.store import (  # the state and the time limit, kept below the runner
     DEFAULT_TIMEOUT_S,

@@ -22,20 +22,9 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend
     from whichdevice.model.shape import ModelShape
 
-__all__ = ["cpu_available", "offload_placement", "remedies"]
+__all__ = ["offload_placement", "remedies"]
 
 _MiB = 1024**2
-
-
-def cpu_available() -> int | None:
-    """The CPU memory a process can take now (psutil's available), else the total; None if unknown."""
-    from whichdevice.hardware import probing
-
-    result = probing.probe("cpu")
-    if not result.devices:
-        return None
-    info = result.devices[0]
-    return info.free_memory if info.free_memory is not None else info.total_memory
 
 
 def offload_placement(
@@ -45,6 +34,7 @@ def offload_placement(
     caps: dict[int | str, int],
     budget_given: bool,
     job: Job,
+    cpu: int,
 ) -> tuple[tuple[str, dict[int | str, str], None, str | None], list[TraceStep]]:
     """device_map="auto" with the devices' budgets, ``max_memory["cpu"]`` and, for disk, the folder,
     with the trace line that says how much goes where."""
@@ -63,7 +53,6 @@ def offload_placement(
             "lower max_length or batch_size, or use more devices"
         )
     budget = {k: max(0, int(c * fraction - extra * c / total)) for k, c in caps.items()}
-    cpu = cpu_available() or 0
     if not backend.memory_by_name:
         budget["cpu"] = int(cpu * SPLIT_FRACTION)
     on_devices = sum(v for k, v in budget.items() if k != "cpu")

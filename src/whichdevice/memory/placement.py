@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.core.errors import DeviceError, DoesNotFitError
+from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
-from whichdevice.core.sizes import format_bytes, parse_size
+from whichdevice.core.sizes import format_bytes
+from whichdevice.memory.capacity import can_split, capacities, memory_step
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
 from whichdevice.memory.largest import LargestFit, largest_fit
@@ -18,73 +19,11 @@ from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
+    from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.memory.quantization import QuantizationPlan
 
-__all__ = ["LORA_STEP", "capacities", "estimate_job", "place_model"]
-
-
-def capacities(
-    backend: Backend,
-    result: ProbeResult,
-    device: str,
-    dist: DistributedContext | None,
-    max_memory: Mapping[int | str, Any] | None,
-) -> dict[int | str, int] | None:
-    """Memory per usable device (max_memory key -> bytes); None when the hardware does not say."""
-    _, _, idx = device.partition(":")
-    if max_memory is not None:
-        wanted: dict[int | str, int] = {}
-        for key, value in max_memory.items():
-            if key == backend.name or (isinstance(key, int) and not backend.shared_device):
-                wanted[key] = parse_size(value, f"max_memory[{key!r}]")
-        if not wanted:
-            keys = f"{backend.name!r}" if backend.shared_device else f"device indices (0, 1, ...) for {backend.name}"
-            raise DeviceError(
-                f"max_memory={dict(max_memory)!r} has no entry for the resolved device {device}; give {keys}"
-            )
-        if idx and int(idx) in wanted:
-            # The chosen device first, so the one-device check is against it.
-            wanted = {int(idx): wanted[int(idx)], **wanted}
-        return wanted
-    if backend.memory_by_name:
-        memory = _usable(result.devices[0]) if result.devices else None
-        return {backend.name: memory} if memory else None
-    devices = _devices(result, device, dist)
-    if not devices or any(d.total_memory is None for d in devices):
-        return None
-    return {d.index: int(_usable(d) or 0) for d in devices}
-
-
-def _devices(result: ProbeResult, device: str, dist: DistributedContext | None) -> list[DeviceInfo]:
-    """The devices a model may go on, the chosen one first (only it in a distributed run)."""
-    _, _, idx = device.partition(":")
-    devices = list(result.devices)
-    if idx:
-        devices = [d for d in devices if d.index == int(idx)] + [d for d in devices if d.index != int(idx)]
-    return devices[:1] if dist is not None else devices
-
-
-def _usable(info: DeviceInfo) -> int | None:
-    # Free memory where the runtime said it (another process may hold the rest), else the total.
-    if info.free_memory is not None and info.total_memory is not None:
-        return min(info.free_memory, info.total_memory)
-    return info.total_memory
-
-
-def memory_step(backend: Backend, result: ProbeResult, device: str, dist: DistributedContext | None) -> TraceStep:
-    """Which figure placement sizes against, free or total, for each device it may use."""
-    devices = result.devices[:1] if backend.memory_by_name else _devices(result, device, dist)
-    parts = []
-    for d in devices:
-        name = backend.name if backend.memory_by_name else f"{backend.name}:{d.index}"
-        total = format_bytes(d.total_memory) if d.total_memory is not None else "unknown"
-        if d.free_memory is not None:
-            parts.append(f"{name} {format_bytes(_usable(d) or 0)} free of {total}")
-        else:
-            parts.append(f"{name} {total} total (free memory not reported)")
-    return TraceStep("memory", "sized against " + ", ".join(parts))
+__all__ = ["LORA_STEP", "capacities", "cpu_available", "estimate_job", "place_model"]
 
 
 Placed = tuple[str | dict[str, Any], dict[int | str, str] | None, "QuantizationPlan | None", str | None]
@@ -125,17 +64,10 @@ def place_model(
     unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It is
     offloaded to the CPU or disk only when ``job.offload`` asks.
     """
-    from whichdevice.memory.quantization import check_quantize
-
-    job = job or Job()
-    check_quantize(quantize)
+    job = job or Job()  # quantize= and job= come checked (resolve_device's argument checks)
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
-        assert caps is not None
-        budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
-        trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
-        # Without a model there is nothing to size, but the budget is the user's: pass it on.
-        return device, budget, None, None
+        return _budget_only(device, caps, trace)
     size, memory = _sized(model, job, dtype, trace)
     weights = size.bytes_in(dtype)
     if max_memory is None and caps is not None:
@@ -145,7 +77,7 @@ def place_model(
         quantize = None
     if caps is None:
         return _unchecked(size, backend, result, device, dtype, quantize, trace)
-    fit = _Fit(device, caps, max_memory is not None, _can_split(backend, dist), backend.name, memory.bytes, job)
+    fit = _Fit(device, caps, max_memory is not None, can_split(backend, dist), backend.name, memory.bytes, job)
     if size.quantized is not None:
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
     explicit = quantize in ("4bit", "8bit")
@@ -161,16 +93,13 @@ def place_model(
         if adapters is not None:
             return adapters
         if job.offload is not None and quantize is None:
-            return _offload(offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job), trace)
+            return _offload(weights, memory.bytes, backend, fit, job, trace)
     try:
         return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace)
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
-            return _offload(offload_placement(weights, memory.bytes, backend, fit.caps, fit.budget_given, job), trace)
-        said = f". On these devices, {largest.text()}" if largest is not None else ""
-        raise DoesNotFitError(
-            f"{err}{remedies(model_shape(model), size, memory, backend, fit.caps, dtype, job)}{said}"
-        ) from None
+            return _offload(weights, memory.bytes, backend, fit, job, trace)
+        raise _with_ways_out(err, (model, size, memory, backend), fit, dtype, largest) from None
 
 
 def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: JobMemory, weights: int) -> Placement:
@@ -251,11 +180,6 @@ def _unchecked(
         TraceStep("placement", f"device_map={device!r}: {backend.name} does not report its memory, so fit is unchecked")
     )
     return device, None, plan, None
-
-
-def _can_split(backend: Backend, dist: DistributedContext | None) -> bool:
-    """Whether Accelerate may split a model over several of ``backend``'s devices in this process."""
-    return backend.device_map_auto and dist is None and not backend.memory_by_name
 
 
 _SPLITS = ("auto", "balanced_low_0")
@@ -397,7 +321,7 @@ def _place_prequantized(
         trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
         return placement.device_map, placement.max_memory, None, None
     if job.offload is not None:
-        return _offload(offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job), trace)
+        return _offload(weights, extra, backend, fit, job, trace)
     what = size.quantized.describe() if size.quantized is not None else "quantized"
     raise DoesNotFitError(
         f"The model does not fit: {placement.note}; it is already quantized ({what}), so quantizing is no "
@@ -405,10 +329,37 @@ def _place_prequantized(
     )
 
 
-def _offload(
-    placed: tuple[tuple[str, dict[int | str, str], None, str | None], list[TraceStep]], trace: list[TraceStep]
-) -> Placed:
-    """offload_placement's answer, its reasons added to ``trace``."""
-    answer, steps = placed
+def cpu_available() -> int | None:
+    """The CPU memory a process can take now (psutil's available), else the total; None if unknown."""
+    from whichdevice.hardware import probing
+
+    result = probing.probe("cpu")
+    if not result.devices:
+        return None
+    info = result.devices[0]
+    return info.free_memory if info.free_memory is not None else info.total_memory
+
+
+def _offload(weights: int, extra: int, backend: Backend, fit: _Fit, job: Job, trace: list[TraceStep]) -> Placed:
+    """offload_placement's answer for the CPU memory here, its reasons added to ``trace``."""
+    answer, steps = offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job, cpu_available() or 0)
     trace.extend(steps)
     return answer
+
+
+def _budget_only(device: str, caps: dict[int | str, int] | None, trace: list[TraceStep]) -> Placed:
+    """max_memory without a model: nothing to size, but the budget is the user's, so it is passed on."""
+    assert caps is not None
+    budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
+    trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
+    return device, budget, None, None
+
+
+def _with_ways_out(
+    err: DoesNotFitError, sized: tuple[Any, ModelSize, JobMemory, Backend], fit: _Fit, dtype: str, largest: Any
+) -> DoesNotFitError:
+    """The error, with what would fit instead: other dtypes, devices, offload, and the largest job here."""
+    model, size, memory, backend = sized
+    said = f". On these devices, {largest.text()}" if largest is not None else ""
+    ways = remedies(model_shape(model), size, memory, backend, fit.caps, dtype, fit.job)
+    return DoesNotFitError(f"{err}{ways}{said}")

@@ -21,16 +21,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BNB_DEVICES",
-    "QUANTIZE_CHOICES",
     "QuantizationPlan",
     "bitsandbytes_supports",
-    "check_quantize",
     "finish_quantization",
     "plan_quantization",
     "requested_quantization",
 ]
 
-QUANTIZE_CHOICES = ("auto", "4bit", "8bit", None)
 
 # bitsandbytes' own ``supported_torch_devices`` (bitsandbytes/__init__.py, 0.50; "cuda" covers
 # ROCm) as the built-in rows' ``Backend.bitsandbytes`` record it; tests compare it with bitsandbytes.
@@ -93,13 +90,6 @@ class QuantizationPlan:
             "budget_bytes": self.budget_bytes,
             "explanation": self.explanation,
         }
-
-
-def check_quantize(quantize: Any) -> None:
-    """Raise DeviceError for a ``quantize`` value that is not one of QUANTIZE_CHOICES."""
-    if isinstance(quantize, bool) or quantize not in QUANTIZE_CHOICES:
-        hint = " (quantize=True is ambiguous: write '4bit' or '8bit')" if quantize is True else ""
-        raise DeviceError(f"quantize={quantize!r}: use 'auto', '4bit', '8bit' or None{hint}")
 
 
 def bitsandbytes_supports(backend: Backend, result: ProbeResult) -> tuple[bool, str]:

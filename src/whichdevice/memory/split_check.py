@@ -46,9 +46,7 @@ def _meta_model(model: Any, dtype: str) -> Any:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from whichdevice.model.facts import ModelFacts
-
-    if isinstance(model, ModelFacts):  # the record resolve_device() read: its config object or folder
+    if hasattr(model, "config_object") and hasattr(model, "path"):  # model.facts.ModelFacts, as resolved
         model = model.config_object if model.config_object is not None else model.path
     if hasattr(model, "to_dict"):
         config = model

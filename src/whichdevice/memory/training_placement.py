@@ -105,7 +105,7 @@ def place_training(
     caps = capacities(backend, result, device, dist, max_memory) if devices > 1 else None
     plan = None
     if caps and quantize not in ("4bit", "8bit"):
-        from whichdevice.memory.offload import cpu_available
+        from whichdevice.memory.placement import cpu_available
 
         budget = int(min(caps.values()) * (1.0 if max_memory is not None else FIT_FRACTION))
         plan = plan_training(model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name, quantize)

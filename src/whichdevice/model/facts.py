@@ -35,9 +35,11 @@ from whichdevice.model.size import (
     stored_dtype,
     stored_weights,
 )
+from whichdevice.model.support import AttentionSupport, support_of_config
 
 __all__ = [
     "ModelFacts",
+    "attention_support",
     "checkpoint_dtype",
     "estimate_model_size",
     "is_config_object",
@@ -173,3 +175,8 @@ def model_shape(model: Any) -> ModelShape | None:
     if isinstance(model, ModelFacts):
         return model.shape
     return shape_of_config(model_config(model))
+
+
+def attention_support(model: Any) -> AttentionSupport:
+    """The attention support of the classes ``model`` (a path, cached id, config or ModelFacts) loads as."""
+    return support_of_config(model_config(model))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from whichdevice.model.support import read_model_config
+from whichdevice.model.facts import model_config
 
 __all__ = ["LayerClasses", "layer_classes"]
 
@@ -28,7 +28,7 @@ class LayerClasses:
 
 def layer_classes(model: Any) -> LayerClasses:
     """The ``_no_split_modules`` of the transformers class ``model`` (a path, cached id or config) loads as."""
-    config = read_model_config(model)
+    config = model_config(model)
     if config is None:
         return LayerClasses(None, unknown="model= has no readable config.json")
     if config.get("auto_map"):

@@ -25,8 +25,6 @@ from typing import Any
 __all__ = [
     "AttentionSupport",
     "ModelClass",
-    "attention_support",
-    "read_model_config",
     "support_of_config",
     "transformers_default",
 ]
@@ -109,19 +107,6 @@ def transformers_default(support: AttentionSupport) -> str | None:
         return None
     picks = {"sdpa" if c.supports("sdpa") else "eager" for c in support.classes}
     return picks.pop() if len(picks) == 1 else None
-
-
-def read_model_config(model: Any) -> Mapping[str, Any] | None:
-    """The config of ``model`` as a dict: a transformers config, or the config.json of a local or
-    cached model folder; None when it cannot be read (placement reports a bad ``model=``)."""
-    from whichdevice.model.facts import model_config
-
-    return model_config(model)
-
-
-def attention_support(model: Any) -> AttentionSupport:
-    """The attention support of the classes ``model`` (a path, cached id, config or ModelFacts) loads as."""
-    return support_of_config(read_model_config(model))
 
 
 def support_of_config(config: Mapping[str, Any] | None) -> AttentionSupport:

@@ -15,7 +15,6 @@ from whichdevice.core.errors import ConfigConflictError, DeviceError, shown
 from whichdevice.core.job import Job
 from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
-from whichdevice.memory.quantization import check_quantize
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
@@ -33,6 +32,7 @@ __all__ = [
     "check_max_memory",
     "check_memory_devices",
     "check_offload",
+    "check_quantize",
     "check_shapes",
 ]
 
@@ -264,3 +264,13 @@ def check_offload(offload: Any, offload_folder: Any, task: str) -> None:
             f"offload={offload!r} with task='training': accelerate's offloaded layers are for inference and "
             "do not train; train LoRA adapters in 4-bit (quantize='auto'), or shard with DeepSpeed ZeRO-Offload"
         )
+
+
+QUANTIZE_CHOICES = ("auto", "4bit", "8bit", None)
+
+
+def check_quantize(quantize: Any) -> None:
+    """Raise DeviceError for a ``quantize`` value that is not one of QUANTIZE_CHOICES."""
+    if isinstance(quantize, bool) or quantize not in QUANTIZE_CHOICES:
+        hint = " (quantize=True is ambiguous: write '4bit' or '8bit')" if quantize is True else ""
+        raise DeviceError(f"quantize={quantize!r}: use 'auto', '4bit', '8bit' or None{hint}")

@@ -37,10 +37,9 @@ from whichdevice.launch.accelerate_settings import (
     settings_steps,
     trainer_device_steps,
 )
+from whichdevice.launch.checks import check_training_launch, checked_when_resolved
 from whichdevice.launch.distributed import (
     DistributedContext,
-    check_training_launch,
-    checked_when_resolved,
     detect_distributed,
     process_group_backend,
 )

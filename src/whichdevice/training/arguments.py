@@ -16,7 +16,7 @@ from whichdevice.core.errors import (
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
-from whichdevice.launch.distributed import check_training_launch, checked_when_resolved
+from whichdevice.launch.checks import check_training_launch, checked_when_resolved
 from whichdevice.launch.leftovers import launch_leftovers, refuse_accelerate_device, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
 from whichdevice.launch.user_keywords import (

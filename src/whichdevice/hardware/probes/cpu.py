@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-import platform
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.hardware.probes.common import finish, installed_versions, read_env
+from whichdevice.hardware.probes.cpu_facts import (
+    BF16_CPU_FLAGS,
+    ONEDNN_ISA_VARIABLE,
+    ONEDNN_ISAS,
+    ONEDNN_ISAS_WITHOUT_BF16,
+    available_memory,
+    cpu_facts,
+)
 
+# BF16_CPU_FLAGS ... cpu_facts are read in cpu_facts.py (below the probes, for the calibration).
 __all__ = [
     "BF16_CPU_FLAGS",
     "ENV_VARIABLES",
+    "ONEDNN_ISAS",
     "ONEDNN_ISA_VARIABLE",
     "CpuReadings",
     "available_memory",
@@ -25,29 +32,6 @@ __all__ = [
     "read_cpu",
 ]
 
-# CPU flags that mean bf16 runs natively (x86 AVX512-BF16 / AMX, Arm BF16): fast bf16 matmuls.
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
-
-# oneDNN runs torch's CPU matmuls; capped below AVX512_CORE_BF16 it emulates bf16 even on a CPU that
-# has the instructions (bf16 matmuls measured 3.4x slower than fp32 here under AVX512_CORE).
-ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
-_ONEDNN_ISAS_WITHOUT_BF16 = frozenset(
-    {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
-)
-# Every value oneDNN takes for ONEDNN_MAX_CPU_ISA (oneDNN's docs, "CPU ISA hints"); the rest keep bf16.
-ONEDNN_ISAS = _ONEDNN_ISAS_WITHOUT_BF16 | {
-    "AVX512_CORE_BF16",
-    "AVX512_CORE_FP16",
-    "AVX512_CORE_AMX",
-    "AVX512_CORE_AMX_FP16",
-    "AVX10_1_512",
-    "AVX10_1_512_AMX",
-    "AVX10_1_512_AMX_FP16",
-    "AVX10_2_512",
-    "AVX10_2_512_AMX_2",
-    "DEFAULT",
-    "ALL",
-}
 
 ENV_VARIABLES = (ONEDNN_ISA_VARIABLE,)
 
@@ -64,66 +48,6 @@ class CpuReadings:
     free: int | None = None
 
 
-@lru_cache(maxsize=1)
-def cpu_facts() -> tuple[str | None, frozenset[str], int | None]:
-    """CPU model name, bf16-relevant flags and total memory, read once per process."""
-    name: str | None = platform.processor() or None
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and name in (None, "", platform.machine()):
-                    name = value.strip()
-                elif key in ("flags", "Features"):
-                    flags.update(value.split())
-                    break
-    except OSError:
-        if platform.system() == "Darwin" and platform.machine() == "arm64":
-            flags.update(_darwin_arm_flags())
-    return name, frozenset(flags & BF16_CPU_FLAGS), _total_memory()
-
-
-def _total_memory() -> int | None:
-    return _memory("MemTotal", "total")
-
-
-def available_memory() -> int | None:
-    """Memory the system can give a process now without swapping (psutil's ``available``); read on
-    every probe, unlike the facts above, because it changes."""
-    return _memory("MemAvailable", "available")
-
-
-def _memory(meminfo_key: str, psutil_field: str) -> int | None:
-    # On Linux /proc/meminfo is what psutil reads, in microseconds; psutil itself costs 20-60 ms to
-    # import (more while probe threads run), which a fresh resolve_device() cannot afford.
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                key, _, value = line.partition(":")
-                if key == meminfo_key:
-                    return int(value.split()[0]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:  # macOS, Windows; psutil comes with accelerate
-        import psutil
-
-        return int(getattr(psutil.virtual_memory(), psutil_field))
-    except Exception:  # a broken psutil must not break the CPU probe
-        return None
-
-
-def _darwin_arm_flags() -> set[str]:
-    try:
-        out = subprocess.run(
-            ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=2
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return {"bf16"} if out == "1" else set()
-
-
 def read_cpu(backend: Backend) -> CpuReadings:
     name, flags, memory = cpu_facts()
     return CpuReadings(name, flags, memory, read_env(ENV_VARIABLES), installed_versions(backend), available_memory())
@@ -131,7 +55,7 @@ def read_cpu(backend: Backend) -> CpuReadings:
 
 def bf16_cap(isa: str | None) -> str | None:
     """Why ``ONEDNN_MAX_CPU_ISA=isa`` turns native bf16 off, or None when it leaves it on."""
-    if isa is None or isa.strip().upper() not in _ONEDNN_ISAS_WITHOUT_BF16:
+    if isa is None or isa.strip().upper() not in ONEDNN_ISAS_WITHOUT_BF16:
         return None
     return (
         f"{ONEDNN_ISA_VARIABLE}={isa} caps oneDNN below AVX512_CORE_BF16, so torch emulates bf16 "
