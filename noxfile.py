@@ -33,10 +33,10 @@ def tests_transformers_457(session: nox.Session) -> None:
     session.run(
         "pytest",
         "tests/test_end_to_end.py",
-        "tests/test_training.py",
-        "tests/test_distributed.py",
-        "tests/test_resolver.py",
-        "tests/test_decode_attention.py",
+        "tests/training/test_training.py",
+        "tests/launch/test_distributed.py",
+        "tests/resolve/test_resolver.py",
+        "tests/attention/test_decode_attention.py",
         *session.posargs,
     )
 
@@ -45,7 +45,7 @@ def tests_transformers_457(session: nox.Session) -> None:
 def tests_ray(session: nox.Session) -> None:
     """The Ray Train row of the launch matrix: ray[train] is large, so the default run skips it."""
     install(session, "test", pins=("ray[train]>=2.60",))
-    session.run("pytest", "tests/test_distributed.py", "-k", "ray", *session.posargs, env={"WHICHDEVICE_TEST_RAY": "1"})
+    session.run("pytest", "tests/launch/test_distributed.py", "-k", "ray", *session.posargs, env={"WHICHDEVICE_TEST_RAY": "1"})
 
 
 @nox.session(python="3.11")
@@ -71,7 +71,7 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", "site")
 
 
-# Vendor runtimes installed for real on a machine without their devices (tests/test_vendor_stacks.py).
+# Vendor runtimes installed for real on a machine without their devices (tests/hardware/test_vendor_stacks.py).
 # Each stack gets its own throwaway venv under .nox/; the torch each plugin was built against comes
 # with it. None is in the default run: the CUDA build alone is several GB.
 # stack -> (what to install, the device `whichdevice check` is asked for, environment)
@@ -112,7 +112,7 @@ def vendor_stacks(session: nox.Session, stack: str) -> None:
     session.install("-e", ".", "pytest>=8")
     env = {**env, "WHICHDEVICE_VENDOR_STACK": stack}
     session.run(
-        "pytest", "-p", "no:cacheprovider", "-v", "-rs", "tests/test_vendor_stacks.py", *session.posargs, env=env
+        "pytest", "-p", "no:cacheprovider", "-v", "-rs", "tests/hardware/test_vendor_stacks.py", *session.posargs, env=env
     )
     session.run("python", "-c", _SHOW_ROW, device, env=env)
     session.run("whichdevice", "check", device, env=env, success_codes=[0, 1])

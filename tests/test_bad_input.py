@@ -792,7 +792,7 @@ COMMANDS = {
     "transformers-too-old-report": Command(
         (), {"PYTHONPATH": "{old}"}, 0, ("transformers 4.40.0 is older", "pip install 'transformers>=4.57'")
     ),
-    # The limit's own values (more in tests/test_faults.py): garbage is refused naming the form.
+    # The limit's own values (more in tests/hardware/test_faults.py): garbage is refused naming the form.
     "probe-timeout-garbage": Command(
         ("check",), {"WHICHDEVICE_PROBE_TIMEOUT": "abc"}, 2, ("WHICHDEVICE_PROBE_TIMEOUT='abc'", "=inf for no limit")
     ),

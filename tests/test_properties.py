@@ -162,7 +162,10 @@ def test_parse_cuda_parses_or_raises_and_is_idempotent(env: dict[str, str], rocm
     try:
         vis = parse_cuda(env, rocm=rocm)
     except DeviceError as exc:
-        assert rocm and str(exc)  # only ROCm's two-level selection can be contradictory
+        # Only ROCm's two-level selection can be contradictory, and a UUID prefix with no UUID after it
+        # ("GPU-", "MIG-") is refused rather than read as device 0 (issue 23).
+        bare = any(part.strip() in ("GPU-", "MIG-") for value in env.values() for part in value.split(","))
+        assert (rocm or bare) and str(exc)
         return
     _check_visibility(vis)
     if vis.ids:

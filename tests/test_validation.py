@@ -447,7 +447,7 @@ def test_training_arguments_of_the_wrong_shape(call, says, tmp_path: Path) -> No
         ({"device_map": {"model.embed": 0, "lm_head": "cpu", "model.norm": "disk"}}, "cuda:1"),
         ({"device_map": 1}, "cuda:2"),
         ({"torch_compile": True, "refresh": True}, None),
-        # use_kernels=None is not a documented value (False, "auto", True): tests/test_arguments.py refuses it.
+        # use_kernels=None is not a documented value (False, "auto", True): tests/resolve/test_arguments.py refuses it.
         ({"use_kernels": "auto"}, None),
     ],
 )

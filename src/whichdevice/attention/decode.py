@@ -14,7 +14,7 @@ transformers defines it. The resolver only picks this name for architectures in 
 whose modelling code reaches attention only through that registry and does not treat the literal
 name "sdpa" differently on the decoder path (some models do: gemma4 compares the name with "sdpa"
 to decide whether it may drop query tokens, falcon and bark look attention classes up by name);
-tests/test_decode_attention.py checks each of them against eager attention.
+tests/attention/test_decode_attention.py checks each of them against eager attention.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = [
 # Contains "sdpa" so that transformers 5 runs its sdpa support checks for the model it loads.
 ATTENTION_NAME = "whichdevice_sdpa"
 
-# model_type values (config.json) whose every decode step tests/test_decode_attention.py checks
+# model_type values (config.json) whose every decode step tests/attention/test_decode_attention.py checks
 # against eager attention, on transformers 5.x and 4.57. Dense decoders only: in a mixture of
 # experts a bf16 rounding difference can flip an expert choice, so comparing logits with eager's
 # would test the router, not the attention.

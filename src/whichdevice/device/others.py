@@ -21,7 +21,7 @@ __all__ = ["TRAINER_ORDER", "other_accelerators"]
 
 # TrainingArguments._setup_devices (transformers 5.25 training_args.py), single process, use_cpu
 # unset: mps, xpu, mlu, musa, npu, hpu, neuron, tpu, then cuda (cuda:0, else ACCELERATE_TORCH_DEVICE
-# or cpu). tests/test_others.py reads the installed source to keep this in step.
+# or cpu). tests/device/test_others.py reads the installed source to keep this in step.
 TRAINER_ORDER = ("mps", "xpu", "mlu", "musa", "npu", "hpu", "neuron", "tpu", "cuda")
 
 

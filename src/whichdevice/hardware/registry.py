@@ -13,7 +13,7 @@ it through :func:`backends`. Why this order:
 3. ``cpu`` last: always there, the fallback.
 
 Static facts (visible-devices variables, distributed backends, compile backends) live in these
-records; ``tests/test_registry.py`` compares them with accelerate's own constants so drift fails.
+records; ``tests/hardware/test_registry.py`` compares them with accelerate's own constants so drift fails.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ here without an edit, and one this transformers does not know fails closed with 
 What each method needs to run (``NEEDS``) is typed from the installed transformers' quantizer sources
 (``validate_environment`` of transformers/quantizers/quantizer_*.py, 5.25): one row per method with its
 file:line; a method without a row is reported as unchecked (transformers decides at load), never as
-runnable. ``tests/test_quantized.py`` checks every row's packages against that source, so drift shows.
+runnable. ``tests/model/test_quantized.py`` checks every row's packages against that source, so drift shows.
 """
 
 from __future__ import annotations

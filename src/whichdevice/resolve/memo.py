@@ -24,7 +24,7 @@ from whichdevice.resolve.arguments import Arguments
 
 __all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variables", "read_environment"]
 
-# The modules on the resolve path that read the environment (tests/test_memo.py fails when a
+# The modules on the resolve path that read the environment (tests/resolve/test_memo.py fails when a
 # module reads a variable it does not declare, or declares one this list does not reach).
 DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings, calibration)
 

@@ -53,7 +53,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 BROKEN_IMPORT = "simulated: importing {module} failed (libascend_hal.so: cannot open shared object file)"
 
 # What the real runtimes print in the same situations, recorded from them on a machine without the
-# hardware (tests/test_vendor_stacks.py checks each against the real runtime, `nox -s vendor-stacks`).
+# hardware (tests/hardware/test_vendor_stacks.py checks each against the real runtime, `nox -s vendor-stacks`).
 RUNTIME_TEXTS = {
     # torch 2.14.1+cu130 (torch._C._cuda_init()) without libcuda.so.1
     "cuda-no-driver": (

@@ -22,7 +22,7 @@ from whichdevice.launch.checks import check_training_launch
 from whichdevice.launch.distributed import ENV_VARIABLES, detect_distributed
 from whichdevice.testing import simulate
 
-SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ddp_train.py"
 
 
 TORCHRUN = {"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}
@@ -451,7 +451,7 @@ def test_open_mpi_variables(tmp_path):
 def test_ray_train(tmp_path):
     if importlib.util.find_spec("ray") is None:  # importing ray here would change os.environ
         pytest.skip("ray[train] is not installed")
-    command = [sys.executable, str(Path(__file__).parent / "scripts" / "ray_train.py"), str(tmp_path)]
+    command = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "ray_train.py"), str(tmp_path)]
     _launch_together(tmp_path, lambda port: [command], timeout=400)
     reports = _trained_together(tmp_path, "Ray Train")
     assert {r["args_device"] for r in reports} == {"cpu"}  # Ray's ACCELERATE_TORCH_DEVICE

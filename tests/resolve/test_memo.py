@@ -27,7 +27,7 @@ SRC = Path(wd.__file__).resolve().parent
 
 @pytest.fixture
 def compatible_kernels() -> Iterator[None]:
-    # As tests/test_kernels_support.py: a kernels version the installed transformers accepts.
+    # As tests/attention/test_kernels_support.py: a kernels version the installed transformers accepts.
     with simulated_packages({"kernels": GOOD_KERNELS}):
         yield
 

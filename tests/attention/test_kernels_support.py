@@ -219,7 +219,7 @@ HUB_ATTENTION = [
     ("cuda:2,variant=rocm", "kernels-community/aiter-flash-attn", None),
     ("xpu:1", "kernels-community/flash-attn2", None),
     ("cuda:1,cc=7.5", None, "compute capability 8.0 or newer; this GPU has 7.5"),
-    # npu: torch_npu serves FlashAttention-2 itself (tests/test_attention_support.py), no Hub kernel
+    # npu: torch_npu serves FlashAttention-2 itself (tests/attention/test_attention_support.py), no Hub kernel
     ("mps", None, "no flash_attention_2 Hub kernel is built for mps"),
     ("neuron:2", None, "no flash_attention_2 Hub kernel is built for neuron"),
     ("hpu:8", None, "no flash_attention_2 Hub kernel is built for hpu"),
@@ -236,7 +236,7 @@ def llama_config():
 
 @pytest.mark.parametrize(("spec", "impl", "why"), HUB_ATTENTION, ids=[h[0] for h in HUB_ATTENTION])
 def test_auto_hub_attention(compatible_kernels, online, spec, impl, why):
-    # fp32 on the CPU: in half precision it gets its decode attention (tests/test_decode_attention.py)
+    # fp32 on the CPU: in half precision it gets its decode attention (tests/attention/test_decode_attention.py)
     dtype = "float32" if spec == "cpu" else "auto"
     with simulate(spec):
         res = wd.resolve_device(attn_implementation="auto-hub", model=llama_config(), dtype=dtype)

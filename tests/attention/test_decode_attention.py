@@ -199,7 +199,8 @@ def test_every_verified_architecture_decodes_as_eager_attention_does(model_type,
     ("kwargs", "want", "why"),
     [
         ({"dtype": "bfloat16"}, ATTENTION_NAME, "verified for model_type 'llama'"),
-        ({"dtype": "float16"}, ATTENTION_NAME, "one-token float16 query"),
+        # Issue 25: in fp16 the decode attention is further from eager fp32 than sdpa (benchmarks/decode_accuracy.py).
+        ({"dtype": "float16"}, "sdpa", "not passed in float16"),
         ({"dtype": "float32"}, "sdpa", "no FlashAttention package"),
         ({"task": "training"}, "sdpa", "no FlashAttention package"),
         ({"attn_implementation": "sdpa"}, "sdpa", "as you asked"),

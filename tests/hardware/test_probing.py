@@ -232,7 +232,7 @@ def test_hanging_probe_with_set_probe_timeout(release: threading.Event) -> None:
 def test_probe_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WHICHDEVICE_PROBE_TIMEOUT", "2.5")
     assert probing.probe_timeout() == 2.5
-    for bad in ("abc", "-1", "nan"):  # refused naming the valid forms: tests/test_faults.py
+    for bad in ("abc", "-1", "nan"):  # refused naming the valid forms: tests/hardware/test_faults.py
         monkeypatch.setenv("WHICHDEVICE_PROBE_TIMEOUT", bad)
         with pytest.raises(DeviceError, match="is not a time limit"):
             probing.probe_timeout()

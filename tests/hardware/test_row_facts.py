@@ -51,7 +51,7 @@ def capable() -> wd.Backend:
 
 @pytest.fixture
 def kernels_usable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # As tests/test_kernels_support.py: a kernels version transformers accepts, and the Hub not off.
+    # As tests/attention/test_kernels_support.py: a kernels version transformers accepts, and the Hub not off.
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "LOCAL_KERNELS"):
         monkeypatch.delenv(name, raising=False)
     with simulated_packages({"kernels": GOOD_KERNELS, "bitsandbytes": "0.50.0"}):

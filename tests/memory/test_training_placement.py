@@ -13,7 +13,7 @@ import pytest
 
 from tiny_models import save_tiny_llama
 
-SCRIPT = Path(__file__).parent / "scripts" / "fsdp_train.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fsdp_train.py"
 _LAUNCH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
