@@ -14,11 +14,13 @@ Everything here is pure: the probes read the facts and call these (``ProbeResult
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from packaging.version import Version
+
 import re
 from collections.abc import Iterable
-
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
 from whichdevice.core.packages import pip_install
 
@@ -46,6 +48,9 @@ _ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([af]?)")
 
 
 def _version(text: str | None) -> Version | None:
+    # packaging is imported where a version is compared: a bare resolve on a CPU compares none.
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(text) if text else None
     except InvalidVersion:
@@ -107,6 +112,8 @@ def min_driver(cuda_version: str | None) -> str | None:
 
 def driver_problem(driver: str | None, cuda_version: str | None) -> str | None:
     """An NVIDIA driver too old for the torch build's CUDA, with the fix (None: new enough or unknown)."""
+    from packaging.version import Version
+
     needed = min_driver(cuda_version)
     have = _version(driver)
     if needed is None or have is None or have >= Version(needed):
@@ -136,6 +143,9 @@ def plugin_problem(
         requirement = f"=={mm[0]}.{mm[1]}.*" if mm is not None else None
     if not requirement:
         return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import Version
+
     try:
         wanted = SpecifierSet(requirement)
     except InvalidSpecifier:

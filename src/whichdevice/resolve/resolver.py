@@ -37,16 +37,11 @@ from whichdevice.launch.accelerate_settings import (
     settings_steps,
     trainer_device_steps,
 )
-from whichdevice.launch.checks import check_training_launch, checked_when_resolved
 from whichdevice.launch.distributed import (
     DistributedContext,
-    detect_distributed,
-    process_group_backend,
 )
-from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
-from whichdevice.memory.prequantized import follow_compute_dtype, prequantized_device, training_note
+from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
-from whichdevice.memory.training_placement import trainer_parallel_steps
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.resolve.arguments import (
     Arguments,
@@ -163,10 +158,8 @@ def _resolve(args: Arguments) -> Resolution:
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
-    quant, (backend, result), dequantize = trace.take(
-        prequantized_device(model, args.quantize, (backend, result), request.detect, args.prefer, args.exclude)
-    )
-    dist = _launch(backend, args.task)
+    quant, (backend, result), dequantize = trace.take(_prequantized(model, args, (backend, result), request))
+    dist = launch_of(backend, args.task)
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
     parallel_at = len(trace)
     parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
@@ -177,7 +170,7 @@ def _resolve(args: Arguments) -> Resolution:
     precision = trace.take(decide_precision(backend, result, args.dtype, args.task, checkpoint, measured))
     if quant is not None and not dequantize:
         precision = precision._replace(
-            weights=trace.take(follow_compute_dtype(quant, backend, result, precision.weights, args.dtype))
+            weights=trace.take(_follow_compute_dtype(quant, backend, result, precision.weights, args.dtype))
         )
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
@@ -187,12 +180,15 @@ def _resolve(args: Arguments) -> Resolution:
     job = replace(job, attention=attention.name, dequantize=dequantize)
     placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job))
     dtype = placed.dtype or dtype
-    trace[parallel_at:parallel_at] = trainer_parallel_steps(
-        parallel, placed.device_map, placed.plan, dist, backend, result
-    )
+    if parallel or placed.plan is not None:
+        from whichdevice.memory.training_placement import trainer_parallel_steps
+
+        trace[parallel_at:parallel_at] = trainer_parallel_steps(
+            parallel, placed.device_map, placed.plan, dist, backend, result
+        )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
-    trace.extend(_distributed(backend, dist))
+    trace.extend(launch_steps(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
         device=device,
@@ -232,9 +228,31 @@ def _quantization(
 ) -> QuantizationPlan | None:
     """bitsandbytes for an unquantized checkpoint; a pre-quantized one keeps its own (and says so for training)."""
     if quant is not None:
+        from whichdevice.memory.prequantized import training_note
+
         trace.extend(training_note(quant, args.task))
         return None
     return trace.take(finish_quantization(plan, backend, result, dtype or "float32", args.quantize, args.task))
+
+
+def _prequantized(
+    model: ModelFacts | None, args: Arguments, chosen: tuple[Backend, ProbeResult], request: DeviceRequest
+) -> tuple[tuple[CheckpointQuantization | None, tuple[Backend, ProbeResult], bool], list[TraceStep]]:
+    """The checkpoint's own quantization decides too: a device that runs it, or transformers'
+    dequantizing load (memory/prequantized.py, imported only for a model=)."""
+    if model is None:
+        return (None, chosen, False), []
+    from whichdevice.memory.prequantized import prequantized_device
+
+    return prequantized_device(model, args.quantize, chosen, request.detect, args.prefer, args.exclude)
+
+
+def _follow_compute_dtype(
+    quant: CheckpointQuantization, backend: Backend, result: ProbeResult, dtype: str | None, asked: Any
+) -> tuple[str | None, list[TraceStep]]:
+    from whichdevice.memory.prequantized import follow_compute_dtype
+
+    return follow_compute_dtype(quant, backend, result, dtype, asked)
 
 
 def _read_model(model: Any) -> ModelFacts | None:
@@ -343,54 +361,3 @@ def _placement(
             f"device_map={device!r}: the whole model on the chosen device (pass model= to check that it fits)",
         )
     ]
-
-
-def _launch(backend: Backend, task: str) -> DistributedContext | None:
-    """The run this process belongs to, as accelerate will see it with this backend's training settings."""
-    # use_cpu=True (what whichdevice passes on the CPU) is the switch that makes accelerate read MPI's variables.
-    dist = detect_distributed(cpu=backend.name == "cpu")
-    if task == "training":
-        # Variables no launcher left together, which transformers would read: refused here, before
-        # TrainingArguments fails on them (see whichdevice.launch.leftovers).
-        refuse_leftovers(launch_leftovers(cpu=backend.name == "cpu"))
-    if task == "training" and checked_when_resolved(dist):
-        # A scheduler started the processes: without torch's variables each would train alone on the
-        # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
-        # launcher's or set by hand to try a rank, are checked by training_arguments().)
-        check_training_launch(dist)
-    return dist
-
-
-def _distributed(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
-    leftovers = [TraceStep("warning", f.message) for f in launch_leftovers(cpu=backend.name == "cpu")]
-    return leftovers + _launch_steps(backend, dist)
-
-
-def _launch_steps(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
-    if dist is None:
-        return []
-    where = f"rank {dist.rank} of {dist.world_size}, local rank {dist.local_rank} ({dist.local_rank_variable})"
-    if not dist.seen:
-        return [
-            TraceStep(
-                "distributed",
-                f"{dist.launcher}: {where}; transformers and accelerate do not see this run (they read "
-                f"torch's variables): no process group and no ddp_backend, and training is refused until "
-                f"you export {' '.join(dist.missing)}",
-            )
-        ]
-    steps = [
-        TraceStep(
-            "distributed",
-            f"{dist.launcher}: {where}; process group backend {process_group_backend(backend, dist)!r}",
-        )
-    ]
-    if dist.missing:
-        steps.append(
-            TraceStep(
-                "warning",
-                f"the process group cannot start without {', '.join(m.split('=')[0] for m in dist.missing)}: "
-                f"export {' '.join(dist.missing)} (TrainingArguments would fail inside torch without them)",
-            )
-        )
-    return steps
