@@ -85,6 +85,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         device=args.device,
         simulate=args.simulate,
         simulate_report=args.simulate_report,
+        job={"model": args.model, "batch_size": args.batch_size, "max_length": args.max_length},
     )
     if args.json:
         _json(report)

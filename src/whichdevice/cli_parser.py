@@ -24,6 +24,9 @@ _DEFAULTS: dict[str, Any] = {
     "simulate": [],
     "simulate_report": None,
     "debug": False,
+    "model": None,
+    "batch_size": None,
+    "max_length": None,
 }
 
 
@@ -90,6 +93,22 @@ def _common_options() -> _Parser:
     return common
 
 
+def _job_options() -> _Parser:
+    """The report's model options: with --model, the resolutions size that model (and the job, with
+    --batch-size and --max-length) and say the longest length and largest batch that fit."""
+    job = _Parser(add_help=False)
+    group = job.add_argument_group("the model and job to size (report only)")
+    group.add_argument(
+        "--model",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="a local model folder or a cached model id, as resolve_device(model=) takes it",
+    )
+    for flag, what in (("--batch-size", "sequences run together"), ("--max-length", "tokens per sequence")):
+        group.add_argument(flag, type=_positive_int, default=argparse.SUPPRESS, metavar="N", help=what)
+    return job
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     common = _common_options()
@@ -104,11 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from whichdevice import __version__
 
+    job = _job_options()
+    parser._add_container_actions(job)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke,calibrate}", parser_class=_Parser)
     sub.add_parser(
         "report",
-        parents=[common],
+        parents=[common, job],
         help="the full report (the default)",
         description="Backends, the environment that steers device choice, warnings, the resolution, versions.",
     )

@@ -393,3 +393,16 @@ def test_module_entry_point_exists() -> None:
     import importlib.util
 
     assert importlib.util.find_spec("whichdevice.__main__") is not None
+
+
+def test_the_report_sizes_a_model_and_says_the_largest_job_that_fits(tmp_path: Path) -> None:
+    # Issue 26: the command prints the longest length and largest batch that fit for --model.
+    from tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "tiny", tokenizer=False)
+    argv = ["--model", str(folder), "--batch-size", "4", "--max-length", "100000", "--task", "inference", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "whichdevice", *argv], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    resolution = json.loads(proc.stdout)["resolutions"][0]
+    assert "the largest that fit:" in resolution["explanation"]
+    assert "batch_size=4" in resolution["explanation"]

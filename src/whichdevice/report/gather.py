@@ -122,8 +122,12 @@ def gather(
     simulate: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     simulate_report: Replayable | None = None,
+    job: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole report as a JSON-safe dict (see ``report_schema.json``).
+
+    ``job`` (``model``, ``batch_size``, ``max_length``, as resolve_device() takes them) sizes a model
+    in the resolutions, whose traces then say the longest length and largest batch that fit.
 
     ``device`` is resolved as ``resolve_device(device)`` would; ``simulate`` specs go to
     ``whichdevice.testing.simulate``, ``simulate_report`` (a report's path or dict) to its ``report=``.
@@ -142,7 +146,7 @@ def gather(
     with simulation(simulate, simulate_report):
         env = dict(os.environ if environ is None or simulate_report is not None else environ)
         results = probing.probe_all()
-        resolutions = [_resolve(task, device) for task in tasks]
+        resolutions = [_resolve(task, device, job) for task in tasks]
         versions = package_versions()
         machine = _platform()
         replay = replay_section(env)
@@ -176,9 +180,9 @@ def _calibration() -> dict[str, Any]:
     return {"figures": calib.to_dict() if calib else None, "spec": calib.spec() if calib else None, "why": why}
 
 
-def _resolve(task: str, device: str | None) -> dict[str, Any]:
+def _resolve(task: str, device: str | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
     try:
-        res = resolve_device(device, task=task)
+        res = resolve_device(device, task=task, **{k: v for k, v in (job or {}).items() if v is not None})
     except DeviceError as exc:
         return {"task": task, "ok": False, "resolution": None, "explanation": None, "error": error_dict(exc)}
     return {
