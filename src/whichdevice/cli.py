@@ -226,6 +226,7 @@ def _main(argv: list[str], debug: bool) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     command = args.command
     try:
+        _only_the_report_sizes(command, args)
         return _COMMANDS[command](args)
     except DeviceError as exc:
         from whichdevice.core.errors import exit_code_for
@@ -249,6 +250,17 @@ def _leave(code: int) -> None:
 
     if torch_import_failed():
         os._exit(code)
+
+
+def _only_the_report_sizes(command: str, args: argparse.Namespace) -> None:
+    """--model, --batch-size and --max-length are the report's: another command would ignore them."""
+    options = (("--model", args.model), ("--batch-size", args.batch_size), ("--max-length", args.max_length))
+    given = [flag for flag, value in options if value]
+    if given and command != "report":
+        raise DeviceError(
+            f"{command} takes no {', '.join(given)}: they size a model in the report; "
+            f"run `whichdevice {' '.join(given)} ...` without {command}"
+        )
 
 
 def _subcommand(prog: str) -> str | None:

@@ -111,10 +111,10 @@ def _job_options() -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
-    common = _common_options()
+    common, job = _common_options(), _job_options()
     parser = _Parser(
         prog=PROG,
-        parents=[common],
+        parents=[common, job],
         description=(
             "Which device, dtype and attention this Transformers program should use here, and why. "
             "Without a subcommand: the report to paste into a bug report."
@@ -123,8 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from whichdevice import __version__
 
-    job = _job_options()
-    parser._add_container_actions(job)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke,calibrate}", parser_class=_Parser)
     sub.add_parser(

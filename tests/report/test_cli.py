@@ -406,3 +406,8 @@ def test_the_report_sizes_a_model_and_says_the_largest_job_that_fits(tmp_path: P
     resolution = json.loads(proc.stdout)["resolutions"][0]
     assert "the largest that fit:" in resolution["explanation"]
     assert "batch_size=4" in resolution["explanation"]
+
+
+def test_the_model_options_belong_to_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--model", "somewhere", "check", "cpu"]) == 2
+    assert "check takes no --model" in capsys.readouterr().err
