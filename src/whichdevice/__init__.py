@@ -27,11 +27,28 @@ if TYPE_CHECKING:
     from typing import Any
 
     from whichdevice import testing
-    from whichdevice.hardware.probing import DeviceInfo, ProbeResult, probe, probe_all
-    from whichdevice.hardware.registry import Backend, EnvDefault, backends, get_backend, register_backend
+    from whichdevice.hardware.probing import (
+        DeviceInfo,
+        ProbeResult,
+        clear_cache,
+        gave_up,
+        probe,
+        probe_all,
+        set_probe_timeout,
+    )
+    from whichdevice.hardware.registry import (
+        Backend,
+        EnvDefault,
+        backend_names,
+        backends,
+        get_backend,
+        register_backend,
+        unregister_backend,
+    )
     from whichdevice.resolve.resolver import Resolution, parse_device, resolve_device
     from whichdevice.training.arguments import training_arguments
     from whichdevice.training.lora import LoraTraining, lora_training
+    from whichdevice.training.simulated import SimulatedTrainingError
 
 __version__ = "0.1.0"
 
@@ -42,6 +59,12 @@ _LAZY = {
     "backends": "whichdevice.hardware.registry",
     "get_backend": "whichdevice.hardware.registry",
     "register_backend": "whichdevice.hardware.registry",
+    "unregister_backend": "whichdevice.hardware.registry",
+    "backend_names": "whichdevice.hardware.registry",
+    "clear_cache": "whichdevice.hardware.probing",
+    "gave_up": "whichdevice.hardware.probing",
+    "set_probe_timeout": "whichdevice.hardware.probing",
+    "SimulatedTrainingError": "whichdevice.training.simulated",
     "DeviceInfo": "whichdevice.hardware.probing",
     "ProbeResult": "whichdevice.hardware.probing",
     "probe": "whichdevice.hardware.probing",
@@ -68,9 +91,13 @@ __all__ = [
     "PackageVersionError",
     "ProbeResult",
     "Resolution",
+    "SimulatedTrainingError",
     "UnknownDeviceError",
     "__version__",
+    "backend_names",
     "backends",
+    "clear_cache",
+    "gave_up",
     "get_backend",
     "lora_training",
     "parse_device",
@@ -78,8 +105,10 @@ __all__ = [
     "probe_all",
     "register_backend",
     "resolve_device",
+    "set_probe_timeout",
     "testing",
     "training_arguments",
+    "unregister_backend",
 ]
 
 
