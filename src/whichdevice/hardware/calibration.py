@@ -1,12 +1,14 @@
 """The CPU's calibration: its measured dtype speeds, cached on disk per machine, or pinned by a simulation.
 
 ``calibration()`` answers with the figures and a sentence saying where they came from. The
-figures are measured by :mod:`whichdevice.hardware.probes.cpu_timing` (about 0.3 s) the first time a
-resolution needs them, then read from ``$XDG_CACHE_HOME/whichdevice/`` (``~/.cache/whichdevice``),
-one file per machine: CPU model, bf16 flags, cores, torch threads, torch version and oneDNN's ISA
-cap, which is all the timing depends on. Nothing here runs on ``import whichdevice``; a damaged
-or unreadable cache file is measured over, never raised. ``WHICHDEVICE_CALIBRATION=off`` turns
-calibration off (the CPU flags decide, as without it); any other value is the folder of the cache.
+figures are measured by :mod:`whichdevice.hardware.probes.cpu_timing` and ``cpu_memory`` (about
+0.9 s on 2 cores: shapes that run from the cache, and decode steps whose weights stream from
+memory) the first time a resolution needs them, then read from ``$XDG_CACHE_HOME/whichdevice/``
+(``~/.cache/whichdevice``), one file per machine: CPU model, bf16 flags, cores, torch threads,
+torch version and oneDNN's ISA cap, which is all the timing depends on. Nothing here runs on
+``import whichdevice``; a damaged or unreadable cache file is measured over, never raised.
+``WHICHDEVICE_CALIBRATION=off`` turns calibration off (the CPU flags decide, as without it); any
+other value is the folder of the cache.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ import json
 import math
 import os
 import platform
+import re
 import tempfile
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from whichdevice.core import envview
-from whichdevice.core.dtypes import NAMES, short_name
+from whichdevice.hardware.calibration_figures import Calibration, check_figure, parse_figures
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
@@ -48,121 +51,13 @@ ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
 _FORMAT = 1
-# A calibration that a busy machine kept from being steady is measured again after this long.
-RETRY_S = 6 * 3600
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """``speeds``: "bf16.b1" (a decode step at batch 1), "bf16.b2", "bf16.b4", "bf16.b8",
-    "bf16.prompt" (a prompt-sized matmul), each bf16's speed over fp32's (above 1: faster), the
-    same for fp16, and "bf16.attention"/"fp16.attention": a one-token attention by plain matmuls
-    over torch's fused kernel. ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8") and
-    of one prompt row ("prompt"), which weigh prompt against decode."""
-
-    speeds: Mapping[str, float]
-    fp32: Mapping[str, float] = field(default_factory=dict)
-    threads: int | None = None
-    seconds: float | None = None  # what measuring took
-    source: str = "measured"
-    unsteady: tuple[str, ...] = ()  # figures other work on the machine kept moving: not to be relied on
-    measured_at: float | None = None  # time.time() of the measurement
-
-    def speed(self, dtype: str, shape: str) -> float | None:
-        """``dtype``'s speed over fp32 at ``shape`` ("b1".."b8", "prompt", "attention"); None: not measured."""
-        return self.speeds.get(f"{(short_name(dtype) if dtype in NAMES else dtype)}.{shape}")
-
-    def summary(self) -> str:
-        """One line: each half precision's figures, e.g. "bf16 decode 1.15x/1.02x/0.72x/0.55x (batch 1/2/4/8) ..."."""
-        parts = []
-        for short in ("bf16", "fp16"):
-            decode = [self.speeds.get(f"{short}.b{b}") for b in (1, 2, 4, 8)]
-            if any(v is None for v in decode):
-                continue
-            text = f"{short} decode {'/'.join(f'{v:.2f}x' for v in decode)} (batch 1/2/4/8)"  # type: ignore[str-format]
-            prompt = self.speeds.get(f"{short}.prompt")
-            if prompt is not None:
-                text += f", prompt {prompt:.2f}x"
-            attention = self.speeds.get(f"{short}.attention")
-            if attention is not None:
-                text += f", one-token attention by matmuls {attention:.2f}x fused sdpa"
-            parts.append(text)
-        return "; ".join(parts) + " of fp32" if parts else "no figures"
-
-    def spec(self) -> str:
-        """The figures as ``simulate("cpu,calib=...")`` takes them, so a report replays them."""
-        entries = [f"{k}:{v:.4g}" for k, v in sorted(self.speeds.items())]
-        return "/".join(entries + [f"fp32.{k}:{v:.4g}" for k, v in sorted(self.fp32.items())])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "speeds": {k: round(v, 4) for k, v in sorted(self.speeds.items())},
-            "fp32_seconds": {k: v for k, v in sorted(self.fp32.items())},
-            "threads": self.threads,
-            "seconds": self.seconds,
-            "source": self.source,
-            "unsteady": list(self.unsteady),
-        }
-
-
-# fp32 step times used when a simulation gives speeds only: the shape of this machine's figures
-# (2 cores, width 1024), relative to a batch-1 step. They only weigh prompt rows against steps.
-DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
-
-
-# Plausible ranges of a figure read back (a cache file, a simulate() spec, a replayed report); a
-# figure outside is damage or a typo, never a machine. A speed is a half precision's step time
-# over fp32's: halving the bytes at most doubles a memory-bound step, and AMX or tensor-core matmuls
-# run up to ~16x fp32, while bf16 emulated in software measures down to ~0.05x; 1/1000 to 1000 leaves
-# two orders of magnitude beyond both. fp32 seconds of one step or prompt row are microseconds to
-# seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
-SPEED_RANGE = (1e-3, 1e3)
-SECONDS_RANGE = (1e-9, 3600.0)
-_SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention"})
-
-
-def check_figure(name: str, value: Any) -> float:
-    """``value`` as the figure ``name`` ("bf16.b1", "fp32.prompt"), checked: a known name and a
-    finite number within its plausible range. Raises ValueError naming the bad entry and the range.
-    The one check for every figure read back: the cache, simulate()'s spec and a replayed report."""
-    dtype, _, shape = name.partition(".")
-    if dtype not in ("bf16", "fp16", "fp32") or shape not in _SHAPES:
-        raise ValueError(
-            f"{name!r}: a figure is dtype.shape with dtype bf16, fp16 or fp32 and shape one of "
-            f"{', '.join(sorted(_SHAPES))}"
-        )
-    low, high = SECONDS_RANGE if dtype == "fp32" else SPEED_RANGE
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if number is None or not low <= number <= high:  # NaN fails every comparison, so it lands here
-        what = "seconds" if dtype == "fp32" else "a speed over fp32"
-        raise ValueError(f"{name}:{value!r} is not {what} from {low:g} to {high:g}")
-    return float(number)
-
-
-def parse_figures(text: str) -> Calibration:
-    """A simulation's figures: "bf16.b1:1.15/bf16.b4:0.7/bf16.prompt:0.3" (speeds over fp32);
-    "fp32.b1:..." entries give fp32 seconds. Raises ValueError naming the bad entry."""
-    speeds: dict[str, float] = {}
-    fp32 = dict(DEFAULT_FP32)
-    form = "write dtype.shape:number, e.g. bf16.b1:1.15/bf16.prompt:0.3"
-    for item in text.split("/"):
-        name, sep, value = item.strip().partition(":")
-        name = name.strip().lower()
-        try:
-            number = float(value) if sep else None
-        except ValueError:
-            number = None
-        if number is None:
-            raise ValueError(f"{item!r}: {form}, with dtype bf16, fp16 or fp32 and a positive number")
-        try:
-            number = check_figure(name, number)
-        except ValueError as error:
-            raise ValueError(f"{error}; {form}") from None
-        if name.startswith("fp32."):
-            fp32[name.removeprefix("fp32.")] = number
-        else:
-            speeds[name] = number
-    return Calibration(speeds, fp32, source="simulated")
+# A calibration that a busy machine kept from being steady is measured again at the next call that
+# finds the machine quieter (its 1-minute load below QUIETER times the load it was measured at, or
+# below half the cores), at least RETRY_S after it: a node that stays busy pays nothing more, and
+# one that quietens is measured again within minutes. After RETRY_MAX_S it is measured again anyway.
+RETRY_S = 60.0
+RETRY_MAX_S = 6 * 3600
+QUIETER = 0.7
 
 
 def calibration_enabled() -> tuple[bool, str]:
@@ -227,19 +122,23 @@ def _read(path: Path, key: Mapping[str, Any]) -> tuple[Calibration | None, str]:
             return None, ""
         speeds = {str(k): check_figure(str(k), v) for k, v in data["speeds"].items()}
         fp32 = {str(k): check_figure(f"fp32.{k}", v) for k, v in data["fp32_seconds"].items()}
+        memory = {str(k): check_figure(f"mem.{k}", v) for k, v in data.get("memory", {}).items()}
         threads, seconds, at = data.get("threads"), data.get("seconds"), data["measured_unix"]
+        load = data.get("load")
         unsteady = tuple(data.get("unsteady", ()))
         if not (
-            all(isinstance(u, str) and u in _SHAPES for u in unsteady)
+            all(isinstance(u, str) and re.fullmatch(r"[a-z0-9 ()]{1,40}", u) for u in unsteady)
             and (threads is None or (type(threads) is int and 0 < threads < 2**20))
             and (seconds is None or (type(seconds) in (int, float) and 0 <= seconds <= 3600))
             and type(at) in (int, float)
             and math.isfinite(at)
+            and (load is None or (type(load) in (int, float) and 0 <= load < 1e6))
         ):
-            raise ValueError("threads, seconds, unsteady or measured_unix out of form")
+            raise ValueError("threads, seconds, unsteady, load or measured_unix out of form")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         return None, f"the cache file {path} is damaged ({error}): measured again"
-    return Calibration(speeds, fp32, threads, seconds, f"cached in {path}", unsteady, float(at)), ""
+    source = f"cached in {path}"
+    return Calibration(speeds, fp32, memory, threads, seconds, source, unsteady, float(at), load), ""
 
 
 def _write(path: Path, key: Mapping[str, Any], calib: Calibration) -> str | None:
@@ -268,17 +167,29 @@ def _write(path: Path, key: Mapping[str, Any], calib: Calibration) -> str | None
 def render_calibration(calib: Calibration) -> str:
     """``whichdevice calibrate``'s text: each dtype's speed over fp32 per shape, and where it went."""
     lines = [f"CPU calibration, {calib.threads} torch threads ({calib.source})", ""]
-    shapes = ["b1", "b2", "b4", "b8", "prompt", "attention"]
-    heads = ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*"]
-    lines.append(f"{'':6}" + "".join(f"{h:>12}" for h in heads))
-    for short in ("bf16", "fp16"):
-        cells = [_cell(calib.speeds.get(f"{short}.{s}")) for s in shapes]
-        lines.append(f"{short:6}" + "".join(f"{c:>12}" for c in cells))
+    for shapes, heads in (
+        (
+            ["b1", "b2", "b4", "b8", "prompt", "attention"],
+            ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*"],
+        ),
+        (["s1", "s4", "g1"], ["streamed b1", "streamed b4", "GEMV b1**"]),
+    ):
+        lines.append(f"{'':6}" + "".join(f"{h:>12}" for h in heads))
+        for short in ("bf16", "fp16"):
+            cells = [_cell(calib.speeds.get(f"{short}.{s}")) for s in shapes]
+            lines.append(f"{short:6}" + "".join(f"{c:>12}" for c in cells))
     lines += [
         "",
-        "speed over fp32 at the same shape (above 1.00x: faster); decode bN: one step of a batch of N,",
-        "prompt: a 128-row matmul; *attention: a one-token query by plain matmuls over torch's fused kernel",
+        "speed over fp32 at the same shape (above 1.00x: faster); decode bN: one step of a batch of N",
+        "with weights in the cache, streamed bN: with weights streamed from memory; prompt: a 128-row",
+        "matmul; *attention: a one-token query by plain matmuls over torch's fused kernel;",
+        "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off)",
     ]
+    llc, read = calib.memory.get("llc"), calib.memory.get("read")
+    if llc is not None and read is not None:
+        lines.append(
+            f"memory: {read:.1f} GB/s read by {calib.threads} threads, last-level cache {llc / 1024**2:.0f} MiB"
+        )
     if calib.unsteady:
         lines.append(f"not steady: {', '.join(calib.unsteady)}; resolve_device() keeps to the CPU's flags")
     enabled, off = calibration_enabled()
@@ -301,10 +212,21 @@ def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibr
     key = _machine_key()
     path = cache_path(key)
     start = time.perf_counter()
-    speeds, fp32, threads, unsteady = measure(BUDGET_S if budget_s is None else budget_s)
+    figures = measure(BUDGET_S if budget_s is None else budget_s)
     seconds = round(time.perf_counter() - start, 3)
     enabled, off = calibration_enabled()
-    calib = Calibration(speeds, fp32, threads, seconds, "measured now", tuple(unsteady), time.time())
+    calib = Calibration(
+        figures.speeds,
+        figures.fp32,
+        figures.memory,
+        figures.threads,
+        seconds,
+        "measured now",
+        tuple(figures.unsteady),
+        time.time(),
+        _load(),
+    )
+    unsteady = figures.unsteady
     if not enabled:
         source = f"measured now in {seconds:.2f} s, not cached: {off}"
     else:
@@ -350,6 +272,27 @@ def _remember(calib: Calibration) -> None:
         _answers[current_store()] = (_variables(), _answer(calib))
 
 
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # no load average on this system
+        return None
+
+
+def _retry(calib: Calibration) -> bool:
+    """Whether an unsteady calibration is measured again now: the machine is quieter than it was
+    (see ``QUIETER``), or it is older than ``RETRY_MAX_S``."""
+    if not calib.unsteady:
+        return False
+    age = time.time() - (calib.measured_at or 0)
+    if age > RETRY_MAX_S:
+        return True
+    now, cores = _load(), os.cpu_count() or 1
+    if age < RETRY_S or now is None:
+        return False
+    return now < cores / 2 or (calib.load is not None and now < calib.load * QUIETER)
+
+
 def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
     """This CPU's figures and where they came from, or None and why not (calibration off, or
     ``measure=False`` with no cache). Measures and caches them when needed and allowed."""
@@ -366,7 +309,7 @@ def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
         key = _machine_key()
         path = cache_path(key)
         calib, found = _read(path, key)
-    if measure and (calib is None or (calib.unsteady and time.time() - (calib.measured_at or 0) > RETRY_S)):
+    if measure and (calib is None or _retry(calib)):
         calib = run_calibration(found=found)
     if calib is None:
         return None, f"{found + '; ' if found else ''}this CPU is not calibrated yet: run `whichdevice calibrate`"

@@ -21,7 +21,7 @@ from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
-from whichdevice.precision.measured import measured_dtype, measured_training
+from whichdevice.precision.measured import MeasuredChoice, measured_dtype, measured_training
 from whichdevice.precision.training import training_precision
 
 if TYPE_CHECKING:
@@ -42,10 +42,12 @@ PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (
 
 class Precision(NamedTuple):
     """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
-    ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none)."""
+    ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none);
+    ``single_row``: the CPU's batch-1 decode steps measured faster through torch's own GEMV kernel."""
 
     weights: str | None
     mixed: str | None
+    single_row: bool = False
 
 
 def decide_precision(
@@ -67,8 +69,8 @@ def decide_precision(
         if task == "training":
             precision, more = _training(backend, result, checkpoint, measured)
         elif measured is not None:
-            weights, more = _measured_inference(measured, checkpoint)
-            precision = Precision(weights, _flag_for(backend, result, weights))
+            choice, more = _measured_inference(backend, result, measured, checkpoint)
+            precision = Precision(choice.dtype, _flag_for(backend, result, choice.dtype), choice.single_row)
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))
@@ -132,14 +134,17 @@ def _inference(
 
 
 def _measured_inference(
-    measured: tuple[Calibration, Job], checkpoint: CheckpointDtype | None
-) -> tuple[str, list[TraceStep]]:
+    backend: Backend, result: ProbeResult, measured: tuple[Calibration, Job], checkpoint: CheckpointDtype | None
+) -> tuple[MeasuredChoice, list[TraceStep]]:
     # bf16 has fp32's range, so it is always a candidate; fp16 only keeps an fp16 checkpoint as it is.
     stored = checkpoint.dtype if checkpoint is not None else None
     fp16 = ("float16",) if stored == "float16" and _unsafe(checkpoint) is None else ()
-    dtype, why = measured_dtype(measured[0], measured[1], ("bfloat16", *fp16))
-    cast = f" (the checkpoint is {stored})" if stored is not None and stored != dtype else ""
-    return dtype, [TraceStep("dtype", f"{dtype}{cast}: {why}")]
+    # The default, kept unless another dtype is measured faster: a half-precision checkpoint's own
+    # dtype where this CPU runs it natively (upcasting it is a choice a figure must justify), else fp32.
+    native = stored in ("bfloat16", *fp16) and stored is not None and supports(backend, result, stored)[0]
+    choice = measured_dtype(measured[0], measured[1], ("bfloat16", *fp16), stored if native else "float32")  # type: ignore[arg-type]
+    cast = f" (the checkpoint is {stored})" if stored is not None and stored != choice.dtype else ""
+    return choice, [TraceStep("dtype", f"{choice.dtype}{cast}: {choice.why}")]
 
 
 def _training(

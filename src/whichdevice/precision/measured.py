@@ -1,11 +1,18 @@
 """The CPU's dtype and decode attention from its measured speeds and the job (pure; see calibration).
 
 A generation of ``batch`` sequences of ``max_length`` tokens is a prompt (``batch x prompt`` rows
-through every weight, compute-bound) and then one decode step per new token (``batch`` rows,
-bound by reading the weights). Its time in each dtype is estimated from the calibration's figures
-for those two shapes; a half precision is chosen when it is estimated at least ``MARGIN`` faster
-than fp32, which is exact. Training is prompt-shaped throughout (forward and backward over whole
-sequences), so the prompt figure decides bf16 autocast.
+through every weight, compute-bound) and then one decode step per new token (``batch`` rows, each
+step reading every weight once). Its time in each dtype is estimated from the calibration's figures
+and the model's size: a step whose weights in that dtype outgrow the last-level cache streams them
+from memory (the "s1"/"s4" figures; bf16 at batch 1 also "g1", torch's own GEMV kernel), a smaller
+one runs from the cache ("b1".."b8"); each figure's fp32 seconds per parameter scale to the model.
+Without a size (no ``model=``) a model of ``ASSUMED_PARAMETERS`` is assumed, as users run.
+
+Hysteresis: the job keeps its default (the checkpoint's own half precision where it runs natively,
+else fp32) unless another dtype is estimated at least ``MARGIN`` faster, so figures near a tie,
+which move a few percent between runs, cannot flip the decision; upcasting a half-precision
+checkpoint to fp32 needs fp32 estimated that much faster, and the trace quotes the figure. Training
+is prompt-shaped throughout (forward and backward over whole sequences): the prompt figure decides.
 
 Correctness first: fp16 is a candidate only for a checkpoint stored in fp16 whose architecture is
 not fp16-unsafe; bf16 (fp32's range) always is; the measurement never turns on what the rules refuse.
@@ -13,7 +20,7 @@ not fp16-unsafe; bf16 (fp32's range) always is; the measurement never turns on w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import short_name
 from whichdevice.core.job import Job
@@ -22,78 +29,150 @@ if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
 
 __all__ = [
+    "ASSUMED_PARAMETERS",
     "ATTENTION_MARGIN",
     "DEFAULT_LENGTH",
     "MARGIN",
     "Job",
+    "MeasuredChoice",
+    "estimate_seconds",
     "measured_attention",
     "measured_dtype",
     "measured_training",
 ]
 
-# A half precision must be estimated this much faster than fp32 to be chosen: the figures of a
-# shared machine move by a few percent, and fp32 is exact.
+# Another dtype must be estimated this much faster than the default to replace it: the figures of
+# a shared machine move by a few percent between runs, and the default is exact or the checkpoint's.
 MARGIN = 1.05
 # whichdevice_sdpa's decode path must be measured this much faster than torch's fused kernel: the
 # rest of a step (prompt attention, masks) runs sdpa either way.
 ATTENTION_MARGIN = 1.10
 # Tokens per sequence assumed when max_length is not given: a 128-token prompt and 128 new tokens.
 DEFAULT_LENGTH = 256
+# Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
+# stream from memory, as 1B does past any CPU's cache.
+ASSUMED_PARAMETERS = 1_000_000_000
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _decode_shape(batch: int) -> str:
+class MeasuredChoice(NamedTuple):
+    """The dtype, the sentence quoting why, and whether its batch-1 steps run fastest through torch's
+    own GEMV kernel (oneDNN off: ``whichdevice.precision.single_row``)."""
+
+    dtype: str
+    why: str
+    single_row: bool = False
+
+
+class _Step(NamedTuple):
+    seconds: float  # one decode step for the model, in the calibration's fp32 seconds
+    figure: str  # the figure it rests on, quoted
+    streamed: bool
+    single_row: bool
+
+
+def _resident_shape(batch: int) -> str:
     # Measured at 1, 2, 4 and 8 rows; larger batches are nearer the prompt's shape than a step's.
     if batch <= 8:
         return f"b{min(b for b in (1, 2, 4, 8) if b >= batch)}"
     return "prompt" if batch > 16 else "b8"
 
 
-def _estimate(calib: Calibration, dtype: str, batch: int, length: int) -> float | None:
-    """Estimated speed of ``dtype`` over fp32 for ``batch`` sequences of ``length`` tokens (half prompt)."""
-    shape = _decode_shape(batch)
-    decode, prompt = calib.speed(dtype, shape), calib.speed(dtype, "prompt")
-    step, row = calib.fp32.get(shape), calib.fp32.get("prompt")
-    if decode is None:
+def _per_parameter(calib: Calibration, shape: str) -> float | None:
+    """fp32 seconds per parameter of ``shape``'s timed set (relative seconds without the set's size)."""
+    seconds = calib.fp32.get(shape)
+    size = calib.memory.get("stream" if shape.startswith("s") else "cache")
+    if seconds is None:
         return None
-    if prompt is None or step is None or row is None:
-        return decode
+    return seconds / size if size else seconds / ASSUMED_PARAMETERS
+
+
+def _streams(calib: Calibration, dtype: str, parameters: int) -> bool:
+    llc = calib.memory.get("llc")
+    timed = calib.fp32.get("s1") is not None and (dtype == "float32" or calib.speed(dtype, "s1") is not None)
+    return timed and llc is not None and parameters * _ITEMSIZE[dtype] > llc
+
+
+def _step(calib: Calibration, dtype: str, batch: int, parameters: int) -> _Step | None:
+    """One decode step's estimated fp32-seconds in ``dtype`` for ``parameters`` weights."""
+    streamed = _streams(calib, dtype, parameters)
+    shape = ("s1" if batch <= 1 else "s4") if streamed else _resident_shape(batch)
+    speed = 1.0 if dtype == "float32" else calib.speed(dtype, shape)
+    per = _per_parameter(calib, shape)
+    if speed is None or per is None:
+        return None
+    rows = (batch if shape == "prompt" else 1) * (batch / 4 if streamed and batch > 4 else 1)
+    where = "streamed from memory" if streamed else "in the cache"
+    figure = f"decode {speed:.2f}x fp32 here at batch {batch} with weights {where}"
+    single = shape == "s1" and dtype == "bfloat16" and (calib.speed(dtype, "g1") or 0) >= speed * MARGIN
+    if single:
+        speed = calib.speed(dtype, "g1") or speed
+        figure += f", {speed:.2f}x through torch's GEMV kernel"
+    return _Step(per * parameters * rows / speed, figure, streamed, single)
+
+
+def estimate_seconds(calib: Calibration, dtype: str, job: Job) -> tuple[float, _Step] | None:
+    """The job's estimated fp32-seconds in ``dtype`` (half of max_length prompt, half new tokens)
+    and its decode step; None where ``dtype`` was not timed."""
+    batch, length = job.batch_size or 1, job.max_length or DEFAULT_LENGTH
+    parameters = job.parameters or ASSUMED_PARAMETERS
+    step = _step(calib, dtype, batch, parameters)
+    if step is None:
+        return None
     prompt_tokens = length // 2
     new_tokens = max(length - prompt_tokens, 1)
-    if shape == "prompt":
-        step = row * batch
-    fp32_time = batch * prompt_tokens * row + new_tokens * step
-    time = batch * prompt_tokens * row / prompt + new_tokens * step / decode
-    return fp32_time / time
+    row = _per_parameter(calib, "prompt")
+    speed = 1.0 if dtype == "float32" else calib.speed(dtype, "prompt")
+    prompt = 0.0 if row is None or speed is None else batch * prompt_tokens * row * parameters / speed
+    return prompt + new_tokens * step.seconds, step
 
 
-def measured_dtype(calib: Calibration, job: Job, candidates: tuple[str, ...]) -> tuple[str, str]:
-    """The fastest of fp32 and ``candidates`` for ``job`` by ``calib``, and the sentence that quotes why."""
-    batch = job.batch_size or 1
-    length = job.max_length or DEFAULT_LENGTH
-    assumed = []
+def _prompt(calib: Calibration, dtype: str) -> str:
+    speed = calib.speed(dtype, "prompt")
+    return "" if speed is None else f", prompt {speed:.2f}x"
+
+
+def _sized(calib: Calibration, job: Job) -> str:
+    llc = calib.memory.get("llc")
+    cache = f", last-level cache {llc / 1024**2:.0f} MiB" if llc else ""
+    if job.parameters is None:
+        return f"model size unknown (pass model=): {ASSUMED_PARAMETERS / 1e9:.0f}B parameters assumed{cache}"
+    return (
+        f"{job.parameters / 1e6:.0f}M parameters read per step, {job.parameters * 2 / 1024**2:.0f} MiB in bf16{cache}"
+    )
+
+
+def measured_dtype(
+    calib: Calibration, job: Job, candidates: tuple[str, ...], default: str = "float32"
+) -> MeasuredChoice:
+    """The fastest of fp32 and ``candidates`` for ``job`` by ``calib``, keeping ``default`` unless
+    another is estimated ``MARGIN`` faster, with the sentence that quotes why."""
+    assumed = [_sized(calib, job)]
     if job.batch_size is None:
         assumed.append("batch 1 assumed (pass batch_size=)")
     if job.max_length is None:
         assumed.append(f"{DEFAULT_LENGTH} tokens assumed (pass max_length=)")
-    shape = _decode_shape(batch)
-    quoted = []
-    best, best_speed = "float32", 1.0
-    for dtype in candidates:
-        speed = _estimate(calib, dtype, batch, length)
-        if speed is None:
-            continue
-        decode, prompt = calib.speed(dtype, shape), calib.speed(dtype, "prompt")
-        figures = f"{short_name(dtype)} decode {decode:.2f}x fp32 here at batch {batch}"
-        if prompt is not None:
-            figures += f", prompt {prompt:.2f}x"
-        quoted.append(f"{figures}: {speed:.2f}x fp32 estimated for {batch} x {length} tokens")
-        if speed >= MARGIN and speed > best_speed:
-            best, best_speed = dtype, speed
-    job_text = f" ({'; '.join(assumed)})" if assumed else ""
-    if not quoted:
-        return "float32", f"measured: no half precision timed on this CPU{job_text}"
-    verdict = "fastest" if best != "float32" else f"no half precision {MARGIN:.2f}x faster, fp32 is exact"
-    return best, f"measured, {'; '.join(quoted)}; {verdict}{job_text}"
+    job_text = f" ({'; '.join(assumed)})"
+    estimates = {d: e for d in ("float32", *candidates) if (e := estimate_seconds(calib, d, job)) is not None}
+    if len(estimates) < 2:
+        return MeasuredChoice("float32", f"measured: no half precision timed on this CPU{job_text}")
+    fp32 = estimates["float32"][0]
+    tokens = f"{job.batch_size or 1} x {job.max_length or DEFAULT_LENGTH} tokens"
+    quoted = [
+        f"{short_name(d)} {step.figure}{_prompt(calib, d)}: {fp32 / seconds:.2f}x fp32 estimated for {tokens}"
+        for d, (seconds, step) in estimates.items()
+        if d != "float32"
+    ]
+    default = default if default in estimates else "float32"
+    best = min(estimates, key=lambda d: estimates[d][0])
+    gain = estimates[default][0] / estimates[best][0]
+    if best == default or gain < MARGIN:
+        kept = f"the checkpoint's {short_name(default)} kept" if default != "float32" else "fp32 is exact"
+        verdict = f"no other dtype estimated {MARGIN:.2f}x faster, {kept}"
+        best = default
+    else:
+        verdict = f"{short_name(best)}: estimated {gain:.2f}x as fast as {short_name(default)}, the default"
+    return MeasuredChoice(best, f"measured, {'; '.join(quoted)}; {verdict}{job_text}", estimates[best][1].single_row)
 
 
 def measured_training(calib: Calibration) -> tuple[bool, str]:

@@ -49,6 +49,9 @@ class Resolution:
     use_kernels: bool = False
     kernels_key: str | None = None
     torch_compile: bool = False
+    # A CPU bf16 load whose batch-1 decode steps were measured faster through torch's own GEMV kernel:
+    # prepare(model) hooks them (whichdevice.precision.single_row).
+    single_row: bool = False
     # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
     attn_passed: bool = False
     # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
@@ -153,6 +156,19 @@ class Resolution:
 
             parse_device(device, "device")  # pipeline(device=): -1 (CPU), an index, a device string or torch.device
 
+    def prepare(self, model: Any) -> Any:
+        """Apply to a loaded ``model`` the runtime settings this resolution measured, and return it.
+
+        On a CPU whose batch-1 bf16 decode steps were measured faster through torch's own GEMV kernel
+        (``single_row``), forward passes of one token row run with oneDNN off, restored after each
+        (the trace's "generation" line quotes why). Otherwise nothing changes. Calling it twice is
+        harmless; a pipeline's model is ``pipe.model``."""
+        if self.single_row:
+            from whichdevice.precision.single_row import install_single_row
+
+            install_single_row(model)
+        return model
+
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``transformers.pipeline``."""
         model_kwargs = self.model_kwargs()
@@ -244,6 +260,7 @@ class Resolution:
             "quantization": self.quantization.to_dict() if self.quantization else None,
             "use_kernels": self.use_kernels,
             "kernels_key": self.kernels_key,
+            "single_row": self.single_row,
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,

@@ -152,7 +152,7 @@ def _resolve(args: Arguments) -> Resolution:
     # model= is read here, once, and checked for damage before anything is decided from it.
     model = _read_model(args.model)
     check_shapes(args)
-    job = args.job()
+    job = replace(args.job(), parameters=model.stored.linear_params if model and model.stored else None)
     trace = Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
@@ -188,6 +188,7 @@ def _resolve(args: Arguments) -> Resolution:
         )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
+    single_row = trace.take(_single_row(precision.single_row, dtype, quantization, placed.device_map))
     trace.extend(launch_steps(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
@@ -211,6 +212,7 @@ def _resolve(args: Arguments) -> Resolution:
         use_kernels=use_kernels,
         kernels_key=kernels_key,
         torch_compile=args.torch_compile,
+        single_row=single_row,
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,
@@ -304,6 +306,21 @@ def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None,
     if calib is None:
         return None, [TraceStep("calibration", f"not used: {why}; the CPU's flags decide")] if auto else []
     return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
+
+
+def _single_row(measured: bool, dtype: str | None, quantization: Any, device_map: Any) -> tuple[bool, list[TraceStep]]:
+    """Whether Resolution.prepare(model) hooks batch-1 decode steps onto torch's GEMV kernel: measured
+    faster for the bf16 weights that load, unquantized, all on the CPU (whichdevice.precision.single_row)."""
+    if not measured:
+        return False, []
+    if dtype != "bfloat16" or quantization is not None or device_map != "cpu":
+        return False, []
+    why = (
+        "res.prepare(model) runs batch-1 decode steps (one token row) with oneDNN off, through torch's own "
+        "GEMV kernel, measured faster for bf16 weights streamed from memory (the calibration's bf16.g1 over "
+        "bf16.s1); prompts and larger batches keep oneDNN"
+    )
+    return True, [TraceStep("generation", why)]
 
 
 def _computes_in(precision: Precision, task: str) -> str | None:

@@ -5,7 +5,8 @@ prompt multiplies many rows by the same weights. Which dtype is faster differs b
 halving the bytes a step reads wins where the arithmetic is cheap, and emulated bf16 arithmetic
 loses once there is much of it (the table in docs/backends/cpu.md). So both are timed, at the
 batch sizes that matter, plus one-token attention through torch's fused kernel and through plain
-matmuls (whichdevice_sdpa's decode path).
+matmuls (whichdevice_sdpa's decode path). Those shapes run from the cache; the regime of real
+models, whose weights stream from memory on every step, is timed by ``cpu_memory``.
 
 The cost is bounded: a dtype whose figure falls below ``HOPELESS`` of fp32 is not timed at larger
 shapes (they only get worse), since an emulated fp16 matmul can take a hundred times fp32's time.
@@ -15,11 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import short_name
 
-__all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "STEADY", "WIDTH", "measure"]
+__all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "STEADY", "WIDTH", "Measured", "measure"]
 
 # A representative width (between small models' 512-768 and 7B models' 4096): two matrices of
 # WIDTH x 2*WIDTH (16 MiB in fp32) stand for a layer's weights, larger than a core's L2 cache.
@@ -36,8 +37,8 @@ _MAX_ROUNDS = 15
 STEADY = 1.2
 # Past this many seconds no more rounds are added and no more shapes timed: a machine so busy that
 # nothing is steady is reported as such, not timed for longer (resolve_device() pays at most this
-# once, `whichdevice calibrate` allows 5 s).
-BUDGET_S = 1.0
+# once, `whichdevice calibrate` allows 5 s). A quiet 2-core machine needs about 0.9 s.
+BUDGET_S = 2.0
 
 
 def _once(run: Callable[[], Any]) -> float:
@@ -118,27 +119,50 @@ def _attention_ratio(torch: Any, dtype: Any, deadline: float) -> tuple[float, bo
     return best["fused"] / best["matmuls"], steady
 
 
-def measure(budget_s: float = BUDGET_S) -> tuple[dict[str, float], dict[str, float], int, list[str]]:
-    """(speeds, fp32 seconds, threads, unsteady): speeds are "bf16.b1", "bf16.prompt",
-    "bf16.attention", ..., each a dtype's speed over fp32's at that shape (above 1: faster); the
-    attention figure is the plain-matmul path's speed over torch's fused kernel for a one-token
-    query in that dtype. ``unsteady`` names the figures other work on the machine kept moving."""
+class Measured(NamedTuple):
+    """speeds: "bf16.b1", "bf16.prompt", "bf16.s1", "bf16.attention", ..., each a dtype's speed over
+    fp32's at that shape (above 1: faster; the attention figure is the plain-matmul path's speed
+    over torch's fused kernel for a one-token query in that dtype); fp32: seconds per shape;
+    memory: the cache and bandwidth figures of ``cpu_memory``; unsteady: the figures other work on
+    the machine kept moving."""
+
+    speeds: dict[str, float]
+    fp32: dict[str, float]
+    memory: dict[str, float]
+    threads: int
+    unsteady: list[str]
+
+
+def measure(budget_s: float = BUDGET_S) -> Measured:
+    """This CPU's figures, in at most about ``budget_s`` seconds (see :class:`Measured`)."""
     import torch
 
-    deadline = time.perf_counter() + budget_s
+    from whichdevice.hardware.probes.cpu_memory import measure_streamed
+
+    # Each part has its share of the budget, so a busy machine that stretches the cache-resident
+    # shapes still times the streamed ones (the figures real models are decided by).
+    start = time.perf_counter()
+    resident, streamed_by, deadline = (start + budget_s * share for share in (0.5, 0.9, 1.0))
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(0)
         base = [torch.empty(2 * WIDTH, WIDTH).uniform_(-0.03, 0.03) for _ in range(2)]
         weights = {name: [w.to(getattr(torch, name)) for w in base] for name in ("float32", *HALF_DTYPES)}
         with torch.inference_mode():
-            speeds, fp32, unsteady = _matmul_speeds(torch, weights, deadline)
+            speeds, fp32, unsteady = _matmul_speeds(torch, weights, resident)
+            del weights
+            live = [n for n in HALF_DTYPES if speeds.get(f"{short_name(n)}.b1", 0) >= HOPELESS]
+            streamed = measure_streamed(torch, live, _best_of, streamed_by, lambda: time.perf_counter() > streamed_by)
+            speeds.update(streamed[0])
+            fp32.update(streamed[1])
+            unsteady += streamed[3]
             for name in HALF_DTYPES:
                 if speeds.get(f"{short_name(name)}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
                     ratio, steady = _attention_ratio(torch, getattr(torch, name), deadline)
                     speeds[f"{short_name(name)}.attention"] = ratio
                     if not steady:
                         unsteady.append(f"{short_name(name)} attention")
-        return speeds, fp32, torch.get_num_threads(), unsteady
+        memory = streamed[2] | {"cache": float(2 * 2 * WIDTH * WIDTH)}
+        return Measured(speeds, fp32, memory, torch.get_num_threads(), unsteady)
     finally:
         torch.random.set_rng_state(generator_state)

@@ -1,0 +1,280 @@
+"""Is the resolved CPU load the fastest for real model sizes, and how near the bandwidth limit? (issue 27)
+
+    python benchmarks/real_sizes.py                                  # 0.1B, 0.4B, 1.1B; native and capped
+    python benchmarks/real_sizes.py --sizes 0.1B --kinds native --rounds 2
+
+For each kind of CPU (``native``: as this machine is; ``capped``: ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``,
+oneDNN capped below bf16) a child process, with an empty calibration cache, measures the memory read
+bandwidth (all torch threads summing 512 MiB, best of 5), then for each Llama size (about 0.1B, 0.4B
+and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and batch:
+
+1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint, loaded
+   exactly as a user does: ``from_pretrained(path, **res.model_kwargs())`` then ``res.prepare(model)``;
+2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
+   (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 (the
+   setting the resolver can hand over), and the static KV cache of the best of those (a setting
+   transformers offers that the resolver does not choose on a CPU: measured here to show why);
+3. interleaved rounds (order reversed every other round) of greedy ``generate`` with NEW new tokens
+   and with 1: tokens/s = batch x NEW / time; decode rate = batch x (NEW - 1) / (time(NEW) - time(1)).
+   A configuration HOPELESS times slower than the fastest in the warm-up is left out (it cannot be best).
+
+Per cell it prints each configuration's tokens/s, the resolved load's over the best (median of the
+per-round ratios), and each decode rate as a fraction of the bandwidth limit of the smallest exact
+dtype (the checkpoint's: batch x bandwidth / bytes of its weights read per step). The machine is
+shared: every cell carries ``uptime``. Writes ``--out`` (JSON) and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZES = {
+    "0.1B": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12},
+    "0.4B": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 20, "num_attention_heads": 16},
+    "1.1B": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32},
+}
+COMMON = {"num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
+DTYPES = ("float32", "bfloat16", "float16")
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+ATTENTION = ("sdpa", "eager", "whichdevice_sdpa")
+KINDS = {"native": {}, "capped": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
+HOPELESS = 3.0
+TRACED = ("calibration", "dtype", "attention", "generation")
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bandwidth(torch: Any) -> float:
+    """Read GB/s of all torch threads summing a 512 MiB buffer (best of 5)."""
+    buffer = torch.ones(128 * 1024**2)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best / 1e9
+
+
+class Config:
+    """One way to run generate: a loaded model, its attention, and generate keywords."""
+
+    def __init__(self, label: str, model: Any, attention: str | None, generate: dict[str, Any] | None = None) -> None:
+        self.label, self.model, self.attention, self.generate = label, model, attention, generate or {}
+
+    def run(self, torch: Any, ids: Any, new: int) -> float:
+        if self.attention is not None and self.model.config._attn_implementation != self.attention:
+            self.model.set_attn_implementation(self.attention)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                **self.generate,
+            )
+            return time.perf_counter() - start
+
+
+def label_of(res: Any) -> str:
+    dtype = SHORT.get(res.dtype_name or "", "stored")
+    return f"{dtype}/{res.attn_implementation or 'sdpa'}" + ("+single_row" if res.single_row else "")
+
+
+def candidates(torch: Any, auto: Any, path: Path, batch: int) -> list[Config]:
+    from whichdevice.precision.single_row import install_single_row
+
+    configs = []
+    for dtype in DTYPES:
+        model = auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        configs += [Config(f"{SHORT[dtype]}/{a}", model, a) for a in ATTENTION]
+        if dtype == "bfloat16" and batch == 1:
+            hooked = auto.from_pretrained(path, dtype=torch.bfloat16).eval()
+            install_single_row(hooked)
+            configs += [Config(f"bf16/{a}+single_row", hooked, a) for a in ATTENTION]
+    return configs
+
+
+def time_configs(torch: Any, configs: list[Config], ids: Any, args: argparse.Namespace) -> dict[str, Any]:
+    for config in configs:
+        config.run(torch, ids, 2)  # oneDNN builds its kernels on the first call
+    warm = {c.label: c.run(torch, ids, args.new) for c in configs}
+    fastest = min(warm.values())
+    live = [c for c in configs if c.label.startswith("resolved") or warm[c.label] < HOPELESS * fastest]
+    full: dict[str, list[float]] = {c.label: [] for c in live}
+    one: dict[str, list[float]] = {c.label: [] for c in live}
+    for r in range(args.rounds):
+        for config in live if r % 2 == 0 else live[::-1]:
+            one[config.label].append(config.run(torch, ids, 1))
+            full[config.label].append(config.run(torch, ids, args.new))
+    return {"full": full, "one": one, "left_out": sorted(set(warm) - set(full))}
+
+
+def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, args: argparse.Namespace) -> list[dict]:
+    """Every candidate once, and each checkpoint's resolved load, timed in the same interleaved rounds."""
+    ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
+    resolved = {}
+    configs = candidates(torch, auto, paths["bfloat16"], batch)
+    for ckpt, path in paths.items():
+        res = wd.resolve_device(model=str(path), batch_size=batch, max_length=args.prompt + args.new)
+        model = res.prepare(auto.from_pretrained(path, **res.model_kwargs()).eval())
+        resolved[ckpt] = (res, label_of(res))
+        configs.append(Config(f"resolved {ckpt}={label_of(res)}", model, None))
+    timed = time_configs(torch, configs, ids, args)
+    # The static KV cache of the fastest configuration: a setting transformers offers (not chosen on a CPU).
+    tok_s = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
+    best_plain = max((lb for lb in tok_s if not lb.startswith("resolved")), key=lambda lb: tok_s[lb])
+    base = next(c for c in configs if c.label == best_plain)
+    static = Config(f"{best_plain}+static_cache", base.model, base.attention, {"cache_implementation": "static"})
+    more = time_configs(torch, [base, static], ids, args)
+    configs.clear()
+    for key in ("full", "one"):
+        timed[key][static.label] = more[key][static.label]
+    static_over_plain = statistics.median(
+        p / s for p, s in zip(more["full"][best_plain], more["full"][static.label], strict=True)
+    )
+    tok_s = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
+    decode = {
+        lb: statistics.median(
+            batch * (args.new - 1) / max(f - o, 1e-9) for f, o in zip(timed["full"][lb], timed["one"][lb], strict=True)
+        )
+        for lb in timed["full"]
+    }
+    out = []
+    for ckpt, (res, label) in resolved.items():
+        mine = f"resolved {ckpt}={label}"
+        others = [lb for lb in tok_s if not lb.startswith("resolved") and not lb.endswith("static_cache")] + [mine]
+        best = max(others, key=lambda lb: tok_s[lb])
+        ratios = [b / m for b, m in zip(timed["full"][best], timed["full"][mine], strict=True)]
+        out.append(
+            {
+                "checkpoint": ckpt,
+                "batch": batch,
+                "resolved": label,
+                "best": best,
+                "resolved_over_best": round(min(1.0, statistics.median(ratios)) if best != mine else 1.0, 3),
+                "tok_s": {lb: round(tok_s[lb], 2) for lb in others},
+                "decode_tok_s": {lb: round(decode[lb], 2) for lb in others},
+                "static_cache": {"of": best_plain, "tok_s_over_dynamic": round(static_over_plain, 3)},
+                "left_out_after_warm_up": timed["left_out"],
+                "trace": [
+                    s.message for s in res.trace if s.topic in ("calibration", "dtype", "attention", "generation")
+                ],
+                "uptime": uptime(),
+            }
+        )
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    import whichdevice as wd
+    from whichdevice.attention.decode import ensure_registered
+
+    ensure_registered()  # whichdevice_sdpa is one of the attentions every dtype is timed with
+    transformers.utils.logging.set_verbosity_error()
+    gbps = bandwidth(torch)
+    print(
+        json.dumps({"bandwidth_gbps": round(gbps, 2), "threads": torch.get_num_threads(), "uptime": uptime()}),
+        flush=True,
+    )
+    for size in args.sizes:
+        torch.manual_seed(0)
+        config = LlamaConfig(**COMMON, **SIZES[size], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        model = LlamaForCausalLM(config)
+        embed = model.model.embed_tokens.weight.numel()
+        read = sum(p.numel() for p in model.parameters()) - embed  # the weights a decode step reads
+        with tempfile.TemporaryDirectory(prefix="whichdevice-real-sizes-") as tmp:
+            paths = {}
+            for ckpt in ("bfloat16", "float32"):
+                paths[ckpt] = Path(tmp) / ckpt
+                model.to(getattr(torch, ckpt)).save_pretrained(paths[ckpt])
+            del model
+            for batch in args.batches:
+                for entry in cell(torch, AutoModelForCausalLM, wd, paths, batch, args):
+                    itemsize = 2 if entry["checkpoint"] == "bfloat16" else 4
+                    limit = batch * gbps * 1e9 / (read * itemsize)
+                    entry.update(size=size, read_parameters=read, limit_tok_s=round(limit, 2))
+                    entry["fraction_of_limit"] = {lb: round(v / limit, 3) for lb, v in entry["decode_tok_s"].items()}
+                    print(json.dumps({"cell": entry}), flush=True)
+                    resolved, ratio = entry["resolved"], entry["resolved_over_best"]
+                    log(f"{size} {entry['checkpoint']} b{batch}: {resolved} {ratio}x best")
+
+
+def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+    lines = [f"## {kind}: read bandwidth {head['bandwidth_gbps']} GB/s ({head['threads']} threads); {head['uptime']}"]
+    for c in cells:
+        exact = "bf16" if c["checkpoint"] == "bfloat16" else "fp32"
+        lines.append(
+            f"{c['size']} {exact} checkpoint, batch {c['batch']}: resolved {c['resolved']} = "
+            f"{c['resolved_over_best']:.2f}x best ({c['best']}); {exact} limit {c['limit_tok_s']} tok/s; "
+            f"static cache {c['static_cache']['tok_s_over_dynamic']:.2f}x dynamic for {c['static_cache']['of']}; "
+            f"{c['uptime']}"
+        )
+        for label, v in sorted(c["tok_s"].items(), key=lambda kv: -kv[1]):
+            frac = c["fraction_of_limit"][label]
+            lines.append(
+                f"    {label:40} {v:8.2f} tok/s   decode {c['decode_tok_s'][label]:8.2f} tok/s = {frac:.0%} of limit"
+            )
+        if c["left_out_after_warm_up"]:
+            lines.append(
+                f"    left out after the warm-up (>{HOPELESS:g}x the fastest): {', '.join(c['left_out_after_warm_up'])}"
+            )
+        lines += [f"    trace: {line[:400]}" for line in c["trace"]]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new", type=int, default=9)
+    parser.add_argument("--out", default="benchmarks/results/real_sizes.json")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    report = []
+    for kind in args.kinds:
+        with tempfile.TemporaryDirectory(prefix="whichdevice-calibration-") as cache:
+            env = {**os.environ, **KINDS[kind], "WHICHDEVICE_CALIBRATION": cache}
+            argv = [a for a in sys.argv[1:] if a != "--child"]
+            out = subprocess.run(
+                [sys.executable, __file__, *argv, "--child"], env=env, stdout=subprocess.PIPE, text=True, check=False
+            )
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        if not rows:
+            raise SystemExit(f"{kind}: the child printed nothing (exit {out.returncode})")
+        cells = [r["cell"] for r in rows if "cell" in r]
+        report.append({"kind": kind, **rows[0], "cells": cells})
+        print(table(kind, rows[0], cells), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""The calibration's figures: the record, the plausible range of each figure, and the spec a simulation writes.
+
+Every figure read back (the cache file, ``simulate("cpu,calib=...")``, a replayed report) passes
+:func:`check_figure`: a known name and a finite number in its range, or a ValueError naming both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from whichdevice.core.dtypes import NAMES, short_name
+
+__all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "SHAPES", "Calibration", "check_figure", "parse_figures"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """``speeds``: "bf16.b1" (a decode step at batch 1), "bf16.b2", "bf16.b4", "bf16.b8",
+    "bf16.prompt" (a prompt-sized matmul), each bf16's speed over fp32's (above 1: faster), the
+    same for fp16, and "bf16.attention"/"fp16.attention": a one-token attention by plain matmuls
+    over torch's fused kernel. Those run from the cache; "bf16.s1" and "bf16.s4" are decode steps
+    of batch 1 and 4 whose weights stream from memory, "bf16.g1" the batch-1 step through torch's
+    own GEMV kernel (oneDNN off). ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8",
+    and "s1"/"s4" for the streamed set) and of one prompt row ("prompt"). ``memory``: "llc" (the
+    last-level cache's bytes), "cache" and "stream" (parameters of the cache-resident and the
+    streamed weight sets) and "read" (GB/s torch's threads read)."""
+
+    speeds: Mapping[str, float]
+    fp32: Mapping[str, float] = field(default_factory=dict)
+    memory: Mapping[str, float] = field(default_factory=dict)
+    threads: int | None = None
+    seconds: float | None = None  # what measuring took
+    source: str = "measured"
+    unsteady: tuple[str, ...] = ()  # figures other work on the machine kept moving: not to be relied on
+    measured_at: float | None = None  # time.time() of the measurement
+    load: float | None = None  # the 1-minute load average when it was measured
+
+    def speed(self, dtype: str, shape: str) -> float | None:
+        """``dtype``'s speed over fp32 at ``shape`` ("b1".."b8", "prompt", "attention"); None: not measured."""
+        return self.speeds.get(f"{(short_name(dtype) if dtype in NAMES else dtype)}.{shape}")
+
+    def summary(self) -> str:
+        """One line: each half precision's figures, e.g. "bf16 decode 1.15x/1.02x/0.72x/0.55x (batch 1/2/4/8) ..."."""
+        parts = []
+        for short in ("bf16", "fp16"):
+            decode = [self.speeds.get(f"{short}.b{b}") for b in (1, 2, 4, 8)]
+            if any(v is None for v in decode):
+                continue
+            text = f"{short} decode {'/'.join(f'{v:.2f}x' for v in decode)} (batch 1/2/4/8)"  # type: ignore[str-format]
+            prompt = self.speeds.get(f"{short}.prompt")
+            if prompt is not None:
+                text += f", prompt {prompt:.2f}x"
+            attention = self.speeds.get(f"{short}.attention")
+            if attention is not None:
+                text += f", one-token attention by matmuls {attention:.2f}x fused sdpa"
+            streamed = [self.speeds.get(f"{short}.s{b}") for b in (1, 4)]
+            if None not in streamed:
+                text += f", weights streamed from memory {'/'.join(f'{v:.2f}x' for v in streamed)} (batch 1/4)"  # type: ignore[str-format]
+            gemv = self.speeds.get(f"{short}.g1")
+            if gemv is not None:
+                text += f", batch 1 by torch's GEMV kernel {gemv:.2f}x"
+            parts.append(text)
+        return "; ".join(parts) + " of fp32" if parts else "no figures"
+
+    def spec(self) -> str:
+        """The figures as ``simulate("cpu,calib=...")`` takes them, so a report replays them."""
+        entries = [f"{k}:{v:.4g}" for k, v in sorted(self.speeds.items())]
+        entries += [f"fp32.{k}:{v:.4g}" for k, v in sorted(self.fp32.items())]
+        return "/".join(entries + [f"mem.{k}:{v:.4g}" for k, v in sorted(self.memory.items())])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "speeds": {k: round(v, 4) for k, v in sorted(self.speeds.items())},
+            "fp32_seconds": {k: v for k, v in sorted(self.fp32.items())},
+            "memory": {k: v for k, v in sorted(self.memory.items())},
+            "threads": self.threads,
+            "seconds": self.seconds,
+            "source": self.source,
+            "unsteady": list(self.unsteady),
+            "load": self.load,
+        }
+
+
+# fp32 step times used when a simulation gives speeds only: the shape of this machine's figures
+# (2 cores, width 1024), relative to a batch-1 step. They only weigh prompt rows against steps.
+DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
+
+
+# Plausible ranges of a figure read back (a cache file, a simulate() spec, a replayed report); a
+# figure outside is damage or a typo, never a machine. A speed is a half precision's step time
+# over fp32's: halving the bytes at most doubles a memory-bound step, and AMX or tensor-core matmuls
+# run up to ~16x fp32, while bf16 emulated in software measures down to ~0.05x; 1/1000 to 1000 leaves
+# two orders of magnitude beyond both. fp32 seconds of one step or prompt row are microseconds to
+# seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
+SPEED_RANGE = (1e-3, 1e3)
+SECONDS_RANGE = (1e-9, 3600.0)
+SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1"})
+# Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), and
+# GB/s read (1 MB/s to 100 TB/s, beyond any memory).
+MEMORY_RANGES = {
+    "llc": (1024.0, 64.0 * 1024**3),
+    "cache": (1.0, 2.0**40),
+    "stream": (1.0, 2.0**40),
+    "read": (1e-3, 1e5),
+}
+
+
+def check_figure(name: str, value: Any) -> float:
+    """``value`` as the figure ``name`` ("bf16.b1", "fp32.prompt"), checked: a known name and a
+    finite number within its plausible range. Raises ValueError naming the bad entry and the range.
+    The one check for every figure read back: the cache, simulate()'s spec and a replayed report."""
+    dtype, _, shape = name.partition(".")
+    if dtype == "mem" and shape in MEMORY_RANGES:
+        (low, high), what = MEMORY_RANGES[shape], "a memory figure"
+    elif dtype not in ("bf16", "fp16", "fp32") or shape not in SHAPES:
+        raise ValueError(
+            f"{name!r}: a figure is dtype.shape with dtype bf16, fp16 or fp32 and shape one of "
+            f"{', '.join(sorted(SHAPES))}, or mem.{'/mem.'.join(MEMORY_RANGES)}"
+        )
+    else:
+        low, high = SECONDS_RANGE if dtype == "fp32" else SPEED_RANGE
+        what = "seconds" if dtype == "fp32" else "a speed over fp32"
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not low <= number <= high:  # NaN fails every comparison, so it lands here
+        raise ValueError(f"{name}:{value!r} is not {what} from {low:g} to {high:g}")
+    return float(number)
+
+
+def parse_figures(text: str) -> Calibration:
+    """A simulation's figures: "bf16.b1:1.15/bf16.b4:0.7/bf16.prompt:0.3" (speeds over fp32);
+    "fp32.b1:..." entries give fp32 seconds. Raises ValueError naming the bad entry."""
+    speeds: dict[str, float] = {}
+    fp32 = dict(DEFAULT_FP32)
+    memory: dict[str, float] = {}
+    form = "write dtype.shape:number, e.g. bf16.b1:1.15/bf16.prompt:0.3"
+    for item in text.split("/"):
+        name, sep, value = item.strip().partition(":")
+        name = name.strip().lower()
+        try:
+            number = float(value) if sep else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise ValueError(f"{item!r}: {form}, with dtype bf16, fp16 or fp32 and a positive number")
+        try:
+            number = check_figure(name, number)
+        except ValueError as error:
+            raise ValueError(f"{error}; {form}") from None
+        if name.startswith("fp32."):
+            fp32[name.removeprefix("fp32.")] = number
+        elif name.startswith("mem."):
+            memory[name.removeprefix("mem.")] = number
+        else:
+            speeds[name] = number
+    return Calibration(speeds, fp32, memory, source="simulated")

@@ -1,0 +1,136 @@
+"""Timing the CPU where real models run: decode steps whose weights stream from memory, and the read bandwidth.
+
+A 0.1-8B model's weights are larger than the last-level cache, so every decode step reads them all
+from memory; the cache-resident figures of ``cpu_timing`` say what the arithmetic costs, these what
+a step costs when the bytes per weight decide. A dtype's speed over fp32 differs between the two
+regimes (a kernel may reorder its weights per call, or be limited by its arithmetic), so both are
+timed, on a weight set of ``STREAM_LLCS`` times the last-level cache in the smallest dtype.
+
+bf16 at one row is timed twice: through oneDNN (torch's default for bf16 matmuls on CPUs with
+AVX-512) and through torch's own GEMV kernel (oneDNN off). Measured here (AMD EPYC, avx512_bf16,
+torch 2.13), oneDNN read bf16 weights at about half the bandwidth and torch's kernel near all of it,
+while at four rows and more oneDNN was the faster: the figure decides whether generate() gets the
+single-row switch (``whichdevice.precision.single_row``).
+
+The weights are one random tile cloned: a matmul's time does not depend on the values it reads,
+and filling hundreds of MB with random numbers would cost more than the timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_LLC", "STREAM_BATCHES", "STREAM_LLCS", "last_level_cache", "measure_streamed"]
+
+# The smallest dtype's set is this many times the last-level cache: a cyclic read of twice the
+# cache misses nearly always (LRU-like policies evict the line needed next), so no figure is a cache's.
+STREAM_LLCS = 2
+STREAM_BATCHES = (1, 4)
+# A layer-sized matrix (a 1B model's hidden 2048 by 4096 of the MLP), 32 MiB in fp32.
+_ROWS, _COLS = 4096, 2048
+# The fp32 set is at most this large, whatever the cache says (a server's 256 MiB L3 would ask 2 GiB).
+_MAX_FP32_BYTES = 512 * 1024**2
+# Where sysfs has no cache sizes (containers, non-Linux): a common server L3 slice; the figures say so.
+DEFAULT_LLC = 32 * 1024**2
+_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _size(text: str) -> int | None:
+    text = text.strip().upper()
+    unit = _UNITS.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in _UNITS else text
+    return int(digits) * unit if digits.isdigit() and 0 < int(digits) < 2**40 else None
+
+
+def last_level_cache(folder: Path = _CACHE_DIR) -> tuple[int, str]:
+    """The largest data or unified cache of cpu0 in bytes, and where that figure came from."""
+    best: tuple[int, int] | None = None  # (level, bytes)
+    try:
+        for index in sorted(folder.glob("index*")):
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text().strip())
+            size = _size((index / "size").read_text())
+            if kind in ("Data", "Unified") and size is not None and (best is None or (level, size) > best):
+                best = (level, size)
+    except (OSError, ValueError):
+        best = None
+    if best is None:
+        return DEFAULT_LLC, f"no cache sizes in {folder}: {DEFAULT_LLC // 1024**2} MiB assumed"
+    return best[1], f"L{best[0]} {best[1] // 1024} KiB ({folder})"
+
+
+def stream_matrices(llc: int) -> int:
+    """How many layer-sized matrices make a set of ``STREAM_LLCS`` caches in bf16 (at least two)."""
+    per = _ROWS * _COLS * 2
+    wanted = -(-STREAM_LLCS * llc // per)
+    return max(2, min(wanted, _MAX_FP32_BYTES // (2 * per)))
+
+
+BestOf = Callable[[Mapping[str, Callable[[], Any]], float], tuple[dict[str, float], bool]]
+
+
+def measure_streamed(
+    torch: Any, dtypes: list[str], best_of: BestOf, deadline: float, out_of_time: Callable[[], bool]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str]]:
+    """(speeds over fp32 "bf16.s1", "bf16.s4", "bf16.g1" ..., fp32 seconds "s1"/"s4" of the set,
+    memory figures "llc"/"stream"/"read", unsteady names); ``best_of`` and ``deadline`` are
+    cpu_timing's timer and budget. "g1": one row through torch's own GEMV kernel (oneDNN off)."""
+    llc, _ = last_level_cache()
+    count = stream_matrices(llc)
+    memory = {"llc": float(llc), "stream": float(count * _ROWS * _COLS)}
+    if out_of_time():
+        return {}, {}, memory, [f"s{b} (out of time)" for b in STREAM_BATCHES]
+    tile = torch.empty(_ROWS, _COLS).uniform_(-0.03, 0.03)
+    base = [tile.clone() for _ in range(count)]
+    weights = {name: [w.to(getattr(torch, name)) for w in base] for name in ["float32", *dtypes]}
+    del base, tile
+    speeds: dict[str, float] = {}
+    fp32: dict[str, float] = {}
+    unsteady: list[str] = []
+    linear = torch.nn.functional.linear
+    for batch in STREAM_BATCHES:
+        if out_of_time():
+            unsteady.append(f"s{batch} (out of time)")
+            continue
+        runs: dict[str, Callable[[], Any]] = {}
+        for name, ws in weights.items():
+            runs[name] = _steps(linear, torch.randn(batch, 1, _COLS, dtype=getattr(torch, name)), ws)
+        if batch == 1 and "bfloat16" in weights and torch.backends.mkldnn.is_available():
+            step = _steps(linear, torch.randn(1, 1, _COLS, dtype=torch.bfloat16), weights["bfloat16"])
+            runs["gemv"] = _without_onednn(torch, step)
+        best, steady = best_of(runs, deadline)
+        if not steady:
+            unsteady.append(f"s{batch}")
+        fp32[f"s{batch}"] = best["float32"]
+        for name in dtypes:
+            speeds[f"{_SHORT[name]}.s{batch}"] = best["float32"] / best[name]
+        if "gemv" in best:
+            speeds["bf16.g1"] = best["float32"] / best["gemv"]
+    # The read bandwidth of torch's threads: a sum reads every byte once, with little arithmetic.
+    if not out_of_time():
+        best, steady = best_of({"read": lambda: [w.sum() for w in weights["float32"]]}, deadline)
+        memory["read"] = count * _ROWS * _COLS * 4 / best["read"] / 1e9
+        if not steady:
+            unsteady.append("read bandwidth")
+    return speeds, fp32, memory, unsteady
+
+
+def _steps(linear: Callable[..., Any], x: Any, weights: list[Any]) -> Callable[[], Any]:
+    return lambda: [linear(x, w) for w in weights]
+
+
+def _without_onednn(torch: Any, run: Callable[[], Any]) -> Callable[[], Any]:
+    def without() -> Any:
+        # The flag is torch's global one; restored even when the run raises.
+        before = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        try:
+            return run()
+        finally:
+            torch._C._set_mkldnn_enabled(before)
+
+    return without

@@ -1,0 +1,59 @@
+"""Batch-1 decode steps through torch's own GEMV kernel: oneDNN off for a model's forward passes of one token row.
+
+On CPUs where torch sends bf16 matmuls to oneDNN, a decode step at batch 1 multiplies one row by
+every weight, and oneDNN's kernel for that shape read bf16 weights at about half the memory
+bandwidth here, where torch's own GEMV kernel read them near all of it (AMD EPYC, torch 2.13:
+``benchmarks/real_sizes.py``); at two rows and more oneDNN was the faster. torch has one switch
+for it, global: ``torch.backends.mkldnn`` enabled or not. So the switch is flipped only around the
+forward passes that carry one row (a batch-1 decode step) and put back after each, prompts and
+larger batches keep oneDNN.
+
+The calibration measures both kernels ("bf16.g1" and "bf16.s1"); the resolver hands this over only
+where the first is measured ``MARGIN`` faster, for a bf16 inference load on the CPU
+(``Resolution.prepare(model)``). While such a forward runs, another thread's matmuls also run
+without oneDNN: slower perhaps, never wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HOOKED", "install_single_row", "single_row_rows"]
+
+# Set on a model that has the hooks, so installing twice adds nothing.
+HOOKED = "_whichdevice_single_row"
+
+
+def single_row_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The token rows a forward pass computes: batch x new tokens of its input_ids or inputs_embeds."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    shape = getattr(ids, "shape", None)
+    if shape is None or len(shape) < 2:
+        return None
+    return int(shape[0]) * int(shape[1])
+
+
+def install_single_row(model: Any) -> bool:
+    """Hook ``model`` so that its forward passes of one token row run with oneDNN off, restored after
+    each (also when the forward raises). False: it was hooked already."""
+    import torch
+
+    if getattr(model, HOOKED, False):
+        return False
+    saved: list[bool] = []
+
+    def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        saved.append(torch._C._get_mkldnn_enabled())
+        if single_row_rows(args, kwargs) == 1:
+            torch._C._set_mkldnn_enabled(False)
+
+    def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if saved:
+            torch._C._set_mkldnn_enabled(saved.pop())
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after, with_kwargs=True, always_call=True)
+    setattr(model, HOOKED, True)
+    return True

@@ -1,0 +1,90 @@
+"""The single-row hook on a real model: oneDNN off exactly for forward passes of one token row,
+put back after each (also when one raises), the same tokens from generate(), and prepare() adding
+it only where the resolution says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import whichdevice as wd
+from tiny_models import save_tiny_llama
+from whichdevice.precision.single_row import install_single_row
+from whichdevice.testing import simulate
+
+# A simulated CPU whose batch-1 bf16 steps run 1.8x faster through torch's GEMV kernel (s1 over g1),
+# with a 1 KiB cache so that the tiny model's weights stream from memory as a real model's do.
+STREAMS = (
+    "cpu,flags=avx512_bf16,calib=bf16.b1:1.3/bf16.b2:3/bf16.b4:2.8/bf16.b8:2.4/bf16.prompt:2.5/bf16.s1:1.9/"
+    "bf16.s4:4.8/bf16.g1:3.5/fp32.s1:0.0085/fp32.s4:0.025/mem.llc:1024/mem.cache:4194304/mem.stream:33554432"
+)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("single-row") / "tiny", dtype=torch.bfloat16, tokenizer=False)
+
+
+def _spy(model: Any) -> list[tuple[int, bool]]:
+    """(rows, oneDNN on) as the first decoder layer saw each forward pass."""
+    seen: list[tuple[int, bool]] = []
+
+    def record(module: Any, args: tuple[Any, ...]) -> None:
+        seen.append((args[0].shape[0] * args[0].shape[1], torch._C._get_mkldnn_enabled()))
+
+    model.model.layers[0].register_forward_pre_hook(record)
+    return seen
+
+
+def test_one_row_forwards_run_without_onednn_and_the_flag_comes_back(path: Path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    assert install_single_row(model) and not install_single_row(model)  # twice adds nothing
+    seen = _spy(model)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = torch._C._get_mkldnn_enabled()
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+    assert seen[0] == (4, before)  # the prompt keeps oneDNN
+    assert seen[1:] and all(rows == 1 and not on for rows, on in seen[1:])  # each step runs without
+    assert torch._C._get_mkldnn_enabled() == before
+
+
+def test_the_flag_comes_back_when_the_forward_raises(path: Path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    install_single_row(model)
+
+    def boom(module: Any, args: tuple[Any, ...]) -> None:
+        raise RuntimeError("boom")
+
+    model.model.layers[0].register_forward_pre_hook(boom)
+    before = torch._C._get_mkldnn_enabled()
+    with pytest.raises(RuntimeError, match="boom"), torch.inference_mode():
+        model(input_ids=torch.tensor([[5]]))
+    assert torch._C._get_mkldnn_enabled() == before
+
+
+def test_the_hooked_model_generates_what_the_plain_one_does(path: Path):
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    install_single_row(model)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():
+        a = plain(input_ids=ids[:, :1]).logits.float()
+        b = model(input_ids=ids[:, :1]).logits.float()
+    # Two kernels, one arithmetic: bf16 inputs, fp32 accumulation; they differ by rounding only.
+    torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
+
+
+def test_prepare_hooks_the_model_only_where_the_resolution_measured_it(path: Path):
+    with simulate(STREAMS):
+        one = wd.resolve_device(model=str(path), batch_size=1, max_length=64)
+        four = wd.resolve_device(model=str(path), batch_size=4, max_length=64)
+    assert one.single_row and not four.single_row
+    model = AutoModelForCausalLM.from_pretrained(path, **one.model_kwargs()).eval()
+    assert one.prepare(model) is model and len(model._forward_pre_hooks) == 1
+    other = AutoModelForCausalLM.from_pretrained(path, **four.model_kwargs()).eval()
+    assert four.prepare(other) is other and not other._forward_pre_hooks
