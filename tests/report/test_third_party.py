@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from steering import STEERING
 from whichdevice.core.packages import package_version, simulated_packages
 from whichdevice.hardware.probes.cpu_facts import cpu_facts
-from whichdevice.report.gather import gather
+from whichdevice.report.gather import gather, load_schema
 from whichdevice.report.third_party import AVX512_BF16, bitsandbytes_hub_kernel, third_party_warnings
 
 BNB = package_version("bitsandbytes")
@@ -74,6 +75,7 @@ def test_the_installed_bitsandbytes_is_read_as_it_is() -> None:
 @pytest.mark.parametrize("flags", [AVX512_BF16, ""])
 def test_the_report_names_it_on_a_cpu_with_the_flag(flags: str) -> None:
     report = gather(tasks=("inference",), simulate=[f"cpu,flags={flags}"])
+    jsonschema.validate(report, load_schema())
     said = [w["message"] for w in report["warnings"] if w["source"] == "bitsandbytes"]
     if not flags or bitsandbytes_hub_kernel() is None:
         assert said == []
