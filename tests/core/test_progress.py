@@ -101,4 +101,4 @@ def test_the_api_logs_probing_and_calibration_at_info(caplog: pytest.LogCaptureF
         run_calibration(budget_s=0.2)
     said = [r.getMessage() for r in caplog.records if r.name == "whichdevice" and r.levelno == logging.INFO]
     assert any(m.startswith("probing cpu: done in ") for m in said), said
-    assert any(m.startswith("timing the CPU's dtypes") for m in said), said
+    assert any(m.startswith("timing the CPU's dtype speeds: done in ") for m in said), said

@@ -291,7 +291,7 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-@progress.working("timing the CPU's dtypes (whichdevice calibrate)")
+@progress.working("timing the CPU's dtype speeds")
 def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibration:
     """Measure this CPU now and rewrite its cache file (``whichdevice calibrate``); figures that
     other work kept moving are named in ``unsteady``, and such a calibration is cached only so that
