@@ -227,7 +227,8 @@ def _main(argv: list[str], debug: bool) -> int:
     command = args.command
     try:
         _only_the_report_sizes(command, args)
-        return _COMMANDS[command](args)
+        with _progress_shown(args.json):
+            return _COMMANDS[command](args)
     except DeviceError as exc:
         from whichdevice.core.errors import exit_code_for
 
@@ -241,6 +242,19 @@ def _main(argv: list[str], debug: bool) -> int:
             return _fail(ResourceLimitError(limit), 1, command, args.json, debug=debug)
         # A bug or a broken installation: still one line and an exit code, the traceback on --debug.
         return _fail(exc, 1, command, args.json, debug=debug, internal=True)
+
+
+def _progress_shown(wants_json: bool) -> Any:
+    """Slow steps (probing, timing the CPU, reading a model) shown on stderr, on a terminal only:
+    a log or a pipe gets no half-drawn lines, and --json's reader only the JSON."""
+    from whichdevice.core.progress import showing, terminal_sink
+
+    err = _streams.err if _streams is not None else sys.stderr
+    try:
+        tty = not wants_json and bool(err.isatty())
+    except (AttributeError, OSError, ValueError):  # a closed or replaced stream
+        tty = False
+    return showing(terminal_sink(err, PROG) if tty else None)
 
 
 def _leave(code: int) -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -203,3 +204,56 @@ def test_library_messages_become_notes() -> None:
         warnings.warn("a user warning", UserWarning, stacklevel=1)
         warnings.warn("an old API", DeprecationWarning, stacklevel=1)
     assert notes == ["careful", "a user warning"]
+
+
+def test_what_a_package_logs_while_being_imported_is_an_import_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import logging
+    import warnings
+
+    (tmp_path / "noisy_on_import").mkdir()
+    (tmp_path / "noisy_on_import" / "__init__.py").write_text(
+        "import logging, warnings\n"
+        "logging.getLogger('noisy_on_import').warning('Failed to load a kernel nobody asked for')\n"
+        "warnings.warn('a warning at import', UserWarning, stacklevel=1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    notes: list[str] = []
+    import_notes: list[str] = []
+    with smoke._collect_messages(notes, import_notes):
+        importlib.import_module("noisy_on_import")
+        logging.getLogger("some.library").warning("said while running")
+        warnings.warn("a user warning", UserWarning, stacklevel=1)
+    monkeypatch.delitem(sys.modules, "noisy_on_import")
+    assert notes == ["said while running", "a user warning"]
+    assert import_notes == [
+        "Failed to load a kernel nobody asked for (on importing noisy_on_import)",
+        "a warning at import (on importing noisy_on_import)",
+    ]
+
+
+def test_bitsandbytes_import_noise_stays_out_of_the_summary_and_shows_with_debug() -> None:
+    """The real smoke test (training imports Trainer, which imports bitsandbytes) in a fresh process."""
+    from whichdevice.hardware.probes.cpu_facts import cpu_facts
+    from whichdevice.report.third_party import AVX512_BF16, bitsandbytes_hub_kernel
+
+    found = bitsandbytes_hub_kernel()
+    applies = found is not None and AVX512_BF16 in cpu_facts()[1]
+    command = [sys.executable, "-m", "whichdevice", "smoke", "--task", "training"]
+    plain = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=600, check=False)
+    assert plain.returncode == 0, plain.stderr
+    result = json.loads(plain.stdout)
+    jsonschema.validate(result, report.load_schema())
+    noted = [n for s in result["steps"] for n in s["notes"]]
+    imported = [n for s in result["steps"] for n in s["import_notes"]]
+    assert not any("Failed to load CPU" in n for n in noted)
+    logged = found.logged if found is not None else "Failed to load CPU"
+    assert any(logged in n and "on importing bitsandbytes" in n for n in imported) == applies, imported
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, timeout=600, check=False)
+    assert debug.returncode == 0, debug.stderr
+    assert "Failed to load CPU" not in debug.stdout  # the summary
+    assert "Failed to load CPU" not in plain.stderr  # the progress lines
+    shown = [line for line in debug.stderr.splitlines() if "import note: " in line]
+    assert any("Failed to load CPU" in line for line in shown) == applies, debug.stderr[-3000:]

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whichdevice.core import envview
+from whichdevice.core import envview, progress
 from whichdevice.hardware.calibration_figures import Calibration, check_figure, parse_figures
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISA_VARIABLE, cpu_facts
@@ -202,6 +202,7 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+@progress.working("timing the CPU's dtype speeds")
 def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibration:
     """Measure this CPU now and rewrite its cache file (``whichdevice calibrate``); figures that
     other work kept moving are named in ``unsteady``, and such a calibration is cached only so that

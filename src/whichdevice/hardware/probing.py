@@ -18,6 +18,7 @@ from typing import Any
 
 from whichdevice.core import packages
 from whichdevice.core.errors import DeviceError
+from whichdevice.core.progress import working
 from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.plugin_loading import set_plugin_loader
@@ -79,7 +80,8 @@ def probe(name: str, refresh: bool = False, *, timeout: float | None = None) -> 
         result: ProbeResult | None = None
         try:
             limit = probe_timeout() if timeout is None else _seconds(timeout, "probe(timeout=)")
-            result = _run(backend, store.function(backend), limit, store)
+            with working(f"probing {name}"):
+                result = _run(backend, store.function(backend), limit, store)
         finally:
             with store.lock:
                 if result is not None:
@@ -207,7 +209,8 @@ def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
         return []
     import whichdevice.hardware.probes.plugins as plugins
 
-    return plugins.import_torch(timeout)
+    with working("importing torch"):
+        return plugins.import_torch(timeout)
 
 
 def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str], ProbeResult | None]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DoesNotFitError
+from whichdevice.core.progress import working
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.job import JobMemory
 
@@ -109,7 +110,8 @@ def check_split(
 ) -> SplitCheck:
     """The device_map and max_memory (bytes per device ``limits`` at most) that transformers' placement
     keeps on the devices with each device's share of ``memory``; DoesNotFitError where none does."""
-    meta = _meta_model(model, dtype)
+    with working("checking the split with transformers' own placement"):
+        meta = _meta_model(model, dtype)
     layer_count = sum(1 for m in meta.modules() if type(m).__name__ in set(meta._no_split_modules or ()))
     per_layer = sum(t.bytes for t in memory.terms if t.name in _PER_LAYER) / max(layer_count, 1)
     with_weights = sum(t.bytes for t in memory.terms if t.name in _WITH_WEIGHTS) / max(weights, 1)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.core.progress import working
 from whichdevice.model.adapter import adapter_base_name
 from whichdevice.model.files import check_config, is_config_object, read_model_folder, resolve_model_path
 from whichdevice.model.quantized import CheckpointQuantization, read_quantization
@@ -128,7 +129,8 @@ def read_model_facts(model: Any, *, weights: bool = True) -> ModelFacts:
             f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
         )
     path = resolve_model_path(model)
-    files = read_model_folder(path, weights=weights)
+    with working("reading the model's config and safetensors headers"):
+        files = read_model_folder(path, weights=weights)
     stored = stored_weights(files.headers)
     checkpoint = stored_dtype(files.config, stored)
     # A PEFT adapter folder is sized and placed as the base it names (resolve_model_path followed it).

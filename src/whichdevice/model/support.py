@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from whichdevice.core.progress import working
+
 __all__ = [
     "AttentionSupport",
     "ModelClass",
@@ -145,7 +147,7 @@ def _read_classes(
 ) -> AttentionSupport:
     if metadata_version is None:
         return AttentionSupport(model_type, unknown="transformers is not installed")
-    with _classes_lock[0]:
+    with _classes_lock[0], working("reading which attention the model's classes support"):
         return _import_classes(metadata_version, model_type, architectures, parts)
 
 

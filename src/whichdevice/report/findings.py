@@ -15,6 +15,7 @@ from whichdevice.core.packages import version_before
 from whichdevice.core.records import ProbeResult
 from whichdevice.hardware.plugin_loading import plugin_problems
 from whichdevice.hardware.registry import backends
+from whichdevice.report.third_party import third_party_warnings
 
 __all__ = ["ACCELERATE_MIN_FOR_GAUDI", "dedupe", "other_warnings", "warning"]
 
@@ -45,6 +46,7 @@ def other_warnings(
     warnings += [warning(f"compatibility:{r.backend}", m) for r in results for m in r.incompatible]
     warnings += _numbering_warnings(env, results)
     warnings += _package_warnings(versions)
+    warnings += third_party_warnings(env, results, versions)
     warnings += _resolution_warnings(resolutions, {w["message"] for w in warnings})
     return dedupe(warnings)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from whichdevice.core.errors import DeviceError
+from whichdevice.core.progress import showing
 from whichdevice.hardware.envhooks import scoped_env
 from whichdevice.report.gather import SCHEMA_VERSION
 from whichdevice.smoke.progress import (
@@ -102,7 +103,9 @@ def run_smoke(
         "error": None,
     }
     start = time.perf_counter()
-    _run_steps(runner, state, result, tasks, device, workdir)
+    # A slow part of a step (probing, reading the model) shows on the step's own line.
+    with showing(runner.progress.working):
+        _run_steps(runner, state, result, tasks, device, workdir)
     result["seconds"] = round(time.perf_counter() - start, 3)
     _conclude(result, runner.steps, state.get("where", ""))
     return result

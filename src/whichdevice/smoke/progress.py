@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 import traceback
 import warnings
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from whichdevice.core.errors import exit_code_for, printable
+from whichdevice.core.progress import LOGGER
 from whichdevice.report.render import Style, use_color
 
 __all__ = ["Progress", "render_summary"]
@@ -29,6 +31,9 @@ class _Step:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
+    # What another package logged while it was being imported (bitsandbytes reaching for a Hub
+    # kernel): not about this run, so out of the notes, and shown with --debug only.
+    import_notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +41,7 @@ class _Step:
             "ok": self.ok,
             "seconds": round(self.seconds, 4),
             "notes": list(self.notes),
+            "import_notes": list(self.import_notes),
             "error": self.error,
         }
 
@@ -72,6 +78,11 @@ class Progress:
         if self.tty:
             self._write(f"\r\033[K{self.label} ... {printable(detail)}")
 
+    def working(self, what: str | None) -> None:
+        """A slow part of the step (``whichdevice.core.progress``): shown after the label, then gone."""
+        if self.tty:
+            self._write(f"\r\033[K{self.label} ..." + (f" {printable(what)}" if what else ""))
+
     def finish(self, step: _Step, detail: str = "") -> None:
         s = self.style
         if step.ok:
@@ -87,38 +98,66 @@ class Progress:
 # --------------------------------------------------------------------------- library messages
 
 
+def _importing(outer: set[int]) -> str | None:
+    """The package whose module code (an import) is running under the caller, inside the collected
+    block (frames in ``outer`` are the block's callers), or None; whichdevice's own imports are not one."""
+    frame = sys._getframe(1)
+    while frame is not None and id(frame) not in outer:
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and isinstance(name, str) and name != "__main__":
+            package = name.split(".")[0]
+            if package != "whichdevice":
+                return package
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
 class _Collector(logging.Handler):
-    def __init__(self) -> None:
+    def __init__(self, outer: set[int]) -> None:
         super().__init__(logging.WARNING)
-        self.messages: list[str] = []
+        self.outer = outer
+        self.messages: list[tuple[str, str | None]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):
-            self.messages.append(record.getMessage().strip().splitlines()[0])
+            self.messages.append((record.getMessage().strip().splitlines()[0], _importing(self.outer)))
 
 
 @contextlib.contextmanager
-def _collect_messages(sink: list[str]) -> Iterator[None]:
-    """Library log records (WARNING and up) and Python warnings go to ``sink`` instead of stderr."""
-    collector = _Collector()
+def _collect_messages(sink: list[str], import_sink: list[str] | None = None) -> Iterator[None]:
+    """Library log records (WARNING and up) and Python warnings go to ``sink`` instead of stderr;
+    those logged while another package was being imported go to ``import_sink`` (dropped if None)."""
+    outer = set()
+    frame = sys._getframe(2)  # the block's caller and its callers: their own imports are not a package's
+    while frame is not None:
+        outer.add(id(frame))
+        frame = frame.f_back  # type: ignore[assignment]
+    collector = _Collector(outer)
     root = logging.getLogger()
     root.addHandler(collector)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
+
+        def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            # Deprecation notices speak to library authors, not to whoever runs the smoke test.
+            if not issubclass(category, (DeprecationWarning, PendingDeprecationWarning)):
+                collector.messages.append(
+                    (str(message).strip().splitlines()[0] if str(message).strip() else "", _importing(outer))
+                )
+
+        warnings.showwarning = show  # called where the warning is raised, so its stack is readable
         try:
             yield
         finally:
             root.removeHandler(collector)
-            messages = collector.messages + [
-                str(w.message).strip().splitlines()[0]
-                for w in caught
-                # Deprecation notices speak to library authors, not to whoever runs the smoke test.
-                if str(w.message).strip()
-                and not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))
-            ]
-            for m in messages:
-                if m and m not in sink:
-                    sink.append(m)
+            for message, package in collector.messages:
+                if not message:
+                    continue
+                target, text = (
+                    (sink, message) if package is None else (import_sink, f"{message} (on importing {package})")
+                )
+                if target is not None and text not in target:
+                    target.append(text)
 
 
 @contextlib.contextmanager
@@ -157,7 +196,7 @@ class _Runner:
         start = time.perf_counter()
         detail: str | None = None
         try:
-            with _collect_messages(step.notes):
+            with _collect_messages(step.notes, step.import_notes):
                 detail = function(step)
             step.ok = True
         except Exception as exc:
@@ -167,7 +206,11 @@ class _Runner:
             if self.debug:
                 step.error["traceback"] = traceback.format_exc()
         step.seconds = time.perf_counter() - start
+        LOGGER.info("smoke step %s: %s in %.2f s", name, "ok" if step.ok else "failed", step.seconds)
         self.progress.finish(step, detail or "")
+        if self.debug:
+            for note in step.import_notes:
+                self.progress._write(self.progress.style(f"      import note: {printable(note)}", "dim") + "\n")
         if not step.ok and self.debug and step.error is not None and self.progress.stream is not None:
             self.progress._write(step.error["traceback"])
         return bool(step.ok)
