@@ -119,10 +119,13 @@ def time_configs(torch: Any, configs: list[Config], ids: Any, args: argparse.Nam
     live = [c for c in configs if c.label.startswith("resolved") or warm[c.label] < HOPELESS * fastest]
     full: dict[str, list[float]] = {c.label: [] for c in live}
     one: dict[str, list[float]] = {c.label: [] for c in live}
-    for r in range(args.rounds):
+    start, r = time.perf_counter(), 0
+    # At least --rounds, and more until --min-seconds have passed: a 0.1B model's runs are short and noisy.
+    while r < args.rounds or time.perf_counter() - start < args.min_seconds:
         for config in live if r % 2 == 0 else live[::-1]:
             one[config.label].append(config.run(torch, ids, 1))
             full[config.label].append(config.run(torch, ids, args.new))
+        r += 1
     return {"full": full, "one": one, "left_out": sorted(set(warm) - set(full))}
 
 
@@ -173,6 +176,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "decode_tok_s": {lb: round(decode[lb], 2) for lb in others},
                 "static_cache": {"of": best_plain, "tok_s_over_dynamic": round(static_over_plain, 3)},
                 "left_out_after_warm_up": timed["left_out"],
+                "rounds": len(timed["full"][mine]),
                 "trace": [
                     s.message for s in res.trace if s.topic in ("calibration", "dtype", "attention", "generation")
                 ],
@@ -210,10 +214,13 @@ def child(args: argparse.Namespace) -> None:
                 model.to(getattr(torch, ckpt)).save_pretrained(paths[ckpt])
             del model
             for batch in args.batches:
+                gbps = bandwidth(torch)  # it moves with what else the host runs: read again for each cell
                 for entry in cell(torch, AutoModelForCausalLM, wd, paths, batch, args):
                     itemsize = 2 if entry["checkpoint"] == "bfloat16" else 4
                     limit = batch * gbps * 1e9 / (read * itemsize)
-                    entry.update(size=size, read_parameters=read, limit_tok_s=round(limit, 2))
+                    entry.update(
+                        size=size, read_parameters=read, limit_tok_s=round(limit, 2), bandwidth_gbps=round(gbps, 1)
+                    )
                     entry["fraction_of_limit"] = {lb: round(v / limit, 3) for lb, v in entry["decode_tok_s"].items()}
                     print(json.dumps({"cell": entry}), flush=True)
                     resolved, ratio = entry["resolved"], entry["resolved_over_best"]
@@ -226,7 +233,8 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
         exact = "bf16" if c["checkpoint"] == "bfloat16" else "fp32"
         lines.append(
             f"{c['size']} {exact} checkpoint, batch {c['batch']}: resolved {c['resolved']} = "
-            f"{c['resolved_over_best']:.2f}x best ({c['best']}); {exact} limit {c['limit_tok_s']} tok/s; "
+            f"{c['resolved_over_best']:.2f}x best ({c['best']}); {exact} limit {c['limit_tok_s']} tok/s "
+            f"at {c['bandwidth_gbps']} GB/s; {c['rounds']} rounds; "
             f"static cache {c['static_cache']['tok_s_over_dynamic']:.2f}x dynamic for {c['static_cache']['of']}; "
             f"{c['uptime']}"
         )
@@ -249,6 +257,7 @@ def main() -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=30.0)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=9)
     parser.add_argument("--out", default="benchmarks/results/real_sizes.json")

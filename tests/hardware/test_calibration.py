@@ -179,6 +179,8 @@ def cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     MEASURED.clear()
     monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: MEASURED.append(budget_s) or FIGURES)
     monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    # A quiet machine, whatever else runs beside the tests (a busy one's figures are not kept).
+    monkeypatch.setattr(calibration, "_load", lambda: 0.0)
     probing.clear_cache()
     return tmp_path / "cache"
 
@@ -252,7 +254,10 @@ def test_an_unsteady_verdict_on_a_node_that_stays_busy_is_measured_again_after_h
     assert calibration.calibration()[0] is None  # as busy as then, and only just measured
     monkeypatch.setattr(calibration, "RETRY_MAX_S", -1)
     monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
-    assert calibration.calibration()[0] is not None
+    MEASURED.clear()
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: MEASURED.append(budget_s) or FIGURES)
+    calibration.calibration()
+    assert MEASURED  # measured again; while every core is still busy its figures are not kept either
 
 
 def test_without_a_cache_only_an_auto_dtype_measures(cache_dir, monkeypatch):
@@ -417,3 +422,48 @@ def test_threads_that_change_the_cache_setting_leave_no_stale_answer(cache_dir, 
         threads[0].join()
         monkeypatch.setenv(calibration.ENV_CALIBRATION, str(cache_dir))
     assert stale == []
+
+
+def test_the_memory_figures_and_the_load_survive_the_cache(cache_dir, monkeypatch):
+    streamed = FIGURES._replace(
+        speeds={**FIGURES.speeds, "bf16.s1": 1.9, "bf16.s4": 4.5, "bf16.g1": 3.5},
+        fp32={**FIGURES.fp32, "s1": 8e-3, "s4": 2.5e-2},
+        memory={"llc": 33554432.0, "cache": 4194304.0, "stream": 33554432.0, "read": 30.5},
+    )
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: streamed)
+    monkeypatch.setattr(calibration, "_load", lambda: 0.42)
+    calibration.calibration()
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    calib, why = calibration.calibration()
+    assert calib is not None and "cached in" in why
+    assert calib.memory == streamed.memory and calib.load == 0.42 and calib.speed("bfloat16", "g1") == 3.5
+    # The spec a report carries replays every figure, memory included.
+    replayed = calibration.parse_figures(calib.spec())
+    assert replayed.memory == calib.memory and replayed.speeds == calib.speeds
+
+
+@pytest.mark.parametrize("entry", ["mem.llc:12", "mem.read:1e9", "mem.bogus:3", "bf16.g9:1.2"])
+def test_an_impossible_memory_figure_is_refused_with_its_range(entry):
+    with pytest.raises(ValueError, match=re.escape(entry.split(":")[0])):
+        calibration.parse_figures(entry)
+
+
+def test_a_hiccup_is_measured_again_at_once_but_a_machine_out_of_time_is_not(cache_dir, monkeypatch):
+    answers = [FIGURES._replace(unsteady=["s1"]), FIGURES]
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: answers.pop(0))
+    calib, _ = calibration.calibration()
+    assert calib is not None and not answers  # measured twice, the steady second one used
+    busy = [FIGURES._replace(unsteady=["b8 (out of time)"]), FIGURES]
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: busy.pop(0))
+    assert calibration.run_calibration().unsteady == ("b8 (out of time)",) and len(busy) == 1
+
+
+def test_figures_measured_while_every_core_was_busy_are_not_kept_as_the_machines(cache_dir, monkeypatch):
+    monkeypatch.setattr(calibration, "_load", lambda: float(os.cpu_count() or 1) + 1)
+    calib, why = calibration.calibration()
+    assert calib is None and "could not be timed steadily" in why and "all (load" in why
+    monkeypatch.setattr(calibration, "_load", lambda: 0.0)  # quieter a minute later: measured again
+    monkeypatch.setattr(calibration, "RETRY_S", -1)
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    assert calibration.calibration()[0] is not None

@@ -127,7 +127,7 @@ def _read(path: Path, key: Mapping[str, Any]) -> tuple[Calibration | None, str]:
         load = data.get("load")
         unsteady = tuple(data.get("unsteady", ()))
         if not (
-            all(isinstance(u, str) and re.fullmatch(r"[a-z0-9 ()]{1,40}", u) for u in unsteady)
+            all(isinstance(u, str) and re.fullmatch(r"[a-z0-9 ().]{1,48}", u) for u in unsteady)
             and (threads is None or (type(threads) is int and 0 < threads < 2**20))
             and (seconds is None or (type(seconds) in (int, float) and 0 <= seconds <= 3600))
             and type(at) in (int, float)
@@ -212,9 +212,21 @@ def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibr
 
     key = _machine_key()
     path = cache_path(key)
-    start = time.perf_counter()
+    start, load = time.perf_counter(), _load()
     figures = measure(BUDGET_S if budget_s is None else budget_s)
+    if figures.unsteady and not any("out of time" in name for name in figures.unsteady):
+        # A hiccup (one shape moved, every part finished in time): measured once more at once. Measured
+        # here, 3 of 10 fresh calibrations on a quiet machine had one; a machine busy enough to run
+        # a part out of time is not measured twice.
+        again = measure(BUDGET_S if budget_s is None else budget_s)
+        figures = again if len(again.unsteady) <= len(figures.unsteady) else figures
     seconds = round(time.perf_counter() - start, 3)
+    cores = os.cpu_count() or 1
+    if load is not None and load >= cores:
+        # Other work already filled every core: torch's threads then wait on each other at every
+        # barrier, and whole kernels (oneDNN's bf16 ones measured 0.09x fp32 at load 3 on 2 cores)
+        # read as hopeless while looking steady. Such figures are not kept as this machine's.
+        figures = figures._replace(unsteady=[*figures.unsteady, f"all (load {load:.1f} on {cores} cores)"])
     enabled, off = calibration_enabled()
     calib = Calibration(
         figures.speeds,

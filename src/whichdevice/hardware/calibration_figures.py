@@ -68,7 +68,7 @@ class Calibration:
         """The figures as ``simulate("cpu,calib=...")`` takes them, so a report replays them."""
         entries = [f"{k}:{v:.4g}" for k, v in sorted(self.speeds.items())]
         entries += [f"fp32.{k}:{v:.4g}" for k, v in sorted(self.fp32.items())]
-        return "/".join(entries + [f"mem.{k}:{v:.4g}" for k, v in sorted(self.memory.items())])
+        return "/".join(entries + [f"mem.{k}:{v:.10g}" for k, v in sorted(self.memory.items())])
 
     def to_dict(self) -> dict[str, Any]:
         return {

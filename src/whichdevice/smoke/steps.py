@@ -99,6 +99,7 @@ def _load(state: dict[str, Any], tmp: Path, task: str) -> str:
         # Hub kernels are downloaded on first use; the smoke test promises no downloads.
         kwargs["use_kernels"] = False
     model = AutoModelForCausalLM.from_pretrained(tmp / "model", trust_remote_code=False, **kwargs)
+    model = res.prepare(model)  # the runtime settings the resolution measured, as the docs tell users
     _verify(model, res)
     state[f"model_{task}"] = model
     return f"{model.device}, {model.dtype}, {model.config._attn_implementation}".replace("torch.", "")
