@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import jsonschema
 import pytest
 
 import whichdevice as wd
+from pty_output import read_until_closed
 from steering import ANSI
 from steering import STEERING as _BASE
 from whichdevice import cli, report
@@ -223,20 +223,7 @@ def run_on_tty(*args: str, **env: str) -> tuple[int, str]:
         )
         os.close(follower)
         follower = -1
-        out = bytearray()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if not select.select([leader], [], [], 1.0)[0]:
-                continue
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: every writer closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-        else:
-            proc.kill()
+        out = read_until_closed(leader, proc)
         return proc.wait(timeout=60), out.decode(errors="replace")
     finally:
         if follower != -1:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import pty
-import select
 import subprocess
 import sys
-import time
 
+from pty_output import read_until_closed
 from steering import STEERING
 
 # The command, run as the real one (descriptors guarded), with the CPU probe made slow: over the
@@ -47,20 +46,7 @@ def run_with_stderr_on_tty(delay: float, *args: str) -> tuple[int, str, str]:
         )
         os.close(follower)
         follower = -1
-        err = bytearray()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if not select.select([leader], [], [], 1.0)[0]:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: every writer closed the terminal
-                break
-            if not chunk:
-                break
-            err += chunk
+        err = read_until_closed(leader, proc)
         out = proc.stdout.read().decode() if proc.stdout else ""
         return proc.wait(timeout=60), out, err.decode(errors="replace")
     finally:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from whichdevice.core.dtypes import short_name
+from whichdevice.core.dtypes import item_size, short_name
 from whichdevice.core.job import Job
 
 if TYPE_CHECKING:
@@ -52,7 +52,6 @@ DEFAULT_LENGTH = 256
 # Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
 # stream from memory, as 1B does past any CPU's cache.
 ASSUMED_PARAMETERS = 1_000_000_000
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class MeasuredChoice(NamedTuple):
@@ -90,7 +89,7 @@ def _per_parameter(calib: Calibration, shape: str) -> float | None:
 def _streams(calib: Calibration, dtype: str, parameters: int) -> bool:
     llc = calib.memory.get("llc")
     timed = calib.fp32.get("s1") is not None and (dtype == "float32" or calib.speed(dtype, "s1") is not None)
-    return timed and llc is not None and parameters * _ITEMSIZE[dtype] > llc
+    return timed and llc is not None and parameters * item_size(dtype) > llc
 
 
 def _step(calib: Calibration, dtype: str, batch: int, parameters: int) -> _Step | None:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from whichdevice.core.dtypes import short_name
+
 __all__ = ["DEFAULT_LLC", "STREAM_BATCHES", "STREAM_LLCS", "last_level_cache", "measure_streamed"]
 
 # The smallest dtype's set is this many times the last-level cache: a cyclic read of twice the
@@ -36,7 +38,6 @@ _MAX_FP32_BYTES = 512 * 1024**2
 DEFAULT_LLC = 32 * 1024**2
 _CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
-_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _size(text: str) -> int | None:
@@ -107,7 +108,7 @@ def measure_streamed(
             unsteady.append(f"s{batch}")
         fp32[f"s{batch}"] = best["float32"]
         for name in dtypes:
-            speeds[f"{_SHORT[name]}.s{batch}"] = best["float32"] / best[name]
+            speeds[f"{short_name(name)}.s{batch}"] = best["float32"] / best[name]
         if "gemv" in best:
             speeds["bf16.g1"] = best["float32"] / best["gemv"]
     # The read bandwidth of torch's threads: a sum reads every byte once, with little arithmetic.
