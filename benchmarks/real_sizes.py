@@ -11,8 +11,9 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
 1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint, loaded
    exactly as a user does: ``from_pretrained(path, **res.model_kwargs())`` then ``res.prepare(model)``;
 2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
-   (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 (the
-   setting the resolver can hand over), and the static KV cache of the best of those (a setting
+   (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 and fp32
+   and bf16 with packed weights at batch 2 and more (the settings the resolver can hand over; the
+   packed copy is switched on and off per run on the same model), and the static KV cache of the best of those (a setting
    transformers offers that the resolver does not choose on a CPU: measured here to show why);
 3. interleaved rounds (order reversed every other round) of greedy ``generate`` with NEW new tokens
    and with 1: tokens/s = batch x NEW / time; decode rate = batch x (NEW - 1) / (time(NEW) - time(1)).
@@ -70,15 +71,32 @@ def bandwidth(torch: Any) -> float:
     return buffer.numel() * 4 / best / 1e9
 
 
-class Config:
-    """One way to run generate: a loaded model, its attention, and generate keywords."""
+def _packed_states(model: Any) -> list[Any]:
+    return [s for m in model.modules() if (s := getattr(m, "_whichdevice_packed", None)) is not None]
 
-    def __init__(self, label: str, model: Any, attention: str | None, generate: dict[str, Any] | None = None) -> None:
+
+class Config:
+    """One way to run generate: a loaded model, its attention, generate keywords, and whether the
+    model's packed weights (if it has them) serve it."""
+
+    def __init__(
+        self,
+        label: str,
+        model: Any,
+        attention: str | None,
+        generate: dict[str, Any] | None = None,
+        packed: bool | None = None,
+    ) -> None:
         self.label, self.model, self.attention, self.generate = label, model, attention, generate or {}
+        self.packed = packed
+        self.saved = {id(s): s.tensor for s in _packed_states(model)}
 
     def run(self, torch: Any, ids: Any, new: int) -> float:
         if self.attention is not None and self.model.config._attn_implementation != self.attention:
             self.model.set_attn_implementation(self.attention)
+        if self.packed is not None:  # a layer whose packed tensor is None runs torch's own linear
+            for state in _packed_states(self.model):
+                state.tensor = self.saved[id(state)] if self.packed else None
         with torch.inference_mode():
             start = time.perf_counter()
             self.model.generate(
@@ -94,16 +112,20 @@ class Config:
 
 def label_of(res: Any) -> str:
     dtype = SHORT.get(res.dtype_name or "", "stored")
-    return f"{dtype}/{res.attn_implementation or 'sdpa'}" + ("+single_row" if res.single_row else "")
+    label = f"{dtype}/{res.attn_implementation or 'sdpa'}" + ("+single_row" if res.single_row else "")
+    return label + ("+packed" if res.packed_for_batch else "")
 
 
-def candidates(torch: Any, auto: Any, path: Path, batch: int) -> list[Config]:
+def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str]) -> list[Config]:
+    from whichdevice.precision.packed_weights import install_packed_weights
     from whichdevice.precision.single_row import install_single_row
 
     configs = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         model = auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-        configs += [Config(f"{SHORT[dtype]}/{a}", model, a) for a in ATTENTION]
+        if batch >= 2 and install_packed_weights(model, dtype, batch)[0]:
+            configs += [Config(f"{SHORT[dtype]}/{a}+packed", model, a, packed=True) for a in ATTENTION]
+        configs += [Config(f"{SHORT[dtype]}/{a}", model, a, packed=False) for a in ATTENTION]
         if dtype == "bfloat16" and batch == 1:
             hooked = auto.from_pretrained(path, dtype=torch.bfloat16).eval()
             install_single_row(hooked)
@@ -133,7 +155,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     """Every candidate once, and each checkpoint's resolved load, timed in the same interleaved rounds."""
     ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
     resolved = {}
-    configs = candidates(torch, auto, paths["bfloat16"], batch)
+    configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
     for ckpt, path in paths.items():
         res = wd.resolve_device(model=str(path), batch_size=batch, max_length=args.prompt + args.new)
         model = res.prepare(auto.from_pretrained(path, **res.model_kwargs()).eval())
@@ -144,7 +166,9 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     tok_s = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
     best_plain = max((lb for lb in tok_s if not lb.startswith("resolved")), key=lambda lb: tok_s[lb])
     base = next(c for c in configs if c.label == best_plain)
-    static = Config(f"{best_plain}+static_cache", base.model, base.attention, {"cache_implementation": "static"})
+    static = Config(
+        f"{best_plain}+static_cache", base.model, base.attention, {"cache_implementation": "static"}, base.packed
+    )
     more = time_configs(torch, [base, static], ids, args)
     configs.clear()
     for key in ("full", "one"):
@@ -256,6 +280,7 @@ def main() -> int:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=30.0)
     parser.add_argument("--prompt", type=int, default=32)

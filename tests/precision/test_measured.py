@@ -102,3 +102,55 @@ def test_a_resolution_that_does_not_load_bf16_never_hands_it_over(tmp_path: Path
     with simulate(f"cpu,flags=avx512_bf16,calib={EPYC}"):
         asked = wd.resolve_device(model=path, batch_size=1, max_length=64, dtype="float32")
     assert asked.dtype_name == "float32" and not asked.single_row
+
+
+# The same CPU with the batch-4 step also timed with its weights packed ahead (p4) and the packing's rate.
+PACKING = f"{EPYC}/bf16.p4:7.0/fp32.p4:0.0076/mem.pack:2"
+
+
+def test_packing_is_chosen_where_the_jobs_new_tokens_pay_for_it():
+    calib = parse_figures(PACKING)
+    long = measured_dtype(calib, Job(batch_size=4, max_length=1024, parameters=10**9), ("bfloat16",), "bfloat16")
+    assert long.dtype == "bfloat16" and long.packed
+    assert "7.00x with its weights packed ahead (packing about 4 s once)" in long.why
+    short = measured_dtype(calib, Job(batch_size=4, max_length=64, parameters=10**9), ("bfloat16",), "bfloat16")
+    assert short.dtype == "bfloat16" and not short.packed and "not paid back by 32 new tokens" in short.why
+
+
+def test_packing_needs_its_figures_and_two_rows():
+    job = Job(batch_size=4, max_length=1024, parameters=10**9)
+    assert not measured_dtype(parse_figures(EPYC), job, ("bfloat16",), "bfloat16").packed  # not timed packed
+    no_rate = parse_figures(PACKING.replace("/mem.pack:2", ""))
+    assert not measured_dtype(no_rate, job, ("bfloat16",), "bfloat16").packed
+    one = measured_dtype(parse_figures(PACKING), Job(batch_size=1, max_length=1024, parameters=10**9), ("bfloat16",))
+    assert not one.packed and one.single_row
+    slower = parse_figures(PACKING.replace("bf16.p4:7.0", "bf16.p4:4.9"))  # under MARGIN over the plain 4.8x
+    assert not measured_dtype(slower, job, ("bfloat16",), "bfloat16").packed
+
+
+def test_fp32_packed_is_quoted_against_fp32_as_torch_runs_it():
+    # A CPU without a fast bf16: fp32 with packed weights wins, and its line says how much over plain fp32.
+    figures = PACKING.replace("bf16.s4:4.8", "bf16.s4:1.2").replace("bf16.p4:7.0", "bf16.p4:1.3")
+    choice = measured_dtype(parse_figures(figures), Job(batch_size=4, max_length=1024, parameters=10**9), ("bfloat16",))
+    assert choice.dtype == "float32" and choice.packed
+    fp32_line = next(part for part in choice.why.split("; ") if part.startswith("measured, fp32"))
+    assert "3.29x with its weights packed ahead" in fp32_line
+    ratio = float(fp32_line.rsplit(": ", 1)[1].split("x")[0])
+    assert 2.0 < ratio < 3.29  # the packing and the prompt are counted in the whole job's estimate
+
+
+def test_a_resolution_hands_over_the_packing_with_its_batch(tmp_path: Path):
+    path = save_tiny_llama(tmp_path / "tiny", dtype=torch.bfloat16, tokenizer=False)
+    spec = PACKING.replace("mem.llc:33554432", "mem.llc:1024")
+    with simulate(f"cpu,flags=avx512_bf16,calib={spec}"):
+        # Packing costs per weight as a step does: about 80 new tokens pay for it here, whatever the size.
+        four = wd.resolve_device(model=path, batch_size=4, max_length=1024)
+        short = wd.resolve_device(model=path, batch_size=4, max_length=64)
+        one = wd.resolve_device(model=path, batch_size=1, max_length=64)
+        training = wd.resolve_device(model=path, task="training", batch_size=4)
+        quantized = wd.resolve_device(model=path, batch_size=4, max_length=64, dtype="float16")
+    assert four.packed_for_batch == 4 and four.to_dict()["packed_for_batch"] == 4
+    assert "packs the bf16 linear weights ahead in oneDNN's layout for batch 4" in _line(four, "generation")
+    assert short.packed_for_batch is None and "not paid back by 32 new tokens" in _line(short, "dtype")
+    assert one.packed_for_batch is None and training.packed_for_batch is None
+    assert quantized.packed_for_batch is None  # an explicit dtype is not the measured choice

@@ -50,7 +50,7 @@ __all__ = [
 ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
-_FORMAT = 1
+_FORMAT = 2
 # A calibration that a busy machine kept from being steady is measured again at the next call that
 # finds the machine quieter (its 1-minute load below QUIETER times the load it was measured at, or
 # below half the cores), at least RETRY_S after it: a node that stays busy pays nothing more, and
@@ -172,7 +172,7 @@ def render_calibration(calib: Calibration) -> str:
             ["b1", "b2", "b4", "b8", "prompt", "attention"],
             ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*"],
         ),
-        (["s1", "s4", "g1"], ["streamed b1", "streamed b4", "GEMV b1**"]),
+        (["s1", "s4", "g1", "p4"], ["streamed b1", "streamed b4", "GEMV b1**", "packed b4***"]),
     ):
         lines.append(f"{'':6}" + "".join(f"{h:>12}" for h in heads))
         for short in ("bf16", "fp16"):
@@ -183,13 +183,19 @@ def render_calibration(calib: Calibration) -> str:
         "speed over fp32 at the same shape (above 1.00x: faster); decode bN: one step of a batch of N",
         "with weights in the cache, streamed bN: with weights streamed from memory; prompt: a 128-row",
         "matmul; *attention: a one-token query by plain matmuls over torch's fused kernel;",
-        "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off)",
+        "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off);",
+        "***packed b4: a streamed batch-4 step with the weights packed ahead in oneDNN's layout",
     ]
+    packed_fp32, streamed_fp32 = calib.fp32.get("p4"), calib.fp32.get("s4")
+    if packed_fp32 and streamed_fp32:
+        lines.append(f"fp32 packed b4: {streamed_fp32 / packed_fp32:.2f}x fp32's own streamed b4")
     llc, read = calib.memory.get("llc"), calib.memory.get("read")
     if llc is not None and read is not None:
         lines.append(
             f"memory: {read:.1f} GB/s read by {calib.threads} threads, last-level cache {llc / 1024**2:.0f} MiB"
         )
+    if calib.memory.get("pack") is not None:
+        lines.append(f"packing weights: {calib.memory['pack']:.2f} GB/s")
     if calib.unsteady:
         lines.append(f"not steady: {', '.join(calib.unsteady)}; resolve_device() keeps to the CPU's flags")
     enabled, off = calibration_enabled()

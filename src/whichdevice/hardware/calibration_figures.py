@@ -22,10 +22,11 @@ class Calibration:
     same for fp16, and "bf16.attention"/"fp16.attention": a one-token attention by plain matmuls
     over torch's fused kernel. Those run from the cache; "bf16.s1" and "bf16.s4" are decode steps
     of batch 1 and 4 whose weights stream from memory, "bf16.g1" the batch-1 step through torch's
-    own GEMV kernel (oneDNN off). ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8",
-    and "s1"/"s4" for the streamed set) and of one prompt row ("prompt"). ``memory``: "llc" (the
-    last-level cache's bytes), "cache" and "stream" (parameters of the cache-resident and the
-    streamed weight sets) and "read" (GB/s torch's threads read)."""
+    own GEMV kernel (oneDNN off), "bf16.p4" the batch-4 step with weights packed ahead in oneDNN's
+    layout. ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8", "s1"/"s4" for the
+    streamed set, "p4" packed) and of one prompt row ("prompt"). ``memory``: "llc" (the last-level
+    cache's bytes), "cache" and "stream" (parameters of the cache-resident and the streamed weight
+    sets), "read" (GB/s torch's threads read) and "pack" (GB/s of weights packed)."""
 
     speeds: Mapping[str, float]
     fp32: Mapping[str, float] = field(default_factory=dict)
@@ -61,8 +62,16 @@ class Calibration:
             gemv = self.speeds.get(f"{short}.g1")
             if gemv is not None:
                 text += f", batch 1 by torch's GEMV kernel {gemv:.2f}x"
+            packed = self.speeds.get(f"{short}.p4")
+            if packed is not None:
+                text += f", batch 4 with packed weights {packed:.2f}x"
             parts.append(text)
-        return "; ".join(parts) + " of fp32" if parts else "no figures"
+        if not parts:
+            return "no figures"
+        packed_fp32, streamed_fp32 = self.fp32.get("p4"), self.fp32.get("s4")
+        if packed_fp32 and streamed_fp32:
+            parts.append(f"fp32 batch 4 with packed weights {streamed_fp32 / packed_fp32:.2f}x")
+        return "; ".join(parts) + " of fp32"
 
     def spec(self) -> str:
         """The figures as ``simulate("cpu,calib=...")`` takes them, so a report replays them."""
@@ -96,14 +105,15 @@ DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 # seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
 SPEED_RANGE = (1e-3, 1e3)
 SECONDS_RANGE = (1e-9, 3600.0)
-SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1"})
+SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1", "p4"})
 # Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), and
-# GB/s read (1 MB/s to 100 TB/s, beyond any memory).
+# GB/s read or packed (1 MB/s to 100 TB/s, beyond any memory).
 MEMORY_RANGES = {
     "llc": (1024.0, 64.0 * 1024**3),
     "cache": (1.0, 2.0**40),
     "stream": (1.0, 2.0**40),
     "read": (1e-3, 1e5),
+    "pack": (1e-3, 1e5),
 }
 
 

@@ -43,11 +43,13 @@ PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (
 class Precision(NamedTuple):
     """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
     ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none);
-    ``single_row``: the CPU's batch-1 decode steps measured faster through torch's own GEMV kernel."""
+    ``single_row``: the CPU's batch-1 decode steps measured faster through torch's own GEMV kernel;
+    ``packed``: the CPU's decode steps at the job's batch measured faster with weights packed ahead."""
 
     weights: str | None
     mixed: str | None
     single_row: bool = False
+    packed: bool = False
 
 
 def decide_precision(
@@ -70,7 +72,8 @@ def decide_precision(
             precision, more = _training(backend, result, checkpoint, measured)
         elif measured is not None:
             choice, more = _measured_inference(backend, result, measured, checkpoint)
-            precision = Precision(choice.dtype, _flag_for(backend, result, choice.dtype), choice.single_row)
+            flag = _flag_for(backend, result, choice.dtype)
+            precision = Precision(choice.dtype, flag, choice.single_row, choice.packed)
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))

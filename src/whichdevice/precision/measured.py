@@ -8,6 +8,10 @@ from memory (the "s1"/"s4" figures; bf16 at batch 1 also "g1", torch's own GEMV 
 one runs from the cache ("b1".."b8"); each figure's fp32 seconds per parameter scale to the model.
 Without a size (no ``model=``) a model of ``ASSUMED_PARAMETERS`` is assumed, as users run.
 
+At batch 2 and more, a step's weights may be packed ahead in oneDNN's blocked layout ("p4":
+``whichdevice.precision.packed_weights``): the packing is paid once, at ``memory["pack"]`` GB/s, and
+is counted against the job's new tokens, so a long generation gets it and a short one does not.
+
 Hysteresis: the job keeps its default (the checkpoint's own half precision where it runs natively,
 else fp32) unless another dtype is estimated at least ``MARGIN`` faster, so figures near a tie,
 which move a few percent between runs, cannot flip the decision; upcasting a half-precision
@@ -33,6 +37,7 @@ __all__ = [
     "ATTENTION_MARGIN",
     "DEFAULT_LENGTH",
     "MARGIN",
+    "PACK_SLOWER",
     "Job",
     "MeasuredChoice",
     "estimate_seconds",
@@ -47,6 +52,8 @@ MARGIN = 1.05
 # whichdevice_sdpa's decode path must be measured this much faster than torch's fused kernel: the
 # rest of a step (prompt attention, masks) runs sdpa either way.
 ATTENTION_MARGIN = 1.10
+# A model's weights pack this many times slower than the calibration's set did (see _packed_step).
+PACK_SLOWER = 2.0
 # Tokens per sequence assumed when max_length is not given: a 128-token prompt and 128 new tokens.
 DEFAULT_LENGTH = 256
 # Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
@@ -55,12 +62,14 @@ ASSUMED_PARAMETERS = 1_000_000_000
 
 
 class MeasuredChoice(NamedTuple):
-    """The dtype, the sentence quoting why, and whether its batch-1 steps run fastest through torch's
-    own GEMV kernel (oneDNN off: ``whichdevice.precision.single_row``)."""
+    """The dtype, the sentence quoting why, whether its batch-1 steps run fastest through torch's
+    own GEMV kernel (oneDNN off: ``whichdevice.precision.single_row``), and whether its weights
+    are packed ahead for the job's batch (``whichdevice.precision.packed_weights``)."""
 
     dtype: str
     why: str
     single_row: bool = False
+    packed: bool = False
 
 
 class _Step(NamedTuple):
@@ -68,6 +77,8 @@ class _Step(NamedTuple):
     figure: str  # the figure it rests on, quoted
     streamed: bool
     single_row: bool
+    packed: bool = False
+    pack_seconds: float = 0.0  # packing the weights once, in seconds
 
 
 def _resident_shape(batch: int) -> str:
@@ -110,9 +121,34 @@ def _step(calib: Calibration, dtype: str, batch: int, parameters: int) -> _Step 
     return _Step(per * parameters * rows / speed, figure, streamed, single)
 
 
-def estimate_seconds(calib: Calibration, dtype: str, job: Job) -> tuple[float, _Step] | None:
+def _packed_speed(calib: Calibration, dtype: str) -> float | None:
+    """``dtype``'s streamed batch-4 step with packed weights, over fp32's unpacked one."""
+    if dtype == "float32":
+        packed, plain = calib.fp32.get("p4"), calib.fp32.get("s4")
+        return plain / packed if packed and plain else None
+    return calib.speed(dtype, "p4")
+
+
+def _packed_step(calib: Calibration, dtype: str, batch: int, parameters: int, step: _Step) -> _Step | None:
+    """The streamed step of ``batch`` >= 2 rows with weights packed ahead; None: not timed, or not
+    ``MARGIN`` faster per step than ``step`` (then the packing never pays)."""
+    packed, plain = _packed_speed(calib, dtype), calib.speed(dtype, "s4") if dtype != "float32" else 1.0
+    rate = calib.memory.get("pack")
+    if not step.streamed or batch < 2 or packed is None or plain is None or not rate or packed < plain * MARGIN:
+        return None
+    # The rate is fp32's bytes per second on the calibration's set; per weight, bf16 packed as fast or
+    # faster there. A model's packing measured up to half that rate per weight (1.1B bf16: 0.3 G
+    # weights/s against 0.5-0.7 G on the set; its fresh memory is faulted in page by page), so the
+    # estimate counts it at PACK_SLOWER times the calibration's time.
+    pack_seconds = PACK_SLOWER * parameters * 4 / (rate * 1e9)
+    figure = f"{step.figure}, {packed:.2f}x with its weights packed ahead (packing about {pack_seconds:.2g} s once)"
+    return _Step(step.seconds * plain / packed, figure, True, False, True, pack_seconds)
+
+
+def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = True) -> tuple[float, _Step] | None:
     """The job's estimated fp32-seconds in ``dtype`` (half of max_length prompt, half new tokens)
-    and its decode step; None where ``dtype`` was not timed."""
+    and its decode step; None where ``dtype`` was not timed. Packed weights are taken where the
+    whole job, packing included, is estimated ``MARGIN`` faster with them."""
     batch, length = job.batch_size or 1, job.max_length or DEFAULT_LENGTH
     parameters = job.parameters or ASSUMED_PARAMETERS
     step = _step(calib, dtype, batch, parameters)
@@ -123,7 +159,15 @@ def estimate_seconds(calib: Calibration, dtype: str, job: Job) -> tuple[float, _
     row = _per_parameter(calib, "prompt")
     speed = 1.0 if dtype == "float32" else calib.speed(dtype, "prompt")
     prompt = 0.0 if row is None or speed is None else batch * prompt_tokens * row * parameters / speed
-    return prompt + new_tokens * step.seconds, step
+    plain = prompt + new_tokens * step.seconds
+    packed = _packed_step(calib, dtype, batch, parameters, step) if packing else None
+    if packed is not None:
+        with_packing = prompt + new_tokens * packed.seconds + packed.pack_seconds
+        if plain >= with_packing * MARGIN:
+            return with_packing, packed
+        figure = f"{packed.figure}, not paid back by {new_tokens} new tokens"
+        return plain, step._replace(figure=figure)
+    return plain, step
 
 
 def _prompt(calib: Calibration, dtype: str) -> str:
@@ -155,12 +199,13 @@ def measured_dtype(
     estimates = {d: e for d in ("float32", *candidates) if (e := estimate_seconds(calib, d, job)) is not None}
     if len(estimates) < 2:
         return MeasuredChoice("float32", f"measured: no half precision timed on this CPU{job_text}")
-    fp32 = estimates["float32"][0]
+    # Every dtype's estimate is quoted against fp32 as torch runs it, unpacked.
+    fp32 = plain[0] if (plain := estimate_seconds(calib, "float32", job, packing=False)) else estimates["float32"][0]
     tokens = f"{job.batch_size or 1} x {job.max_length or DEFAULT_LENGTH} tokens"
     quoted = [
         f"{short_name(d)} {step.figure}{_prompt(calib, d)}: {fp32 / seconds:.2f}x fp32 estimated for {tokens}"
         for d, (seconds, step) in estimates.items()
-        if d != "float32"
+        if d != "float32" or "packed ahead" in step.figure
     ]
     default = default if default in estimates else "float32"
     best = min(estimates, key=lambda d: estimates[d][0])
@@ -171,7 +216,11 @@ def measured_dtype(
         best = default
     else:
         verdict = f"{short_name(best)}: estimated {gain:.2f}x as fast as {short_name(default)}, the default"
-    return MeasuredChoice(best, f"measured, {'; '.join(quoted)}; {verdict}{job_text}", estimates[best][1].single_row)
+    chosen = estimates[best][1]
+    why = f"measured, {'; '.join(quoted)}; {verdict}{job_text}"
+    if chosen.packed:
+        why += f"; {short_name(best)} weights packed ahead: {chosen.figure.rpartition(', ')[2]}"
+    return MeasuredChoice(best, why, chosen.single_row, chosen.packed)
 
 
 def measured_training(calib: Calibration) -> tuple[bool, str]:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,10 @@ class Resolution:
     # A CPU bf16 load whose batch-1 decode steps were measured faster through torch's own GEMV kernel:
     # prepare(model) hooks them (whichdevice.precision.single_row).
     single_row: bool = False
+    # A CPU load whose decode steps at the job's batch (2 or more) were measured faster with the linear
+    # weights packed ahead in oneDNN's layout, packing counted against the job's length: the batch
+    # prepare(model) packs them for (whichdevice.precision.packed_weights); None: not packed.
+    packed_for_batch: int | None = None
     # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
     attn_passed: bool = False
     # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
@@ -160,13 +165,21 @@ class Resolution:
         """Apply to a loaded ``model`` the runtime settings this resolution measured, and return it.
 
         On a CPU whose batch-1 bf16 decode steps were measured faster through torch's own GEMV kernel
-        (``single_row``), forward passes of one token row run with oneDNN off, restored after each
-        (the trace's "generation" line quotes why). Otherwise nothing changes. Calling it twice is
-        harmless; a pipeline's model is ``pipe.model``."""
+        (``single_row``), forward passes of one token row run with oneDNN off, restored after each.
+        Where decode steps at the job's batch were measured faster with the weights packed ahead
+        (``packed_for_batch``), the linear weights get a packed copy beside them, made only while it
+        fits in half the memory available (the INFO log says what was packed). The trace's
+        "generation" lines quote why. Otherwise nothing changes. Calling it twice is harmless; a
+        pipeline's model is ``pipe.model``."""
         if self.single_row:
             from whichdevice.precision.single_row import install_single_row
 
             install_single_row(model)
+        if self.packed_for_batch is not None and self.dtype_name is not None:
+            from whichdevice.precision.packed_weights import install_packed_weights
+
+            _, done = install_packed_weights(model, self.dtype_name, self.packed_for_batch)
+            logging.getLogger("whichdevice").info("prepare: %s", done)
         return model
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
@@ -261,6 +274,7 @@ class Resolution:
             "use_kernels": self.use_kernels,
             "kernels_key": self.kernels_key,
             "single_row": self.single_row,
+            "packed_for_batch": self.packed_for_batch,
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,

@@ -1,0 +1,141 @@
+"""A CPU model's linear weights packed ahead in oneDNN's blocked layout, for decode steps of several rows.
+
+A decode step at batch 4 multiplies four rows by every weight. With the weights in torch's plain
+layout, each matmul reorders them for oneDNN (bf16) or runs a kernel made for larger shapes (fp32),
+and reads them at a fraction of the memory bandwidth; packed once in oneDNN's layout (the op
+torch's inductor uses when it freezes a model), they are read near all of it. Measured here (AMD
+EPYC, 2 cores, torch 2.13, 1.1B Llama, batch 4, 32-token prompt): fp32 decode 7.1 -> 25.4 tokens/s,
+bf16 25.6 -> 45.1, the same tokens; packing took 3.0 s (bf16) and 8.2 s (fp32). The calibration
+times it ("p4", "pack"), the estimate counts the packing against the job's new tokens, and
+``Resolution.prepare(model)`` packs where the resolver chose it.
+
+Do no harm: the packed copy sits beside the weights (state_dict, saving and training see the
+weights as they were), so it is made only while it takes at most ``HEADROOM`` of the memory
+available. A layer runs its packed copy only for inference on the CPU in the packed dtype with its
+weight unchanged since packing; anything else (gradients, another dtype, a weight loaded or moved
+since, a deepcopy) runs ``torch.nn.functional.linear`` as before. ``unpack`` takes it all back.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+from whichdevice.core import progress
+
+__all__ = ["HEADROOM", "PACKED_DTYPES", "available_memory", "install_packed_weights", "packable_layers", "unpack"]
+
+# The packed copy may take at most this share of the memory available when prepare() runs.
+HEADROOM = 0.5
+PACKED_DTYPES = ("float32", "bfloat16")
+_ATTRIBUTE = "_whichdevice_packed"
+
+
+class _Packed:
+    """One layer's packed weight and the weight it was packed from (its version and address)."""
+
+    __slots__ = ("linear", "pointer", "tensor", "version")
+
+    def __init__(self, tensor: Any, linear: Any, version: int | None, pointer: int) -> None:
+        self.tensor, self.linear, self.version, self.pointer = tensor, linear, version, pointer
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Packed:
+        # A copy's weights are other tensors: it runs unpacked rather than share this copy.
+        return _Packed(None, None, None, -1)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Packed, (None, None, None, -1))
+
+
+def _version(tensor: Any) -> int | None:
+    try:
+        return int(tensor._version)
+    except RuntimeError:  # an inference tensor keeps no version counter: its address is checked
+        return None
+
+
+def _forward(self: Any, x: Any) -> Any:
+    import torch
+
+    packed: _Packed | None = getattr(self, _ATTRIBUTE, None)
+    weight = self.weight
+    usable = (
+        packed is not None
+        and packed.tensor is not None
+        and x.dtype == weight.dtype
+        and x.device.type == "cpu"
+        and weight.data_ptr() == packed.pointer
+        and _version(weight) == packed.version
+        and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+    )
+    if usable:
+        return packed.linear(x, packed.tensor, self.bias)  # type: ignore[union-attr]
+    return torch.nn.functional.linear(x, weight, self.bias)
+
+
+def packable_layers(model: Any, dtype: str) -> list[Any]:
+    """``model``'s plain ``torch.nn.Linear`` layers (not subclasses: quantized layers are those) whose
+    weights are on the CPU in ``dtype``."""
+    import torch
+
+    return [
+        m
+        for m in model.modules()
+        if type(m) is torch.nn.Linear
+        and m.weight.device.type == "cpu"
+        and str(m.weight.dtype).removeprefix("torch.") == dtype
+    ]
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes the kernel says are available (MemAvailable), or None where it does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name == "MemAvailable" and value.split() and value.split()[0].isdigit():
+                return int(value.split()[0]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def install_packed_weights(model: Any, dtype: str, batch: int) -> tuple[int, str]:
+    """Pack ``model``'s ``dtype`` linear weights for ``batch`` rows; (layers packed, what was done)."""
+    import torch
+
+    from whichdevice.hardware.probes.cpu_memory import packing_ops
+
+    if dtype not in PACKED_DTYPES:
+        return 0, f"not packed: {dtype} weights are not packed (only {' and '.join(PACKED_DTYPES)})"
+    ops = packing_ops(torch)
+    if ops is None:
+        return 0, "not packed: this torch has no oneDNN packing ops"
+    layers = [m for m in packable_layers(model, dtype) if getattr(m, _ATTRIBUTE, None) is None]
+    size = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    available = available_memory()
+    if available is not None and size > HEADROOM * available:
+        return 0, (
+            f"not packed: the packed copy ({size / 1024**3:.2f} GiB) would take more than "
+            f"{HEADROOM:.0%} of the {available / 1024**3:.2f} GiB available"
+        )
+    pack, linear = ops
+    with progress.working("packing the model's weights"), torch.no_grad():
+        for module in layers:
+            weight = module.weight
+            packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
+            setattr(module, _ATTRIBUTE, packed)
+            module.forward = types.MethodType(_forward, module)
+    return len(layers), f"{len(layers)} linear layers packed for batch {batch} ({size / 1024**3:.2f} GiB)"
+
+
+def unpack(model: Any) -> int:
+    """Drop every packed copy ``install_packed_weights`` made in ``model``; the layers run as before."""
+    count = 0
+    for module in model.modules():
+        if getattr(module, _ATTRIBUTE, None) is not None:
+            delattr(module, _ATTRIBUTE)
+            if "forward" in vars(module):
+                del module.forward
+            count += 1
+    return count

@@ -1,0 +1,128 @@
+"""Packed linear weights on a real model: the same outputs, and every case the packed copy must not
+serve (gradients, a changed or moved weight, a deepcopy, another dtype) runs torch's own linear."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import whichdevice as wd
+from tiny_models import save_tiny_llama
+from whichdevice.hardware.probes.cpu_memory import packing_ops
+from whichdevice.precision import packed_weights
+from whichdevice.precision.packed_weights import install_packed_weights, packable_layers, unpack
+from whichdevice.testing import simulate
+
+pytestmark = pytest.mark.skipif(packing_ops(torch) is None, reason="this torch has no oneDNN packing ops")
+
+# A simulated CPU whose batch-4 steps run faster with packed weights, with a 1 KiB cache so that the
+# tiny model's weights stream from memory as a real model's do.
+PACKS = (
+    "cpu,flags=avx512_bf16,calib=bf16.b1:1.3/bf16.b2:3/bf16.b4:2.8/bf16.b8:2.4/bf16.prompt:2.5/bf16.s1:1.9/"
+    "bf16.s4:4.8/bf16.g1:3.5/bf16.p4:7/fp32.b1:0.0011/fp32.b2:0.0012/fp32.b4:0.0016/fp32.b8:0.002/"
+    "fp32.prompt:0.00009/fp32.s1:0.0085/fp32.s4:0.025/fp32.p4:0.0076/mem.pack:2/"
+    "mem.llc:1024/mem.cache:4194304/mem.stream:33554432"
+)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("packed") / "tiny", dtype=torch.float32, tokenizer=False)
+
+
+def _load(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def _ids(batch: int = 4) -> torch.Tensor:
+    return torch.randint(5, 200, (batch, 12), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_model_computes_what_the_plain_one_does(path: Path, dtype: torch.dtype):
+    plain, packed = _load(path, dtype), _load(path, dtype)
+    count, done = install_packed_weights(packed, str(dtype).removeprefix("torch."), 4)
+    assert count == len(packable_layers(plain, str(dtype).removeprefix("torch."))) > 0 and "packed for batch 4" in done
+    with torch.inference_mode():
+        expected, got = plain(_ids()).logits.float(), packed(_ids()).logits.float()
+        tokens = packed.generate(_ids(), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        reference = plain.generate(_ids(), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(got, expected, atol=tolerance, rtol=tolerance)
+    assert torch.equal(tokens, reference)
+    assert packed.state_dict().keys() == plain.state_dict().keys()  # the weights are untouched beside the copy
+
+
+def _used_packed(model: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether the first packed layer served ``x`` from its packed copy (spied on the linear op)."""
+    layer = packable_layers(model, str(next(model.parameters()).dtype).removeprefix("torch."))[0]
+    calls: list[int] = []
+    state = layer._whichdevice_packed
+    original = state.linear
+    state.linear = lambda *a: calls.append(1) or original(*a)
+    try:
+        layer(x.to(layer.weight.dtype))
+    finally:
+        state.linear = original
+    return bool(calls)
+
+
+def test_gradients_a_changed_weight_and_another_dtype_run_torchs_own_linear(path: Path):
+    model = _load(path, torch.float32)
+    install_packed_weights(model, "float32", 4)
+    layer = packable_layers(model, "float32")[0]
+    x = torch.randn(4, 1, layer.in_features)
+    with torch.no_grad():
+        assert _used_packed(model, x)
+    assert not _used_packed(model, x)  # grad enabled with trainable weights: autograd needs torch's op
+    model(_ids()).logits.sum().backward()  # training through the packed model works
+    assert layer.weight.grad is not None
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # changed in place since packing
+        assert not _used_packed(model, x)
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+def test_a_deepcopy_runs_unpacked_and_unpack_takes_it_all_back(path: Path):
+    model = _load(path, torch.float32)
+    count, _ = install_packed_weights(model, "float32", 4)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        assert not _used_packed(twin, torch.randn(4, 1, 64))
+        assert torch.allclose(twin(_ids()).logits, model(_ids()).logits, atol=1e-4)
+    assert unpack(model) == count and not any("forward" in vars(m) for m in model.modules())
+    assert install_packed_weights(model, "float32", 4)[0] == count  # and it can be packed again
+
+
+def test_nothing_is_packed_where_the_copy_would_crowd_the_memory(path: Path, monkeypatch: pytest.MonkeyPatch):
+    model = _load(path, torch.float32)
+    monkeypatch.setattr(packed_weights, "available_memory", lambda: 1024)
+    count, why = install_packed_weights(model, "float32", 4)
+    assert count == 0 and "would take more than 50% of the" in why
+    assert install_packed_weights(_load(path, torch.float16), "float16", 4)[0] == 0  # fp16 is not packed
+
+
+def test_available_memory_reads_meminfo(tmp_path: Path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   12000000 kB\n")
+    assert packed_weights.available_memory(meminfo) == 12000000 * 1024
+    meminfo.write_text("MemTotal: 1 kB\nMemAvailable: lots\n")
+    assert packed_weights.available_memory(meminfo) is None
+    assert packed_weights.available_memory(tmp_path / "absent") is None
+
+
+def test_prepare_packs_only_where_the_resolution_chose_it(path: Path):
+    with simulate(PACKS):
+        four = wd.resolve_device(model=str(path), batch_size=4, max_length=1024)
+        one = wd.resolve_device(model=str(path), batch_size=1, max_length=1024)
+    assert four.packed_for_batch == 4 and one.packed_for_batch is None
+    model = AutoModelForCausalLM.from_pretrained(path, **four.model_kwargs()).eval()
+    assert four.prepare(model) is model
+    assert all(m._whichdevice_packed is not None for m in packable_layers(model, four.dtype_name or ""))
+    other = AutoModelForCausalLM.from_pretrained(path, **one.model_kwargs()).eval()
+    one.prepare(other)
+    assert not any(hasattr(m, "_whichdevice_packed") for m in other.modules())
