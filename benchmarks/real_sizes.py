@@ -13,8 +13,8 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
 2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
    (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 and fp32
    and bf16 with packed weights at batch 2 and more (the settings the resolver can hand over; the
-   packed copy is switched on and off per run on the same model), and the static KV cache of the best of those (a setting
-   transformers offers that the resolver does not choose on a CPU: measured here to show why);
+   packed copy is switched on and off per run on the same model), and the static KV cache of the
+   best of those (a setting transformers offers that the resolver does not choose on a CPU: measured here to show why);
 3. interleaved rounds (order reversed every other round) of greedy ``generate`` with NEW new tokens
    and with 1: tokens/s = batch x NEW / time; decode rate = batch x (NEW - 1) / (time(NEW) - time(1)).
    A configuration HOPELESS times slower than the fastest in the warm-up is left out (it cannot be best).
