@@ -19,10 +19,12 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
    and with 1: tokens/s = batch x NEW / time; decode rate = batch x (NEW - 1) / (time(NEW) - time(1)).
    A configuration HOPELESS times slower than the fastest in the warm-up is left out (it cannot be best).
 
-Per cell it prints each configuration's tokens/s, the resolved load's over the best (median of the
-per-round ratios), and each decode rate as a fraction of the bandwidth limit of the smallest exact
-dtype (the checkpoint's: batch x bandwidth / bytes of its weights read per step). The machine is
-shared: every cell carries ``uptime``. Writes ``--out`` (JSON) and prints the tables.
+Per cell it prints each configuration's tokens/s for the job (one generate of NEW tokens, with the
+configuration's one-time setup, packing its weights, counted against it; also without), the
+resolved load's over the best (median of the per-round ratios, setup counted), and each decode
+rate as a fraction of the bandwidth limit of the smallest exact dtype (the checkpoint's: batch x
+bandwidth / bytes of its weights read per step). The machine is shared: every cell carries
+``uptime``. Writes ``--out`` (JSON) and prints the tables.
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ class Config:
         attention: str | None,
         generate: dict[str, Any] | None = None,
         packed: bool | None = None,
+        setup_s: float = 0.0,
     ) -> None:
         self.label, self.model, self.attention, self.generate = label, model, attention, generate or {}
-        self.packed = packed
+        self.packed, self.setup_s = packed, setup_s
         self.saved = {id(s): s.tensor for s in _packed_states(model)}
 
     def run(self, torch: Any, ids: Any, new: int) -> float:
@@ -123,8 +126,10 @@ def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str])
     configs = []
     for dtype in dtypes:
         model = auto.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        start = time.perf_counter()
         if batch >= 2 and install_packed_weights(model, dtype, batch)[0]:
-            configs += [Config(f"{SHORT[dtype]}/{a}+packed", model, a, packed=True) for a in ATTENTION]
+            setup = time.perf_counter() - start  # paid once per load: counted against the job below
+            configs += [Config(f"{SHORT[dtype]}/{a}+packed", model, a, packed=True, setup_s=setup) for a in ATTENTION]
         configs += [Config(f"{SHORT[dtype]}/{a}", model, a, packed=False) for a in ATTENTION]
         if dtype == "bfloat16" and batch == 1:
             hooked = auto.from_pretrained(path, dtype=torch.bfloat16).eval()
@@ -158,25 +163,33 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
     for ckpt, path in paths.items():
         res = wd.resolve_device(model=str(path), batch_size=batch, max_length=args.prompt + args.new)
-        model = res.prepare(auto.from_pretrained(path, **res.model_kwargs()).eval())
+        model = auto.from_pretrained(path, **res.model_kwargs()).eval()
+        start = time.perf_counter()
+        res.prepare(model)
+        setup = time.perf_counter() - start
         resolved[ckpt] = (res, label_of(res))
-        configs.append(Config(f"resolved {ckpt}={label_of(res)}", model, None))
+        configs.append(Config(f"resolved {ckpt}={label_of(res)}", model, None, setup_s=setup))
     timed = time_configs(torch, configs, ids, args)
+    # A configuration's one-time setup (packing the weights) is paid once per load: the job it runs
+    # is one generate of --new tokens, so it counts against that job's time.
+    setup = {c.label: c.setup_s for c in configs}
     # The static KV cache of the fastest configuration: a setting transformers offers (not chosen on a CPU).
-    tok_s = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
+    tok_s = {lb: statistics.median(batch * args.new / (t + setup[lb]) for t in ts) for lb, ts in timed["full"].items()}
     best_plain = max((lb for lb in tok_s if not lb.startswith("resolved")), key=lambda lb: tok_s[lb])
     base = next(c for c in configs if c.label == best_plain)
     static = Config(
         f"{best_plain}+static_cache", base.model, base.attention, {"cache_implementation": "static"}, base.packed
     )
     more = time_configs(torch, [base, static], ids, args)
+    setup[static.label] = setup[best_plain]
     configs.clear()
     for key in ("full", "one"):
         timed[key][static.label] = more[key][static.label]
     static_over_plain = statistics.median(
         p / s for p, s in zip(more["full"][best_plain], more["full"][static.label], strict=True)
     )
-    tok_s = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
+    tok_s = {lb: statistics.median(batch * args.new / (t + setup[lb]) for t in ts) for lb, ts in timed["full"].items()}
+    steady = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
     decode = {
         lb: statistics.median(
             batch * (args.new - 1) / max(f - o, 1e-9) for f, o in zip(timed["full"][lb], timed["one"][lb], strict=True)
@@ -188,7 +201,9 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         mine = f"resolved {ckpt}={label}"
         others = [lb for lb in tok_s if not lb.startswith("resolved") and not lb.endswith("static_cache")] + [mine]
         best = max(others, key=lambda lb: tok_s[lb])
-        ratios = [b / m for b, m in zip(timed["full"][best], timed["full"][mine], strict=True)]
+        ratios = [
+            (b + setup[best]) / (m + setup[mine]) for b, m in zip(timed["full"][best], timed["full"][mine], strict=True)
+        ]
         out.append(
             {
                 "checkpoint": ckpt,
@@ -197,6 +212,8 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "best": best,
                 "resolved_over_best": round(min(1.0, statistics.median(ratios)) if best != mine else 1.0, 3),
                 "tok_s": {lb: round(tok_s[lb], 2) for lb in others},
+                "tok_s_without_setup": {lb: round(steady[lb], 2) for lb in others},
+                "setup_s": {lb: round(setup[lb], 2) for lb in others if setup[lb]},
                 "decode_tok_s": {lb: round(decode[lb], 2) for lb in others},
                 "static_cache": {"of": best_plain, "tok_s_over_dynamic": round(static_over_plain, 3)},
                 "left_out_after_warm_up": timed["left_out"],
@@ -220,6 +237,16 @@ def child(args: argparse.Namespace) -> None:
 
     ensure_registered()  # whichdevice_sdpa is one of the attentions every dtype is timed with
     transformers.utils.logging.set_verbosity_error()
+    # Calibrated first, on a machine not yet busy writing checkpoints (page-cache writeback disturbs
+    # the timing), and again while other work kept a figure from being steady: the cells then time
+    # the decisions of a steady calibration, as a user's quiet machine makes them.
+    from whichdevice.hardware.calibration import run_calibration
+
+    for attempt in range(3):
+        calib = run_calibration()
+        log(f"calibration {attempt + 1}: {calib.source}")
+        if not calib.unsteady:
+            break
     gbps = bandwidth(torch)
     print(
         json.dumps({"bandwidth_gbps": round(gbps, 2), "threads": torch.get_num_threads(), "uptime": uptime()}),
@@ -266,6 +293,7 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
             frac = c["fraction_of_limit"][label]
             lines.append(
                 f"    {label:40} {v:8.2f} tok/s   decode {c['decode_tok_s'][label]:8.2f} tok/s = {frac:.0%} of limit"
+                + (f"   (setup {c['setup_s'][label]:.2f} s counted)" if label in c.get("setup_s", {}) else "")
             )
         if c["left_out_after_warm_up"]:
             lines.append(
