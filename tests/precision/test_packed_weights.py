@@ -126,3 +126,12 @@ def test_prepare_packs_only_where_the_resolution_chose_it(path: Path):
     other = AutoModelForCausalLM.from_pretrained(path, **one.model_kwargs()).eval()
     one.prepare(other)
     assert not any(hasattr(m, "_whichdevice_packed") for m in other.modules())
+
+
+def test_torch_compile_of_a_packed_model_traces_torchs_own_linear(path: Path):
+    plain, packed = _load(path, torch.float32), _load(path, torch.float32)
+    install_packed_weights(packed, "float32", 4)
+    compiled = torch.compile(packed, backend="eager")  # dynamo's tracing, without inductor's build time
+    with torch.no_grad():
+        assert torch.allclose(compiled(_ids()).logits, plain(_ids()).logits, atol=1e-4)
+        assert _used_packed(packed, torch.randn(4, 1, 64))  # uncompiled calls still use the copy

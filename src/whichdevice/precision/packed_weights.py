@@ -13,7 +13,7 @@ Do no harm: the packed copy sits beside the weights (state_dict, saving and trai
 weights as they were), so it is made only while it takes at most ``HEADROOM`` of the memory
 available. A layer runs its packed copy only for inference on the CPU in the packed dtype with its
 weight unchanged since packing; anything else (gradients, another dtype, a weight loaded or moved
-since, a deepcopy) runs ``torch.nn.functional.linear`` as before. ``unpack`` takes it all back.
+since, a deepcopy, a torch.compile trace) runs ``torch.nn.functional.linear`` as before. ``unpack`` takes it all back.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def _forward(self: Any, x: Any) -> Any:
         and weight.data_ptr() == packed.pointer
         and _version(weight) == packed.version
         and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+        # torch.compile traces torch's own linear (its inductor packs weights itself when freezing):
+        # an opaque oneDNN tensor is not something its tracer can hold.
+        and not torch.compiler.is_compiling()
     )
     if usable:
         return packed.linear(x, packed.tensor, self.bias)  # type: ignore[union-attr]
