@@ -4,10 +4,10 @@
 
 Each run is a fresh process with an empty calibration cache: its first ``resolve_device`` measures
 the CPU (as a user's first call does), then it resolves every model at batch 1 and 4 (max_length
-64) and at batch 4 with max_length 1024 (long enough for packed weights to pay). ``--load N`` keeps N busy-looping processes running meanwhile (pure Python, one core each), so
-that the machine's load average is about N on top of the calibration's own threads. The decision
-of a cell is what from_pretrained and generate get: dtype, attention, the single-row setting and
-the packed weights.
+64) and at batch 4 with max_length 1024 (long enough for packed weights to pay). ``--load N`` keeps
+N busy-looping processes running meanwhile (pure Python, one core each), so that the machine's load
+average is about N on top of the calibration's own threads. The decision of a cell is what
+from_pretrained and generate get: dtype, attention, the single-row setting and the packed weights.
 Prints each run's calibration verdict and decisions, then per cell how many runs agree with the
 most common decision.
 """
