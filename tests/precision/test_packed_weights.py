@@ -135,3 +135,23 @@ def test_torch_compile_of_a_packed_model_traces_torchs_own_linear(path: Path):
     with torch.no_grad():
         assert torch.allclose(compiled(_ids()).logits, plain(_ids()).logits, atol=1e-4)
         assert _used_packed(packed, torch.randn(4, 1, 64))  # uncompiled calls still use the copy
+
+
+def test_a_onednn_that_cannot_pack_leaves_the_model_as_it_was(path: Path, monkeypatch: pytest.MonkeyPatch):
+    from whichdevice.hardware.probes import cpu_memory
+
+    real = packing_ops(torch)
+    assert real is not None
+    calls: list[int] = []
+
+    def pack(weight: torch.Tensor, batch: int) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("could not create a primitive descriptor\nmore")
+        return real[0](weight, batch)
+
+    monkeypatch.setattr(cpu_memory, "packing_ops", lambda torch: (pack, real[1]))
+    model = _load(path, torch.float32)
+    count, why = install_packed_weights(model, "float32", 4)
+    assert count == 0 and "oneDNN could not pack float32 weights (could not create a primitive descriptor)" in why
+    assert not any(hasattr(m, "_whichdevice_packed") or "forward" in vars(m) for m in model.modules())

@@ -124,11 +124,15 @@ def install_packed_weights(model: Any, dtype: str, batch: int) -> tuple[int, str
         )
     pack, linear = ops
     with progress.working("packing the model's weights"), torch.no_grad():
-        for module in layers:
-            weight = module.weight
-            packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
-            setattr(module, _ATTRIBUTE, packed)
-            module.forward = types.MethodType(_forward, module)
+        try:
+            for module in layers:
+                weight = module.weight
+                packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
+                setattr(module, _ATTRIBUTE, packed)
+                module.forward = types.MethodType(_forward, module)
+        except RuntimeError as exc:  # a oneDNN that cannot pack this dtype: the model stays as it was
+            unpack(model)
+            return 0, f"not packed: oneDNN could not pack {dtype} weights ({str(exc).splitlines()[0][:200]})"
     return len(layers), f"{len(layers)} linear layers packed for batch {batch} ({size / 1024**3:.2f} GiB)"
 
 
