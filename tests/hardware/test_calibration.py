@@ -457,6 +457,12 @@ def test_a_hiccup_is_measured_again_at_once_but_a_machine_out_of_time_is_not(cac
     busy = [FIGURES._replace(unsteady=["b8 (out of time)"]), FIGURES]
     monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: busy.pop(0))
     assert calibration.run_calibration().unsteady == ("b8 (out of time)",) and len(busy) == 1
+    twice = [FIGURES._replace(unsteady=["b4"]), FIGURES._replace(unsteady=["s4"]), FIGURES, FIGURES]
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: twice.pop(0))
+    assert calibration.run_calibration().unsteady == () and len(twice) == 1  # two hiccups, then steady
+    stuck = [FIGURES._replace(unsteady=["b4"]) for _ in range(calibration.HICCUP_RETRIES + 2)]
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: stuck.pop(0))
+    assert calibration.run_calibration().unsteady == ("b4",) and len(stuck) == 1  # at most HICCUP_RETRIES more
 
 
 def test_figures_measured_while_every_core_was_busy_are_not_kept_as_the_machines(cache_dir, monkeypatch):
