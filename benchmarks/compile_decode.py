@@ -25,23 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-SIZES = {
-    "0.1B": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12},
-    "0.4B": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 20, "num_attention_heads": 16},
-    "1.1B": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32},
-}
-COMMON = {"num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+# The same models as real_sizes.py (this folder is on sys.path when a script here runs).
+from real_sizes import COMMON, SIZES, uptime
 
 
 def generate(torch: Any, model: Any, ids: Any, new: int, keywords: dict[str, Any]) -> float:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core import progress
+from whichdevice.core.errors import printable
 
 __all__ = ["HEADROOM", "PACKED_DTYPES", "available_memory", "install_packed_weights", "packable_layers", "unpack"]
 
@@ -132,7 +133,8 @@ def install_packed_weights(model: Any, dtype: str, batch: int) -> tuple[int, str
                 module.forward = types.MethodType(_forward, module)
         except RuntimeError as exc:  # a oneDNN that cannot pack this dtype: the model stays as it was
             unpack(model)
-            return 0, f"not packed: oneDNN could not pack {dtype} weights ({str(exc).splitlines()[0][:200]})"
+            first = (str(exc).splitlines() or [""])[0][:200]
+            return 0, f"not packed: oneDNN could not pack {dtype} weights ({printable(first)})"
     return len(layers), f"{len(layers)} linear layers packed for batch {batch} ({size / 1024**3:.2f} GiB)"
 
 

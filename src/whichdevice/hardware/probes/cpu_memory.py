@@ -213,11 +213,10 @@ def _recorded(run: Callable[[], Any], times: list[float]) -> Callable[[], Any]:
 
 def _gain(plain: list[float], packed: list[float]) -> float:
     """The median over rounds of plain's time over packed's (the first call, a warm-up, left out)."""
-    ratios = sorted(p / max(q, 1e-12) for p, q in zip(plain[1:], packed[1:], strict=False))
-    if not ratios:
-        return min(plain) / max(min(packed), 1e-12)
-    middle = len(ratios) // 2
-    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    import statistics
+
+    ratios = [p / max(q, 1e-12) for p, q in zip(plain[1:], packed[1:], strict=False)]
+    return statistics.median(ratios) if ratios else min(plain) / max(min(packed), 1e-12)
 
 
 def _steps(linear: Callable[..., Any], x: Any, weights: list[Any]) -> Callable[[], Any]:
