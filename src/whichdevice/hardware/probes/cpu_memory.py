@@ -143,18 +143,7 @@ def measure_streamed(
         if batch == 1 and "bfloat16" in weights and torch.backends.mkldnn.is_available():
             step = _steps(linear, torch.randn(1, 1, _COLS, dtype=torch.bfloat16), weights["bfloat16"])
             runs["gemv"] = _without_onednn(torch, step)
-        samples: dict[str, list[float]] = {}
-        if batch == PACKED_BATCH:
-            for name, (linear_packed, sets) in packed.items():
-                x = torch.randn(batch, 1, _COLS, dtype=getattr(torch, name))
-                runs[f"packed {name}"] = _steps(lambda x, w, f=linear_packed: f(x, w, None), x, sets)
-            # The packed gain is the median of each round's plain-over-packed ratio: the two runs sit
-            # side by side in a round, so what else runs moves both, where two minimums taken in
-            # different rounds moved apart (bf16's gain read 1.2x once and 1.5-2.1x otherwise).
-            for name in list(runs):
-                if name in packed or name.startswith("packed "):
-                    samples[name] = []
-                    runs[name] = _recorded(runs[name], samples[name])
+        samples = _add_packed(torch, runs, packed, batch) if batch == PACKED_BATCH else {}
         best, steady = best_of(runs, deadline)
         if not steady:
             unsteady.append(f"s{batch}")
@@ -163,9 +152,9 @@ def measure_streamed(
             speeds[f"{short_name(name)}.s{batch}"] = best["float32"] / best[name]
         if "gemv" in best:
             speeds["bf16.g1"] = best["float32"] / best["gemv"]
-        if "packed float32" in best:
+        if "packed float32" in samples:
             fp32[f"p{batch}"] = best["float32"] / _gain(samples["float32"], samples["packed float32"])
-        if "packed bfloat16" in best:
+        if "packed bfloat16" in samples:
             gain = _gain(samples["bfloat16"], samples["packed bfloat16"])
             speeds[f"bf16.p{batch}"] = best["float32"] / best["bfloat16"] * gain
     del packed
@@ -199,6 +188,23 @@ def _packed(torch: Any, weights: dict[str, list[Any]], memory: dict[str, float])
             memory["pack"] = sum(w.numel() * 4 for w in weights[name]) / seconds / 1e9
         out[name] = (linear, sets)
     return out
+
+
+def _add_packed(
+    torch: Any, runs: dict[str, Callable[[], Any]], packed: dict[str, Any], batch: int
+) -> dict[str, list[float]]:
+    """Add each packed set's step to ``runs``; the times of every packed run and of its plain twin,
+    round by round, by run name. The packed gain is the median of each round's plain-over-packed
+    ratio: the two runs sit side by side in a round, so what else runs moves both, where two
+    minimums taken in different rounds moved apart (bf16's gain read 1.2x once and 1.5-2.1x otherwise)."""
+    samples: dict[str, list[float]] = {}
+    for name, (linear_packed, sets) in packed.items():
+        x = torch.randn(batch, 1, _COLS, dtype=getattr(torch, name))
+        runs[f"packed {name}"] = _steps(lambda x, w, f=linear_packed: f(x, w, None), x, sets)
+        for run in (name, f"packed {name}"):
+            samples[run] = []
+            runs[run] = _recorded(runs[run], samples[run])
+    return samples
 
 
 def _recorded(run: Callable[[], Any], times: list[float]) -> Callable[[], Any]:
