@@ -45,7 +45,9 @@ def tests_transformers_457(session: nox.Session) -> None:
 def tests_ray(session: nox.Session) -> None:
     """The Ray Train row of the launch matrix: ray[train] is large, so the default run skips it."""
     install(session, "test", pins=("ray[train]>=2.60",))
-    session.run("pytest", "tests/launch/test_distributed.py", "-k", "ray", *session.posargs, env={"WHICHDEVICE_TEST_RAY": "1"})
+    session.run(
+        "pytest", "tests/launch/test_distributed.py", "-k", "ray", *session.posargs, env={"WHICHDEVICE_TEST_RAY": "1"}
+    )
 
 
 @nox.session(python="3.11")
@@ -112,7 +114,14 @@ def vendor_stacks(session: nox.Session, stack: str) -> None:
     session.install("-e", ".", "pytest>=8")
     env = {**env, "WHICHDEVICE_VENDOR_STACK": stack}
     session.run(
-        "pytest", "-p", "no:cacheprovider", "-v", "-rs", "tests/hardware/test_vendor_stacks.py", *session.posargs, env=env
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rs",
+        "tests/hardware/test_vendor_stacks.py",
+        *session.posargs,
+        env=env,
     )
     session.run("python", "-c", _SHOW_ROW, device, env=env)
     session.run("whichdevice", "check", device, env=env, success_codes=[0, 1])

@@ -27,26 +27,10 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 # The same models as real_sizes.py (this folder is on sys.path when a script here runs).
-from real_sizes import COMMON, SIZES, uptime
-
-
-def generate(torch: Any, model: Any, ids: Any, new: int, keywords: dict[str, Any]) -> float:
-    with torch.inference_mode():
-        start = time.perf_counter()
-        model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            **keywords,
-        )
-        return time.perf_counter() - start
+from real_sizes import COMMON, SIZES, Config, uptime
 
 
 def main() -> int:
@@ -86,13 +70,15 @@ def main() -> int:
             ids = torch.randint(
                 3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0)
             )
-            first = {name: generate(torch, model, ids, args.new, kw) for name, kw in configs.items()}
+            # real_sizes.Config runs greedy generate with each configuration's keywords, timed.
+            runs = {name: Config(name, model, None, kw) for name, kw in configs.items()}
+            first = {name: run.run(torch, ids, args.new) for name, run in runs.items()}
             full: dict[str, list[float]] = {name: [] for name in configs}
             one: dict[str, list[float]] = {name: [] for name in configs}
             for r in range(args.rounds):
                 for name in list(configs) if r % 2 == 0 else list(configs)[::-1]:
-                    one[name].append(generate(torch, model, ids, 1, configs[name]))
-                    full[name].append(generate(torch, model, ids, args.new, configs[name]))
+                    one[name].append(runs[name].run(torch, ids, 1))
+                    full[name].append(runs[name].run(torch, ids, args.new))
             decode = {
                 name: statistics.median(
                     batch * (args.new - 1) / max(f - o, 1e-9) for f, o in zip(full[name], one[name], strict=True)
