@@ -22,6 +22,7 @@ from whichdevice.core.progress import working
 from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeResult
 from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.plugin_loading import set_plugin_loader
+from whichdevice.hardware.probe_threads import run_bounded
 from whichdevice.hardware.probes.torch_import import torch_import_reason
 from whichdevice.hardware.registry import backends, get_backend, on_change
 from whichdevice.hardware.store import (  # the state and the time limit, kept below the runner
@@ -253,11 +254,9 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
 
     before = outcomes.environment_snapshot()
     start = time.perf_counter()
-    thread = threading.Thread(target=target, name=f"whichdevice-probe-{backend.name}", daemon=True)
-    thread.start()
-    thread.join(_join_limit(timeout))
+    thread = run_bounded(target, backend.name, _join_limit(timeout))
     elapsed = time.perf_counter() - start
-    if thread.is_alive():
+    if thread is not None:
         # Whatever whichdevice set for the probe goes back now, not when (if ever) the thread ends;
         # an import it left half done is remembered, so later calls fail fast instead of waiting.
         release_scopes(thread)
