@@ -167,7 +167,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     calib = run_calibration(budget_s=5.0)
     if args.json:
-        used = calibration_enabled()[0] and not calib.unsteady
+        used = calibration_enabled()[0] and not calib.whole_unsteady()
         _json({"kind": "calibration", "schema_version": SCHEMA_VERSION, "used": used, **calib.to_dict()})
     else:
         _emit(render_calibration(calib))

@@ -7,12 +7,24 @@ Every figure read back (the cache file, ``simulate("cpu,calib=...")``, a replaye
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from whichdevice.core.dtypes import NAMES, short_name
 
 __all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "SHAPES", "Calibration", "check_figure", "parse_figures"]
+
+
+# The figures an unsteady name covers where they are not its own shape: the streamed steps' figures
+# timed in the same rounds (torch's GEMV beside "s1", the packed step beside "s4"), an attention
+# ratio, and the read bandwidth. Any other name ("b4", "prompt") is the shape itself.
+_COVERS = {
+    "s1": ("s1", "g1"),
+    "s4": ("s4", "p4"),
+    "bf16 attention": ("bf16.attention",),
+    "fp16 attention": ("fp16.attention",),
+    "read bandwidth": ("mem.read",),
+}
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,25 @@ class Calibration:
     measured_at: float | None = None  # time.time() of the measurement
     load: float | None = None  # the 1-minute load average when it was measured
 
+    def lost(self, shape: str) -> bool:
+        """Whether ``shape``'s figures were timed but dropped as unsteady (see :meth:`steady_part`):
+        a job whose estimate needs them follows the CPU's flags, unlike a shape never timed."""
+        return any(shape in _COVERS.get(name, (name,)) for name in self.unsteady)
+
+    def whole_unsteady(self) -> bool:
+        """Whether nothing of it is to be used: every core was busy, or a part ran out of time."""
+        return any(name.startswith("all ") or name.endswith("(out of time)") for name in self.unsteady)
+
+    def steady_part(self) -> Calibration:
+        """These figures less those other work kept moving: each name in ``unsteady`` drops the
+        figures it covers ("s4": the streamed batch-4 step, plain and packed; "bf16 attention": that
+        ratio), the names are kept, so :meth:`lost` says which a job cannot use."""
+        gone = {shape for name in self.unsteady for shape in _COVERS.get(name, (name,))}
+        speeds = {k: v for k, v in self.speeds.items() if k.partition(".")[2] not in gone and k not in gone}
+        fp32 = {k: v for k, v in self.fp32.items() if k not in gone}
+        memory = {k: v for k, v in self.memory.items() if f"mem.{k}" not in gone}
+        return replace(self, speeds=speeds, fp32=fp32, memory=memory)
+
     def speed(self, dtype: str, shape: str) -> float | None:
         """``dtype``'s speed over fp32 at ``shape`` ("b1".."b8", "prompt", "attention"); None: not measured."""
         return self.speeds.get(f"{(short_name(dtype) if dtype in NAMES else dtype)}.{shape}")
@@ -47,9 +78,9 @@ class Calibration:
         parts = []
         for short in ("bf16", "fp16"):
             decode = [self.speeds.get(f"{short}.b{b}") for b in (1, 2, 4, 8)]
-            if any(v is None for v in decode):
+            if all(v is None for v in decode):
                 continue
-            text = f"{short} decode {'/'.join(f'{v:.2f}x' for v in decode)} (batch 1/2/4/8)"  # type: ignore[str-format]
+            text = f"{short} decode {'/'.join(_times(v) for v in decode)} (batch 1/2/4/8)"
             prompt = self.speeds.get(f"{short}.prompt")
             if prompt is not None:
                 text += f", prompt {prompt:.2f}x"
@@ -57,8 +88,8 @@ class Calibration:
             if attention is not None:
                 text += f", one-token attention by matmuls {attention:.2f}x fused sdpa"
             streamed = [self.speeds.get(f"{short}.s{b}") for b in (1, 4)]
-            if None not in streamed:
-                text += f", weights streamed from memory {'/'.join(f'{v:.2f}x' for v in streamed)} (batch 1/4)"  # type: ignore[str-format]
+            if any(v is not None for v in streamed):
+                text += f", weights streamed from memory {'/'.join(_times(v) for v in streamed)} (batch 1/4)"
             gemv = self.speeds.get(f"{short}.g1")
             if gemv is not None:
                 text += f", batch 1 by torch's GEMV kernel {gemv:.2f}x"
@@ -74,10 +105,13 @@ class Calibration:
         return "; ".join(parts) + " of fp32"
 
     def spec(self) -> str:
-        """The figures as ``simulate("cpu,calib=...")`` takes them, so a report replays them."""
+        """The figures as ``simulate("cpu,calib=...")`` takes them, so a report replays them; the
+        shapes dropped as unsteady that decide a job (:meth:`lost`) as "lost:s4+prompt"."""
         entries = [f"{k}:{v:.4g}" for k, v in sorted(self.speeds.items())]
         entries += [f"fp32.{k}:{v:.4g}" for k, v in sorted(self.fp32.items())]
-        return "/".join(entries + [f"mem.{k}:{v:.10g}" for k, v in sorted(self.memory.items())])
+        entries += [f"mem.{k}:{v:.10g}" for k, v in sorted(self.memory.items())]
+        lost = [shape for shape in LOSABLE if self.lost(shape)]
+        return "/".join(entries + ([f"lost:{'+'.join(lost)}"] if lost else []))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +124,11 @@ class Calibration:
             "unsteady": list(self.unsteady),
             "load": self.load,
         }
+
+
+def _times(speed: float | None) -> str:
+    # A figure dropped as unsteady (Calibration.steady_part) shows as "-".
+    return "-" if speed is None else f"{speed:.2f}x"
 
 
 # fp32 step times used when a simulation gives speeds only: the shape of this machine's figures
@@ -106,6 +145,8 @@ DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 SPEED_RANGE = (1e-3, 1e3)
 SECONDS_RANGE = (1e-9, 3600.0)
 SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1", "p4"})
+# The shapes a job's estimate is read from: one dropped as unsteady sends the job to the flags.
+LOSABLE = ("b1", "b2", "b4", "b8", "prompt", "s1", "s4")
 # Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), and
 # GB/s read or packed (1 MB/s to 100 TB/s, beyond any memory).
 MEMORY_RANGES = {
@@ -140,14 +181,21 @@ def check_figure(name: str, value: Any) -> float:
 
 def parse_figures(text: str) -> Calibration:
     """A simulation's figures: "bf16.b1:1.15/bf16.b4:0.7/bf16.prompt:0.3" (speeds over fp32);
-    "fp32.b1:..." entries give fp32 seconds. Raises ValueError naming the bad entry."""
+    "fp32.b1:..." entries give fp32 seconds; "lost:s4+prompt" shapes dropped as unsteady (a
+    replayed report's). Raises ValueError naming the bad entry."""
     speeds: dict[str, float] = {}
     fp32 = dict(DEFAULT_FP32)
     memory: dict[str, float] = {}
+    lost: tuple[str, ...] = ()
     form = "write dtype.shape:number, e.g. bf16.b1:1.15/bf16.prompt:0.3"
     for item in text.split("/"):
         name, sep, value = item.strip().partition(":")
         name = name.strip().lower()
+        if name == "lost":
+            lost = tuple(shape.strip() for shape in value.split("+"))
+            if not set(lost) <= set(LOSABLE):
+                raise ValueError(f"{item!r}: lost:shape+shape with shapes among {', '.join(LOSABLE)}")
+            continue
         try:
             number = float(value) if sep else None
         except ValueError:
@@ -164,4 +212,6 @@ def parse_figures(text: str) -> Calibration:
             memory[name.removeprefix("mem.")] = number
         else:
             speeds[name] = number
-    return Calibration(speeds, fp32, memory, source="simulated")
+    for shape in lost:  # a lost shape's figures stay out, as they were when it was recorded
+        fp32.pop(shape, None)
+    return Calibration(speeds, fp32, memory, source="simulated", unsteady=lost)

@@ -21,7 +21,7 @@ from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
-from whichdevice.precision.measured import MeasuredChoice, measured_dtype, measured_training
+from whichdevice.precision.measured import MeasuredChoice, lost_figures, measured_dtype, measured_training
 from whichdevice.precision.training import training_precision
 
 if TYPE_CHECKING:
@@ -70,6 +70,11 @@ def decide_precision(
     elif isinstance(requested, str) and requested == "auto":
         if task == "training":
             precision, more = _training(backend, result, checkpoint, measured)
+        elif measured is not None and (lost := lost_figures(measured[0], measured[1], _candidates(checkpoint))):
+            weights, more = _inference(backend, result, checkpoint)
+            moved = f"the calibration's {', '.join(lost)} could not be timed steadily and this job needs it"
+            more.append(TraceStep("calibration", f"{moved}: the CPU's flags decide its dtype"))
+            precision = Precision(weights, _flag_for(backend, result, weights))
         elif measured is not None:
             choice, more = _measured_inference(backend, result, measured, checkpoint)
             flag = _flag_for(backend, result, choice.dtype)
@@ -139,15 +144,22 @@ def _inference(
 def _measured_inference(
     backend: Backend, result: ProbeResult, measured: tuple[Calibration, Job], checkpoint: CheckpointDtype | None
 ) -> tuple[MeasuredChoice, list[TraceStep]]:
-    # bf16 has fp32's range, so it is always a candidate; fp16 only keeps an fp16 checkpoint as it is.
     stored = checkpoint.dtype if checkpoint is not None else None
-    fp16 = ("float16",) if stored == "float16" and _unsafe(checkpoint) is None else ()
+    fp16 = _candidates(checkpoint)[2:]
     # The default, kept unless another dtype is measured faster: a half-precision checkpoint's own
     # dtype where this CPU runs it natively (upcasting it is a choice a figure must justify), else fp32.
     native = stored in ("bfloat16", *fp16) and stored is not None and supports(backend, result, stored)[0]
     choice = measured_dtype(measured[0], measured[1], ("bfloat16", *fp16), stored if native else "float32")  # type: ignore[arg-type]
     cast = f" (the checkpoint is {stored})" if stored is not None and stored != choice.dtype else ""
     return choice, [TraceStep("dtype", f"{choice.dtype}{cast}: {choice.why}")]
+
+
+def _candidates(checkpoint: CheckpointDtype | None) -> tuple[str, ...]:
+    """fp32 and the half precisions measured for it. bf16 has fp32's range, so it is always one;
+    fp16 only keeps an fp16 checkpoint as it is."""
+    stored = checkpoint.dtype if checkpoint is not None else None
+    fp16 = ("float16",) if stored == "float16" and _unsafe(checkpoint) is None else ()
+    return ("float32", "bfloat16", *fp16)
 
 
 def _training(
@@ -158,8 +170,8 @@ def _training(
 ) -> tuple[Precision, list[TraceStep]]:
     mixed, why = training_precision(backend, result, None)
     if measured is not None:
-        ok, why = measured_training(measured[0])
-        mixed = "bf16" if ok else None
+        ok, said = measured_training(measured[0])
+        mixed, why = (mixed, f"{why} ({said})") if ok is None else ("bf16" if ok else None, said)
     unsafe = _unsafe(checkpoint)
     steps: list[TraceStep] = []
     if mixed == "fp16" and unsafe is not None:

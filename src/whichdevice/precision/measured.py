@@ -42,6 +42,7 @@ __all__ = [
     "Job",
     "MeasuredChoice",
     "estimate_seconds",
+    "lost_figures",
     "measured_attention",
     "measured_dtype",
     "measured_training",
@@ -106,6 +107,21 @@ def _streams(calib: Calibration, dtype: str, parameters: int) -> bool:
     llc = calib.memory.get("llc")
     timed = calib.fp32.get("s1") is not None and (dtype == "float32" or calib.speed(dtype, "s1") is not None)
     return timed and llc is not None and parameters * item_size(dtype) > llc
+
+
+def lost_figures(calib: Calibration, job: Job, dtypes: tuple[str, ...]) -> list[str]:
+    """The shapes the job's estimate in ``dtypes`` would read that were dropped as unsteady (see
+    ``Calibration.steady_part``): where any is, the CPU's flags decide this job, never an estimate
+    from a neighbouring figure (a streamed model read as cache-resident when "s1" moved)."""
+    batch, parameters = job.batch_size or 1, job.parameters or ASSUMED_PARAMETERS
+    llc = calib.memory.get("llc")
+    needed = {"prompt"}
+    for dtype in dtypes:
+        streamed = llc is not None and parameters * item_size(dtype) > llc
+        stream_shape = "s1" if batch <= 1 else "s4"
+        timed = calib.lost(stream_shape) or _streams(calib, dtype, parameters)
+        needed.add(stream_shape if streamed and timed else _resident_shape(batch))
+    return sorted(shape for shape in needed if calib.lost(shape))
 
 
 def _step(calib: Calibration, dtype: str, batch: int, parameters: int) -> _Step | None:
@@ -228,8 +244,11 @@ def measured_dtype(
     return MeasuredChoice(best, why, chosen.single_row, chosen.packed)
 
 
-def measured_training(calib: Calibration) -> tuple[bool, str]:
-    """Whether bf16 autocast trains faster than fp32 here, by the prompt-sized matmul."""
+def measured_training(calib: Calibration) -> tuple[bool | None, str]:
+    """Whether bf16 autocast trains faster than fp32 here, by the prompt-sized matmul (None: that
+    figure moved while it was timed, and the flags decide)."""
+    if calib.lost("prompt"):
+        return None, "measured: the prompt-sized matmul could not be timed steadily, the CPU's flags decide"
     prompt = calib.speed("bfloat16", "prompt")
     if prompt is None:
         return False, "measured: bf16 not timed on this CPU"
