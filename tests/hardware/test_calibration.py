@@ -12,6 +12,7 @@ import math
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -531,7 +532,8 @@ def test_a_busy_machines_calibration_is_not_used_in_part(cache_dir, monkeypatch,
 
 
 def test_a_report_replays_which_shapes_were_lost(cache_dir, monkeypatch):
-    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: STREAMED._replace(unsteady=["s4", "bf16 attention"]))
+    moved = STREAMED._replace(unsteady=["s4", "bf16 attention"])
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: moved)
     calib, _ = calibration.calibration()
     assert calib is not None and calib.spec().endswith("/lost:s4")
     assert "jobs whose estimate needs them" in calibration.render_calibration(calibration.run_calibration())
@@ -545,3 +547,23 @@ def test_a_report_replays_which_shapes_were_lost(cache_dir, monkeypatch):
     assert "3.50x through torch's GEMV kernel" in _line(one, "dtype")
     with pytest.raises(ValueError, match="lost:shape"):
         calibration.parse_figures("bf16.b1:1.2/lost:s4+g9")
+
+
+def _sleeping_measure(budget_s: float = 1.0) -> cpu_timing.Measured:
+    # Wall time passes, the threads do not run: what a calibration beside busy processes sees.
+    time.sleep(0.3)
+    return STREAMED._replace(unsteady=["s4"])
+
+
+def test_a_run_whose_threads_did_not_get_the_cores_is_not_used_even_in_part(cache_dir, monkeypatch):
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(cpu_timing, "measure", _sleeping_measure)
+    monkeypatch.setattr(calibration, "_load", lambda: cores / 2)  # the trailing load average: half busy
+    calib, why = calibration.calibration()
+    assert calib is None and "its threads ran" in why and f"load {cores / 2:.1f}" in why
+
+
+def test_a_quiet_machines_hiccup_is_used_in_part_whatever_its_threads_ran(cache_dir, monkeypatch):
+    monkeypatch.setattr(cpu_timing, "measure", _sleeping_measure)
+    calib, why = calibration.calibration()  # the fixture's load: 0.0
+    assert calib is not None and calib.unsteady == ("s4",) and "its threads ran" not in why

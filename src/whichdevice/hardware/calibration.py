@@ -60,6 +60,9 @@ HICCUP_RETRIES = 2
 RETRY_S = 60.0
 RETRY_MAX_S = 6 * 3600
 QUIETER = 0.7
+# Where the load average says the machine is at least half busy, a calibration whose threads ran
+# less than this share of its wall time (others took the cores) is not used (see run_calibration).
+BUSY_SHARE = 0.7
 
 
 def calibration_enabled() -> tuple[bool, str]:
@@ -221,11 +224,13 @@ def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibr
     other work kept moving are named in ``unsteady``, and such a calibration is cached only so that
     the next processes do not measure again before ``RETRY_S`` (they keep to the flags).
     ``found``: what was wrong with the cache file, said first in the source."""
+    import torch  # noqa: F401 - imported before the clocks start: an import is one thread's work
+
     from whichdevice.hardware.probes.cpu_timing import BUDGET_S, measure
 
     key = _machine_key()
     path = cache_path(key)
-    start, load = time.perf_counter(), _load()
+    start, load, used = time.perf_counter(), _load(), _cpu_seconds()
     figures = measure(BUDGET_S if budget_s is None else budget_s)
     for _ in range(HICCUP_RETRIES):
         # A hiccup (one shape moved, every part finished in time): measured again at once. Measured
@@ -236,12 +241,8 @@ def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibr
         again = measure(BUDGET_S if budget_s is None else budget_s)
         figures = again if len(again.unsteady) <= len(figures.unsteady) else figures
     seconds = round(time.perf_counter() - start, 3)
-    cores = os.cpu_count() or 1
-    if load is not None and load >= cores:
-        # Other work already filled every core: torch's threads then wait on each other at every
-        # barrier, and whole kernels (oneDNN's bf16 ones measured 0.09x fp32 at load 3 on 2 cores)
-        # read as hopeless while looking steady. Such figures are not kept as this machine's.
-        figures = figures._replace(unsteady=[*figures.unsteady, f"all (load {load:.1f} on {cores} cores)"])
+    share = (_cpu_seconds() - used) / max(seconds * figures.threads, 1e-9)
+    figures = figures._replace(unsteady=[*figures.unsteady, *_busy(load, share)])
     enabled, off = calibration_enabled()
     calib = Calibration(
         figures.speeds,
@@ -267,6 +268,24 @@ def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibr
     calib = replace(calib, source=source)
     _remember(calib)
     return calib
+
+
+def _busy(load: float | None, share: float) -> list[str]:
+    """Why no figure of this run is kept as the machine's (empty: they may be), from the load
+    average when it started and the share of its threads' wall time they ran."""
+    cores = os.cpu_count() or 1
+    if load is not None and load >= cores:
+        # Other work already filled every core: torch's threads then wait on each other at every
+        # barrier, and whole kernels (oneDNN's bf16 ones measured 0.09x fp32 at load 3 on 2 cores)
+        # read as hopeless while looking steady. Such figures are not kept as this machine's.
+        return [f"all (load {load:.1f} on {cores} cores)"]
+    if load is not None and load >= cores / 2 and share < BUSY_SHARE:
+        # The load average trails by a minute: work that started just before reads as half of it.
+        # The threads' own CPU time does not trail: measured here, 0.95 of their wall time on a
+        # quiet 2-core machine, 0.79-0.85 beside two busy processes at a lower priority, about half
+        # at the same one; one run at load 1.93 used half-steady figures the other nine did not.
+        return [f"all (load {load:.1f} on {cores} cores, its threads ran {share:.0%} of the time)"]
+    return []
 
 
 # Per store (the real machine's, each simulation's): the answer, keyed by the variables it read.
@@ -305,6 +324,12 @@ def _answer(calib: Calibration) -> tuple[Calibration | None, str]:
 def _remember(calib: Calibration) -> None:
     with _lock:
         _answers[current_store()] = (_variables(), _answer(calib))
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process, all its threads."""
+    times = os.times()
+    return times.user + times.system
 
 
 def _load() -> float | None:
