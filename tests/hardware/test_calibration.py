@@ -271,10 +271,10 @@ def test_the_real_timing_gives_every_figure_or_says_it_ran_out_of_time():
     # How far it gets depends on how busy this machine is; what it reports must not.
     speeds, fp32, memory, threads, unsteady = cpu_timing.measure(budget_s=0.5)
     shapes = {"b1", "b2", "b4", "b8", "prompt", "s1", "s4"}
-    assert "b1" in fp32 and set(fp32) <= shapes | {"p4"}  # p4 only where this torch packs weights
+    assert set(fp32) <= shapes | {"p4"}  # p4 only where this torch packs weights
     assert {f"{shape} (out of time)" for shape in shapes - set(fp32)} <= set(unsteady)
     # A dtype found hopeless at batch 1 (emulated fp16) is not timed further: its figure stands for the rest.
-    live = [d for d in ("bf16", "fp16") if speeds[f"{d}.b1"] >= cpu_timing.HOPELESS]
+    live = [d for d in ("bf16", "fp16") if speeds.get(f"{d}.b1", 0) >= cpu_timing.HOPELESS]
     assert {f"{d}.{s}" for d in live for s in fp32} <= set(speeds)
     assert all(v > 0 for v in [*speeds.values(), *fp32.values(), *memory.values()])
     assert threads == torch.get_num_threads()
@@ -561,6 +561,11 @@ def test_a_run_whose_threads_did_not_get_the_cores_is_not_used_even_in_part(cach
     monkeypatch.setattr(calibration, "_load", lambda: cores / 2)  # the trailing load average: half busy
     calib, why = calibration.calibration()
     assert calib is None and "its threads ran" in why and f"load {cores / 2:.1f}" in why
+    # The next process reads that verdict from the cache instead of timing the busy machine again.
+    monkeypatch.setattr(calibration, "_answers", type(calibration._answers)())
+    monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
+    calib, why = calibration.calibration()
+    assert calib is None and "its threads ran" in why and "cached in" in why
 
 
 def test_a_quiet_machines_hiccup_is_used_in_part_whatever_its_threads_ran(cache_dir, monkeypatch):

@@ -132,7 +132,7 @@ def _read(path: Path, key: Mapping[str, Any]) -> tuple[Calibration | None, str]:
         load = data.get("load")
         unsteady = tuple(data.get("unsteady", ()))
         if not (
-            all(isinstance(u, str) and re.fullmatch(r"[a-z0-9 ().]{1,48}", u) for u in unsteady)
+            all(isinstance(u, str) and re.fullmatch(r"[a-z0-9 ().,%]{1,80}", u) for u in unsteady)
             and (threads is None or (type(threads) is int and 0 < threads < 2**20))
             and (seconds is None or (type(seconds) in (int, float) and 0 <= seconds <= 3600))
             and type(at) in (int, float)
@@ -143,6 +143,8 @@ def _read(path: Path, key: Mapping[str, Any]) -> tuple[Calibration | None, str]:
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         return None, f"the cache file {path} is damaged ({error}): measured again"
     source = f"cached in {path}"
+    if unsteady:
+        source += f"; other work on this machine kept these from being timed steadily: {', '.join(unsteady)}"
     return Calibration(speeds, fp32, memory, threads, seconds, source, unsteady, float(at), load), ""
 
 

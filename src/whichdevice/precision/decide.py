@@ -72,7 +72,8 @@ def decide_precision(
             precision, more = _training(backend, result, checkpoint, measured)
         elif measured is not None and (lost := lost_figures(measured[0], measured[1], _candidates(checkpoint))):
             weights, more = _inference(backend, result, checkpoint)
-            moved = f"the calibration's {', '.join(lost)} could not be timed steadily and this job needs it"
+            them = "it" if len(lost) == 1 else "them"
+            moved = f"the calibration's {', '.join(lost)} could not be timed steadily and this job needs {them}"
             more.append(TraceStep("calibration", f"{moved}: the CPU's flags decide its dtype"))
             precision = Precision(weights, _flag_for(backend, result, weights))
         elif measured is not None:
