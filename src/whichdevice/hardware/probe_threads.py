@@ -3,14 +3,14 @@
 A probe runs in a thread of its own so that a hung driver or vendor import can be given up on after
 its time limit. Starting a thread is not free: measured on a 2-vCPU VM, ``Thread.start`` + ``join``
 of an empty function took 0.1-4.1 ms (often 3.7 ms: waking the other vCPU for a new thread), and
-ten probes spent about 20 of their 30 ms there, a fifth of what a fresh ``resolve_device()`` adds
-to ``import torch``. Handing a call to a thread that already runs took 0.02-0.04 ms.
+ten probes spent about 20 of their 30 ms there, a third of what ``resolve_device()`` took after
+``import torch`` (64-71 ms). Handing a call to a thread that already runs took 0.02-0.04 ms.
 
 So an idle thread is reused: ``run_bounded`` hands the call to one (starting one only when none is
 idle), waits up to the limit, and puts the thread back only when the call finished. A thread whose
 call is still running is left to it, never reused, and ends when (if ever) the call returns; the
-next probe gets another. Each thread is
-named after the backend it runs (``whichdevice-probe-<name>``) while it runs it.
+next probe gets another. Each thread is named after the backend it runs
+(``whichdevice-probe-<name>``) while it runs it.
 """
 
 from __future__ import annotations
