@@ -221,7 +221,8 @@ def test_another_onednn_cap_is_another_machine(cache_dir, monkeypatch):
 def test_unsteady_figures_are_not_used_nor_measured_again_by_the_next_process(cache_dir, monkeypatch):
     monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: FIGURES._replace(unsteady=["b4", "prompt"]))
     calib, why = calibration.calibration()
-    assert calib is not None and calib.unsteady == ("b4", "prompt") and "not used: b4, prompt" in why
+    assert calib is not None and calib.unsteady == ("b4", "prompt") and "timed steadily: b4, prompt" in why
+    assert "those are not used, and jobs that need them follow the flags" in why
     assert "bf16.b4" not in calib.speeds and "prompt" not in calib.fp32 and calib.speed("bfloat16", "b1") == 1.2
     assert "run `whichdevice calibrate` when it is quieter" in why
     res = wd.resolve_device(refresh=True)  # every job's estimate reads the prompt figure, which moved
@@ -495,7 +496,7 @@ def _flags_say(monkeypatch: pytest.MonkeyPatch, **job: int) -> str | None:
 def test_a_shape_that_moved_costs_only_the_jobs_that_read_it(cache_dir, monkeypatch):
     monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: STREAMED._replace(unsteady=["s4"]))
     calib, why = calibration.calibration()
-    assert calib is not None and "not used: s4" in why
+    assert calib is not None and "timed steadily: s4; those are not used" in why
     # "s4" covers the packed step timed in its rounds; "s1" and torch's GEMV beside it stay.
     assert calib.speed("bfloat16", "p4") is None and "p4" not in calib.fp32 and calib.speed("bfloat16", "g1") == 3.5
     assert "-" in calib.summary() and "3.50x" in calib.summary()

@@ -319,8 +319,9 @@ def _answer(calib: Calibration) -> tuple[Calibration | None, str]:
     again = "run `whichdevice calibrate` when it is quieter"
     if calib.whole_unsteady():
         return None, f"this CPU could not be timed steadily ({calib.source}); {again}"
-    lost = ", ".join(calib.unsteady)
-    return calib.steady_part(), f"{calib.source}; not used: {lost} (jobs that need them follow the flags; {again})"
+    # The source names the figures that moved (measured now or read from the cache).
+    why = f"{calib.source}; those are not used, and jobs that need them follow the flags ({again})"
+    return calib.steady_part(), why
 
 
 def _remember(calib: Calibration) -> None:
