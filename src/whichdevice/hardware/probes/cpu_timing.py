@@ -97,7 +97,9 @@ def _matmul_speeds(
         for name in live:
             speeds[f"{short_name(name)}.{shape}"] = best["float32"] / best[name]
         # Larger shapes only do more of the arithmetic a hopeless dtype emulates: not worth the time.
-        for name in [n for n in live if speeds[f"{short_name(n)}.{shape}"] < HOPELESS]:
+        # Only a steady figure stands for the rest: an unsteady one is dropped (steady_part), and
+        # its copies would otherwise be used in its place.
+        for name in [n for n in live if steady and speeds[f"{short_name(n)}.{shape}"] < HOPELESS]:
             live.remove(name)
             for rest in shapes:
                 speeds.setdefault(f"{short_name(name)}.{rest}", speeds[f"{short_name(name)}.{shape}"])
