@@ -115,10 +115,10 @@ def lost_figures(calib: Calibration, job: Job, dtypes: tuple[str, ...]) -> list[
     from a neighbouring figure (a streamed model read as cache-resident when "s1" moved)."""
     batch, parameters = job.batch_size or 1, job.parameters or ASSUMED_PARAMETERS
     llc = calib.memory.get("llc")
+    stream_shape = "s1" if batch <= 1 else "s4"
     needed = {"prompt"}
     for dtype in dtypes:
         streamed = llc is not None and parameters * item_size(dtype) > llc
-        stream_shape = "s1" if batch <= 1 else "s4"
         timed = calib.lost(stream_shape) or _streams(calib, dtype, parameters)
         needed.add(stream_shape if streamed and timed else _resident_shape(batch))
     return sorted(shape for shape in needed if calib.lost(shape))
