@@ -469,6 +469,7 @@ def test_a_hiccup_is_measured_again_at_once_but_a_machine_out_of_time_is_not(cac
 
 def test_figures_measured_while_every_core_was_busy_are_not_kept_as_the_machines(cache_dir, monkeypatch):
     monkeypatch.setattr(calibration, "_load", lambda: float(os.cpu_count() or 1) + 1)
+    monkeypatch.setattr(cpu_timing, "measure", _sleeping_measure)  # others had the cores
     calib, why = calibration.calibration()
     assert calib is None and "could not be timed steadily" in why and "all (load" in why
     monkeypatch.setattr(calibration, "_load", lambda: 0.0)  # quieter a minute later: measured again
@@ -567,6 +568,22 @@ def test_a_run_whose_threads_did_not_get_the_cores_is_not_used_even_in_part(cach
     monkeypatch.setattr(cpu_timing, "measure", _must_not_measure)
     calib, why = calibration.calibration()
     assert calib is None and "its threads ran" in why and "cached in" in why
+
+
+def test_a_load_of_work_that_ended_does_not_throw_away_a_run_that_had_the_cores(cache_dir, monkeypatch):
+    # The 1-minute load average still reads every core busy after a job ends; the run's own threads
+    # ran all of its wall time, so its figures are the machine's.
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(calibration, "_load", lambda: float(cores))
+    monkeypatch.setattr(cpu_timing, "measure", _sleeping_measure)
+    monkeypatch.setattr(calibration, "_cpu_seconds", lambda: time.perf_counter() * STREAMED.threads)
+    calib, why = calibration.calibration()
+    assert calib is not None and calib.unsteady == ("s4",) and "all (load" not in why
+    # Where they ran less than QUIET_SHARE of it, the load is taken at its word.
+    slower = calibration.QUIET_SHARE * 0.9 * STREAMED.threads
+    monkeypatch.setattr(calibration, "_cpu_seconds", lambda: time.perf_counter() * slower)
+    busy = calibration.run_calibration()
+    assert any(name.startswith(f"all (load {cores:.1f} on {cores} cores, its threads ran") for name in busy.unsteady)
 
 
 def test_a_quiet_machines_hiccup_is_used_in_part_whatever_its_threads_ran(cache_dir, monkeypatch):
