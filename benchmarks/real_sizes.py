@@ -9,7 +9,10 @@ bandwidth (all torch threads summing 512 MiB, best of 5), then for each Llama si
 and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and batch:
 
 1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint, loaded
-   exactly as a user does: ``from_pretrained(path, **res.model_kwargs())`` then ``res.prepare(model)``;
+   exactly as a user does, in a fresh process: ``from_pretrained(path, **res.model_kwargs())`` then
+   ``res.prepare(model)``, its setup timed there (as is every candidate's packing); where that load
+   is exactly a candidate's configuration, the resolved load is timed on the candidate's model,
+   otherwise on its own load in this process;
 2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
    (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 and fp32
    and bf16 with packed weights at batch 2 and more (the settings the resolver can hand over; the
@@ -119,6 +122,61 @@ def label_of(res: Any) -> str:
     return label + ("+packed" if res.packed_for_batch else "")
 
 
+def setup_in_fresh_process(path: Path, load: str, batch: int, max_length: int) -> dict[str, Any]:
+    """Load ``path`` in a new process, as a user's job does, and time its one-time setup there.
+
+    ``load`` is a dtype (that dtype, its weights packed for ``batch``) or "resolved" (``resolve_device``
+    for the job, ``from_pretrained(**res.model_kwargs())``, ``res.prepare(model)``). Timed here, not
+    in the benchmark's own process: there every cell holds a dozen models, and on this VM a page
+    fault's system time grew about fivefold once a process held a few GB (packing a 0.4B model's
+    fp32 weights: 0.45-0.5 s as the process's first model, 1.7-2.2 s as its third and later), so
+    whichever load came later paid more. Also says what the load got: the weights' dtype, the
+    attention, packed layers and the single-row hook."""
+    code = (
+        "import json, sys, time, torch, transformers\n"
+        "transformers.utils.logging.set_verbosity_error()\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "from whichdevice.precision.packed_weights import install_packed_weights\n"
+        "from whichdevice.precision.single_row import HOOKED\n"
+        "path, load, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
+        "if load == 'resolved':\n"
+        "    import whichdevice as wd\n"
+        "    res = wd.resolve_device(model=path, batch_size=batch, max_length=length)\n"
+        "    model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval()\n"
+        "    start = time.perf_counter(); res.prepare(model)\n"
+        "else:\n"
+        "    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, load)).eval()\n"
+        "    start = time.perf_counter(); install_packed_weights(model, load, batch)\n"
+        "setup = time.perf_counter() - start\n"
+        "packed = sum(getattr(m, '_whichdevice_packed', None) is not None for m in model.modules())\n"
+        "print(json.dumps({'setup_s': setup, 'dtype': str(next(model.parameters()).dtype).split('.')[-1],\n"
+        "    'attention': model.config._attn_implementation, 'packed_layers': packed,\n"
+        "    'single_row': bool(getattr(model, HOOKED, False))}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path), load, str(batch), str(max_length)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise SystemExit(f"setup of {load} {path} failed (exit {out.returncode}): {out.stderr[-2000:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def same_configuration(label: str, got: dict[str, Any]) -> bool:
+    """Whether a fresh load reported by ``setup_in_fresh_process`` is the configuration ``label`` names."""
+    dtype, rest = label.split("/", 1)
+    attention = rest.split("+")[0]
+    return (
+        SHORT.get(got["dtype"]) == dtype
+        and got["attention"] == attention
+        and (got["packed_layers"] > 0) == ("+packed" in rest)
+        and got["single_row"] == ("+single_row" in rest)
+    )
+
+
 def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str]) -> list[Config]:
     from whichdevice.precision.packed_weights import install_packed_weights
     from whichdevice.precision.single_row import install_single_row
@@ -157,18 +215,41 @@ def time_configs(torch: Any, configs: list[Config], ids: Any, args: argparse.Nam
 
 
 def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, args: argparse.Namespace) -> list[dict]:
-    """Every candidate once, and each checkpoint's resolved load, timed in the same interleaved rounds."""
+    """Every candidate once, and each checkpoint's resolved load, timed in the same interleaved rounds.
+
+    One-time setups (packing) are timed in fresh processes (``setup_in_fresh_process``). A resolved
+    load whose fresh copy is exactly a candidate's configuration (dtype, attention, packing, single-row)
+    runs on that candidate's model, with its own setup: the weights are the same values (the fp32
+    checkpoint holds the bf16 one's values), a second copy of a 1.1B model in fp32 with its packed
+    twin did not fit beside the candidates (the packing then refused, rightly, for want of memory),
+    and two copies of one configuration differed by up to 7% here from where their memory landed."""
     ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
-    resolved = {}
+    length = args.prompt + args.new
+    resolved, shared = {}, {}
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
+    packing: dict[str, float] = {}  # dtype: its packing's seconds in a fresh process
+    for config in configs:
+        if config.packed:
+            dtype = next(d for d in DTYPES if config.label.startswith(SHORT[d] + "/"))
+            if dtype not in packing:
+                packing[dtype] = setup_in_fresh_process(paths["bfloat16"], dtype, batch, length)["setup_s"]
+            config.setup_s = packing[dtype]
+    by_label = {c.label: c for c in configs}
     for ckpt, path in paths.items():
-        res = wd.resolve_device(model=str(path), batch_size=batch, max_length=args.prompt + args.new)
-        model = auto.from_pretrained(path, **res.model_kwargs()).eval()
-        start = time.perf_counter()
-        res.prepare(model)
-        setup = time.perf_counter() - start
-        resolved[ckpt] = (res, label_of(res))
-        configs.append(Config(f"resolved {ckpt}={label_of(res)}", model, None, setup_s=setup))
+        res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length)
+        label = label_of(res)
+        resolved[ckpt] = (res, label)
+        fresh = setup_in_fresh_process(path, "resolved", batch, length)
+        twin = by_label.get(label)
+        if twin is not None and same_configuration(label, fresh):
+            shared[ckpt] = twin.label
+            mine = Config(f"resolved {ckpt}={label}", twin.model, twin.attention, twin.generate, twin.packed)
+        else:
+            model = auto.from_pretrained(path, **res.model_kwargs()).eval()
+            res.prepare(model)
+            mine = Config(f"resolved {ckpt}={label}", model, None)
+        mine.setup_s = fresh["setup_s"]
+        configs.append(mine)
     timed = time_configs(torch, configs, ids, args)
     # A configuration's one-time setup (packing the weights) is paid once per load: the job it runs
     # is one generate of --new tokens, so it counts against that job's time.
@@ -211,6 +292,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "resolved": label,
                 "best": best,
                 "resolved_over_best": round(min(1.0, statistics.median(ratios)) if best != mine else 1.0, 3),
+                "runs_on": shared.get(ckpt, "its own load"),
                 "tok_s": {lb: round(tok_s[lb], 2) for lb in others},
                 "tok_s_without_setup": {lb: round(steady[lb], 2) for lb in others},
                 "setup_s": {lb: round(setup[lb], 2) for lb in others if setup[lb]},
@@ -284,7 +366,8 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
         exact = "bf16" if c["checkpoint"] == "bfloat16" else "fp32"
         lines.append(
             f"{c['size']} {exact} checkpoint, batch {c['batch']}: resolved {c['resolved']} = "
-            f"{c['resolved_over_best']:.2f}x best ({c['best']}); {exact} limit {c['limit_tok_s']} tok/s "
+            f"{c['resolved_over_best']:.2f}x best ({c['best']}; resolved runs on {c.get('runs_on', 'its own load')}); "
+            f"{exact} limit {c['limit_tok_s']} tok/s "
             f"at {c['bandwidth_gbps']} GB/s; {c['rounds']} rounds; "
             f"static cache {c['static_cache']['tok_s_over_dynamic']:.2f}x dynamic for {c['static_cache']['of']}; "
             f"{c['uptime']}"
