@@ -234,20 +234,24 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     length = args.prompt + args.new
     resolved, shared = {}, {}
     alias: dict[str, tuple[str, float]] = {}  # resolved label: (the candidate it is, its own setup)
+    # The fresh processes run before this one loads its candidates: the machine's memory is then as
+    # free as a user's (the packing refuses where its copy would take over half the memory available).
+    packing = {  # dtype: its packing's seconds in a fresh process
+        d: setup_in_fresh_process(paths["bfloat16"], d, batch, length)["setup_s"]
+        for d in args.dtypes
+        if batch >= 2 and d in ("float32", "bfloat16")
+    }
+    fresh_loads = {ckpt: setup_in_fresh_process(path, "resolved", batch, length) for ckpt, path in paths.items()}
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
-    packing: dict[str, float] = {}  # dtype: its packing's seconds in a fresh process
     for config in configs:
         if config.packed:
-            dtype = next(d for d in DTYPES if config.label.startswith(SHORT[d] + "/"))
-            if dtype not in packing:
-                packing[dtype] = setup_in_fresh_process(paths["bfloat16"], dtype, batch, length)["setup_s"]
-            config.setup_s = packing[dtype]
+            config.setup_s = packing[next(d for d in DTYPES if config.label.startswith(SHORT[d] + "/"))]
     by_label = {c.label: c for c in configs}
     for ckpt, path in paths.items():
         res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length)
         label = label_of(res)
         resolved[ckpt] = (res, label)
-        fresh = setup_in_fresh_process(path, "resolved", batch, length)
+        fresh = fresh_loads[ckpt]
         twin = by_label.get(label)
         mine = f"resolved {ckpt}={label}"
         if twin is not None and same_configuration(label, fresh):
