@@ -11,8 +11,8 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
 1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint, loaded
    exactly as a user does, in a fresh process: ``from_pretrained(path, **res.model_kwargs())`` then
    ``res.prepare(model)``, its setup timed there (as is every candidate's packing); where that load
-   is exactly a candidate's configuration, the resolved load is timed on the candidate's model,
-   otherwise on its own load in this process;
+   is exactly a candidate's configuration, the resolved load takes the candidate's runs (with its
+   own setup), otherwise it is timed on its own load in this process;
 2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
    (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 and fp32
    and bf16 with packed weights at batch 2 and more (the settings the resolver can hand over; the
@@ -224,7 +224,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
 
     One-time setups (packing) are timed in fresh processes (``setup_in_fresh_process``). A resolved
     load whose fresh copy is exactly a candidate's configuration (dtype, attention, packing, single-row)
-    runs on that candidate's model, with its own setup: the weights are the same values (the fp32
+    takes that candidate's runs, with its own setup: the weights are the same values (the fp32
     checkpoint holds the bf16 one's values), a second copy of a 1.1B model in fp32 with its packed
     twin did not fit beside the candidates (the packing then refused, rightly, for want of memory),
     and two copies of one configuration differed by up to 7% here from where their memory landed.
@@ -232,14 +232,16 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     read 10.06 and 8.49 tokens/s in the same rounds here (1.1B, batch 1), which is noise."""
     ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
     length = args.prompt + args.new
-    resolved, shared = {}, {}
+    from whichdevice.precision.packed_weights import PACKED_DTYPES
+
+    resolved = {}
     alias: dict[str, tuple[str, float]] = {}  # resolved label: (the candidate it is, its own setup)
     # The fresh processes run before this one loads its candidates: the machine's memory is then as
     # free as a user's (the packing refuses where its copy would take over half the memory available).
     packing = {  # dtype: its packing's seconds in a fresh process
         d: setup_in_fresh_process(paths["bfloat16"], d, batch, length)["setup_s"]
         for d in args.dtypes
-        if batch >= 2 and d in ("float32", "bfloat16")
+        if batch >= 2 and d in PACKED_DTYPES
     }
     fresh_loads = {ckpt: setup_in_fresh_process(path, "resolved", batch, length) for ckpt, path in paths.items()}
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
@@ -256,7 +258,6 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         mine = f"resolved {ckpt}={label}"
         if twin is not None and same_configuration(label, fresh):
             # The twin's own runs are the resolved load's: timed once, they cannot differ by noise.
-            shared[ckpt] = twin.label
             alias[mine] = (twin.label, fresh["setup_s"])
             continue
         model = auto.from_pretrained(path, **res.model_kwargs()).eval()
@@ -308,7 +309,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "resolved": label,
                 "best": best,
                 "resolved_over_best": round(min(1.0, statistics.median(ratios)) if best != mine else 1.0, 3),
-                "runs_on": shared.get(ckpt, "its own load"),
+                "runs_on": alias[mine][0] if mine in alias else "its own load",
                 "tok_s": {lb: round(tok_s[lb], 2) for lb in others},
                 "tok_s_without_setup": {lb: round(steady[lb], 2) for lb in others},
                 "setup_s": {lb: round(setup[lb], 2) for lb in others if setup[lb]},
