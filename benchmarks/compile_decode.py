@@ -4,7 +4,9 @@
     python benchmarks/compile_decode.py --size 0.4B --batches 1
 
 transformers 5.25 compiles generate's decode step only with a compileable (static) cache and, off
-CUDA/XPU/MPS/TPU/Neuron, only when ``CompileConfig._compile_all_devices`` is set. For a Llama of the
+CUDA/XPU/MPS/TPU/Neuron, only when ``CompileConfig._compile_all_devices`` is set. On a CPU the compiled
+configuration uses ``mode="default"``; on a GPU it uses what generate does there by itself with a static
+cache (transformers' default ``CompileConfig``: ``mode="reduce-overhead"``, CUDA graphs). For a Llama of the
 given size (random weights saved as bf16), loaded as whichdevice resolves it (``from_pretrained(path,
 **res.model_kwargs())`` then ``res.prepare(model)``), each configuration runs greedy generate with
 NEW new tokens and with 1, in interleaved rounds after a first call:
@@ -30,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 # The same models as real_sizes.py (this folder is on sys.path when a script here runs).
-from real_sizes import COMMON, SIZES, Config, uptime
+from real_sizes import COMMON, SIZES, TRACED, Config, uptime
 
 
 def main() -> int:
@@ -53,11 +55,6 @@ def main() -> int:
     transformers.utils.logging.set_verbosity_error()
     compile_config = CompileConfig(mode="default")
     compile_config._compile_all_devices = True  # transformers' own switch for compiling off GPUs
-    configs = {
-        "resolved": {"disable_compile": True},
-        "static": {"cache_implementation": "static", "disable_compile": True},
-        "static+compile": {"cache_implementation": "static", "compile_config": compile_config},
-    }
     report = []
     with tempfile.TemporaryDirectory(prefix="whichdevice-compile-") as tmp:
         torch.manual_seed(0)
@@ -69,7 +66,14 @@ def main() -> int:
             model = res.prepare(AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval())
             ids = torch.randint(
                 3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0)
-            )
+            ).to(model.device)
+            # On a GPU, generate compiles a static cache's decode step by itself (its default config).
+            compiled = {"compile_config": compile_config} if model.device.type == "cpu" else {}
+            configs = {
+                "resolved": {"disable_compile": True},
+                "static": {"cache_implementation": "static", "disable_compile": True},
+                "static+compile": {"cache_implementation": "static", **compiled},
+            }
             # real_sizes.Config runs greedy generate with each configuration's keywords, timed.
             runs = {name: Config(name, model, None, kw) for name, kw in configs.items()}
             first = {name: run.run(torch, ids, args.new) for name, run in runs.items()}
@@ -90,6 +94,9 @@ def main() -> int:
             saved_per_token = batch / decode["resolved"] - batch / decode["static+compile"]
             pays_after = round(compile_s / saved_per_token * batch) if saved_per_token > 0 else None
             entry = {
+                "device": res.device if model.device.type == "cpu" else torch.cuda.get_device_name(model.device),
+                "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+                "weights_gb": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9, 2),
                 "size": args.size,
                 "batch": batch,
                 "resolved": f"{res.dtype_name}/{res.attn_implementation}"
@@ -100,6 +107,7 @@ def main() -> int:
                 "compile_s": round(compile_s, 1),
                 "compile_pays_after_new_tokens": pays_after,
                 "uptime": uptime(),
+                "why": [s.message for s in res.trace if s.topic in ("device", *TRACED)],
             }
             report.append(entry)
             print(json.dumps(entry), flush=True)

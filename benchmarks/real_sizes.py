@@ -113,6 +113,8 @@ class Config:
                 do_sample=False,
                 **self.generate,
             )
+            if ids.device.type == "cuda":  # the last step's kernels may still be queued
+                torch.cuda.synchronize()
             return time.perf_counter() - start
 
 
@@ -318,7 +320,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "left_out_after_warm_up": timed["left_out"],
                 "rounds": len(timed["full"][mine]),
                 "trace": [
-                    s.message for s in res.trace if s.topic in ("calibration", "dtype", "attention", "generation")
+                    s.message for s in res.trace if s.topic in TRACED
                 ],
                 "uptime": uptime(),
             }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU part of issue 27 as one call on a machine with a CUDA GPU, run from the repository root:
+#   1. whichdevice's own report, check and smoke test there (the real probe, a real driver);
+#   2. compile_decode.py (dynamic cache, static cache, static cache compiled by generate) per size,
+#      the 1.1B first, each size only while BUDGET_S seconds (default 420) are not spent.
+# Output goes to $OUT (default benchmarks/results/gpu): gpu.txt, report.txt, smoke.txt,
+# compile_decode.txt and compile_decode_<size>.json.
+set -u
+out=${OUT:-benchmarks/results/gpu}
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src:$PWD/benchmarks" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+py=${PYTHON:-python3}
+deadline=$((SECONDS + ${BUDGET_S:-420}))
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    "$py" -c 'import torch, transformers, accelerate; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"transformers", transformers.__version__, "accelerate", accelerate.__version__)'
+    nproc
+} > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+
+timeout 90 "$py" -m whichdevice > "$out/report.txt" 2>&1
+echo "report rc=$?" | tee -a "$out/gpu.txt"
+timeout 60 "$py" -m whichdevice check >> "$out/report.txt" 2>&1
+echo "check rc=$?" | tee -a "$out/gpu.txt"
+timeout 120 "$py" -m whichdevice smoke > "$out/smoke.txt" 2>&1
+echo "smoke rc=$?" | tee -a "$out/gpu.txt"
+
+for size in 1.1B 0.1B 0.4B; do
+    left=$((deadline - SECONDS))
+    if [ "$left" -lt 90 ]; then
+        echo "skipped $size: ${left}s left" | tee -a "$out/compile_decode.txt"
+        continue
+    fi
+    timeout "$left" "$py" benchmarks/compile_decode.py --size "$size" --new "${NEW:-65}" --rounds 3 \
+        --out "$out/compile_decode_$size.json" >> "$out/compile_decode.txt" 2>&1
+    echo "$size rc=$? at ${SECONDS}s" | tee -a "$out/compile_decode.txt"
+done
+grep -h '^{' "$out/compile_decode.txt"
