@@ -319,9 +319,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "static_cache": {"of": best_plain, "tok_s_over_dynamic": round(static_over_plain, 3)},
                 "left_out_after_warm_up": timed["left_out"],
                 "rounds": len(timed["full"][mine]),
-                "trace": [
-                    s.message for s in res.trace if s.topic in TRACED
-                ],
+                "trace": [s.message for s in res.trace if s.topic in TRACED],
                 "uptime": uptime(),
             }
         )
