@@ -272,8 +272,12 @@ def test_the_real_timing_gives_every_figure_or_says_it_ran_out_of_time():
     # How far it gets depends on how busy this machine is; what it reports must not.
     speeds, fp32, memory, threads, unsteady = cpu_timing.measure(budget_s=0.5)
     shapes = {"b1", "b2", "b4", "b8", "prompt", "s1", "s4"}
-    assert set(fp32) <= shapes | {"p4"}  # p4 only where this torch packs weights
+    assert set(fp32) <= shapes | {"p4", "sn1"}  # p4 only where this torch packs weights
     assert {f"{shape} (out of time)" for shape in shapes - set(fp32)} <= set(unsteady)
+    # The narrow set is timed in the batch-1 step's rounds: both figures or neither.
+    assert ("sn1" in fp32) == ("s1" in fp32)
+    if "sn1" in fp32:
+        assert memory["narrow"] > memory["calls"] >= 2 and memory["narrow_stream"] <= memory["stream"]
     # A dtype found hopeless at batch 1 (emulated fp16) is not timed further: its figure stands for the rest.
     live = [d for d in ("bf16", "fp16") if speeds.get(f"{d}.b1", 0) >= cpu_timing.HOPELESS]
     assert {f"{d}.{s}" for d in live for s in fp32} <= set(speeds)

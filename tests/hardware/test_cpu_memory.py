@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from whichdevice.hardware.probes.cpu_memory import (
     _COLS,
     _ROWS,
     DEFAULT_LLC,
+    NARROW,
     PACKED_PAIRS,
+    _add_narrow,
     _gain,
     _more_pairs,
     last_level_cache,
@@ -74,3 +78,24 @@ def test_more_pairs_are_timed_interleaved_until_enough_or_out_of_time():
     samples = {"float32": [1.0], "packed float32": [1.0]}
     _more_pairs(runs, samples, lambda: next(calls))
     assert [len(times) for times in samples.values()] == [2, 2]
+
+
+def test_the_narrow_set_cuts_the_same_memory_into_many_more_calls():
+    weights = {
+        name: [torch.zeros(_ROWS, _COLS, dtype=getattr(torch, name)) for _ in range(2)]
+        for name in ("float32", "bfloat16")
+    }
+    runs: dict = {}
+    count = _add_narrow(torch, runs, weights, gemv=True)
+    assert count == 2 * (_ROWS * _COLS // (NARROW[0] * NARROW[1]))  # the same for every dtype
+    assert set(runs) == {"narrow float32", "narrow bfloat16", "narrow gemv"}
+    outputs = runs["narrow float32"]()
+    assert len(outputs) == count and outputs[0].shape == (1, 1, NARROW[0])
+    # Views of the set, not copies: writing the set shows through, and nothing more was allocated.
+    weights["float32"][0].fill_(1.0)
+    assert float(runs["narrow float32"]()[0].abs().sum()) > 0
+    assert torch._C._get_mkldnn_enabled()  # the GEMV run put torch's oneDNN switch back
+    runs["narrow gemv"]()
+    assert torch._C._get_mkldnn_enabled()
+    runs = {}
+    assert _add_narrow(torch, runs, weights, gemv=False) == count and "narrow gemv" not in runs

@@ -7,16 +7,18 @@ Figures are pinned through ``simulate("cpu,calib=...")``: no test here depends o
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.core.job import Job
-from whichdevice.hardware.calibration import parse_figures
-from whichdevice.precision.measured import ASSUMED_PARAMETERS, MARGIN, measured_dtype
+from whichdevice.hardware.calibration import Calibration, parse_figures
+from whichdevice.precision.measured import ASSUMED_PARAMETERS, MARGIN, _per_call, measured_dtype
 from whichdevice.testing import simulate
 
 # Measured on this project's AMD EPYC (avx512_bf16, 2 cores): bf16 wins everywhere, most when the
@@ -82,6 +84,78 @@ def test_the_single_row_kernel_is_chosen_by_its_own_figure_at_batch_one_only():
     assert not four.single_row
     slower = parse_figures(EPYC.replace("bf16.g1:3.5", "bf16.g1:1.9"))  # no gain over oneDNN: not handed over
     assert not measured_dtype(slower, job, ("bfloat16",), "bfloat16").single_row
+
+
+def _two_sets(costs: dict[str, tuple[float, float]]) -> Calibration:
+    """Figures of a CPU whose one-row step costs (seconds per call, seconds per weight) on each path
+    ("float32", "bfloat16", "gemv"): the layer-sized set is 4 matrices, the narrow set 168 of the
+    same memory, as cpu_memory times them with a 32 MiB cache."""
+    calls, narrow, weights, narrow_weights = 4, 168, 4 * 4096 * 2048, 168 * 256 * 768
+
+    def seconds(path: str, count: int, size: int) -> float:
+        return count * costs[path][0] + size * costs[path][1]
+
+    big = {path: seconds(path, calls, weights) for path in costs}
+    small = {path: seconds(path, narrow, narrow_weights) for path in costs}
+    base = parse_figures(EPYC)
+    speeds = dict(base.speeds) | {
+        "bf16.s1": big["float32"] / big["bfloat16"],
+        "bf16.g1": big["float32"] / big["gemv"],
+        "bf16.sn1": small["float32"] / small["bfloat16"],
+        "bf16.gn1": small["float32"] / small["gemv"],
+    }
+    fp32 = dict(base.fp32) | {"s1": big["float32"], "sn1": small["float32"]}
+    memory = dict(base.memory) | {
+        "stream": float(weights),
+        "calls": float(calls),
+        "narrow": float(narrow),
+        "narrow_stream": float(narrow_weights),
+    }
+    return Calibration(speeds, fp32, memory)
+
+
+# Per call and per weight as measured here with oneDNN capped below bf16 (4 December): oneDNN's bf16
+# path pays about 40 us a call, torch's GEMV kernel 15 and fp32 20, while per weight the GEMV kernel
+# is a little slower than oneDNN. On the layer-sized set alone the GEMV kernel then reads about 1.0x
+# oneDNN (the capped calibration read 1.04x and did not hand it over), on a 0.1B Llama 1.75x.
+PER_WEIGHT = 2.5e-10
+COSTS = {"float32": (20e-6, PER_WEIGHT), "bfloat16": (40e-6, PER_WEIGHT / 3), "gemv": (15e-6, PER_WEIGHT / 2.9)}
+
+
+def test_the_two_sets_separate_each_paths_cost_per_call_from_its_cost_per_weight():
+    calib = _two_sets(COSTS)
+    for dtype, shapes, path in [
+        ("float32", ("s1", "sn1"), "float32"),
+        ("bfloat16", ("s1", "sn1"), "bfloat16"),
+        ("bfloat16", ("g1", "gn1"), "gemv"),
+    ]:
+        call, weight = _per_call(calib, dtype, shapes)
+        assert call == pytest.approx(COSTS[path][0], rel=1e-9) and weight == pytest.approx(COSTS[path][1], rel=1e-9)
+    # Noise that makes the narrow set cheaper per weight leaves the bytes alone to decide.
+    cheap = replace(calib, fp32=dict(calib.fp32) | {"sn1": calib.fp32["s1"] / 2})
+    assert _per_call(cheap, "float32", ("s1", "sn1")) == (0.0, cheap.fp32["s1"] / cheap.memory["stream"])
+    assert _per_call(parse_figures(EPYC), "bfloat16", ("s1", "sn1")) is None  # no narrow set timed
+
+
+def test_a_small_models_many_calls_hand_over_the_single_row_kernel_the_large_set_alone_would_not():
+    calib = _two_sets(COSTS)
+    assert calib.speed("bfloat16", "g1") / calib.speed("bfloat16", "s1") < MARGIN  # the large set alone: no
+    small = Job(batch_size=1, max_length=64, parameters=50_000_000, matmuls=56)  # a 0.1B Llama
+    large = Job(batch_size=1, max_length=64, parameters=969_000_000, matmuls=154)  # a 1.1B Llama
+    chosen = measured_dtype(calib, small, ("bfloat16",), "bfloat16")
+    assert chosen.single_row and "its matmul calls counted" in chosen.why and "in 56 matmuls" in chosen.why
+    assert not measured_dtype(calib, large, ("bfloat16",), "bfloat16").single_row  # bytes dominate there
+    without = replace(calib, speeds={k: v for k, v in calib.speeds.items() if not k.endswith("n1")})
+    assert not measured_dtype(without, small, ("bfloat16",), "bfloat16").single_row  # the old, large-set estimate
+
+
+def test_a_resolution_counts_the_checkpoints_matmuls_from_its_headers(tmp_path: Path):
+    path = save_tiny_llama(tmp_path / "tiny", dtype=torch.bfloat16, tokenizer=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    linears = sum(isinstance(m, torch.nn.Linear) for name, m in model.named_modules() if name != "lm_head")
+    with simulate(f"cpu,flags=avx512_bf16,calib={EPYC}"):
+        res = wd.resolve_device(model=path, batch_size=1, max_length=64)
+    assert f"in {linears} matmuls" in _line(res, "dtype")
 
 
 def test_a_resolution_for_a_bf16_model_hands_over_the_single_row_setting(tmp_path: Path):

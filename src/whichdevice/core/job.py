@@ -28,6 +28,9 @@ class Job:
     # The weights a decode step reads (the checkpoint's linear layers, from its safetensors headers);
     # None: no model= or no headers. The CPU's measured dtype weighs memory against cache by it.
     parameters: int | None = None
+    # The matmuls a decode step runs (the checkpoint's linear weight matrices, from the same headers):
+    # each call costs a fixed overhead beside its bytes. None: as for parameters.
+    matmuls: int | None = None
 
     @property
     def generation(self) -> bool:

@@ -50,7 +50,8 @@ __all__ = [
 ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
-_FORMAT = 2
+# 3: the narrow set's figures (sn1, gn1); a cache of another format is another machine's key.
+_FORMAT = 3
 # Measurements added at once after one with a hiccup (see run_calibration).
 HICCUP_RETRIES = 2
 # A calibration that a busy machine kept from being steady is measured again at the next call that
@@ -182,19 +183,23 @@ def render_calibration(calib: Calibration) -> str:
             ["b1", "b2", "b4", "b8", "prompt", "attention"],
             ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*"],
         ),
-        (["s1", "s4", "g1", "p4"], ["streamed b1", "streamed b4", "GEMV b1**", "packed b4***"]),
+        (
+            ["s1", "s4", "g1", "p4", "sn1", "gn1"],
+            ["streamed b1", "streamed b4", "GEMV b1**", "packed b4***", "narrow b1", "GEMV nb1"],
+        ),
     ):
-        lines.append(f"{'':6}" + "".join(f"{h:>12}" for h in heads))
+        lines.append(f"{'':6}" + "".join(f"{h:>13}" for h in heads))
         for short in ("bf16", "fp16"):
             cells = [_cell(calib.speeds.get(f"{short}.{s}")) for s in shapes]
-            lines.append(f"{short:6}" + "".join(f"{c:>12}" for c in cells))
+            lines.append(f"{short:6}" + "".join(f"{c:>13}" for c in cells))
     lines += [
         "",
         "speed over fp32 at the same shape (above 1.00x: faster); decode bN: one step of a batch of N",
         "with weights in the cache, streamed bN: with weights streamed from memory; prompt: a 128-row",
         "matmul; *attention: a one-token query by plain matmuls over torch's fused kernel;",
         "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off);",
-        "***packed b4: a streamed batch-4 step with the weights packed ahead in oneDNN's layout",
+        "***packed b4: a streamed batch-4 step with the weights packed ahead in oneDNN's layout;",
+        "narrow b1, GEMV nb1: streamed b1 and GEMV b1 again on the same memory in 256x768 matrices",
     ]
     packed_fp32, streamed_fp32 = calib.fp32.get("p4"), calib.fp32.get("s4")
     if packed_fp32 and streamed_fp32:

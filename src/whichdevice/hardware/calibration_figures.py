@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "SHAPES", "Calibration", "check_figu
 # timed in the same rounds (torch's GEMV beside "s1", the packed step beside "s4"), an attention
 # ratio, and the read bandwidth. Any other name ("b4", "prompt") is the shape itself.
 _COVERS = {
-    "s1": ("s1", "g1"),
+    "s1": ("s1", "g1", "sn1", "gn1"),
     "s4": ("s4", "p4"),
     "bf16 attention": ("bf16.attention",),
     "fp16 attention": ("fp16.attention",),
@@ -35,10 +35,13 @@ class Calibration:
     over torch's fused kernel. Those run from the cache; "bf16.s1" and "bf16.s4" are decode steps
     of batch 1 and 4 whose weights stream from memory, "bf16.g1" the batch-1 step through torch's
     own GEMV kernel (oneDNN off), "bf16.p4" the batch-4 step with weights packed ahead in oneDNN's
-    layout. ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8", "s1"/"s4" for the
-    streamed set, "p4" packed) and of one prompt row ("prompt"). ``memory``: "llc" (the last-level
-    cache's bytes), "cache" and "stream" (parameters of the cache-resident and the streamed weight
-    sets), "read" (GB/s torch's threads read) and "pack" (GB/s of weights packed)."""
+    layout, "bf16.sn1"/"bf16.gn1" the batch-1 steps over the same memory cut into small matrices
+    (many more calls). ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8", "s1"/"s4"
+    for the streamed set, "sn1" its narrow cut, "p4" packed) and of one prompt row ("prompt").
+    ``memory``: "llc" (the last-level cache's bytes), "cache", "stream" and "narrow_stream"
+    (parameters of the cache-resident, the streamed and the narrow weight sets), "calls" and
+    "narrow" (the streamed and narrow sets' matrices), "read" (GB/s torch's threads read) and
+    "pack" (GB/s of weights packed)."""
 
     speeds: Mapping[str, float]
     fp32: Mapping[str, float] = field(default_factory=dict)
@@ -144,15 +147,18 @@ DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 # seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
 SPEED_RANGE = (1e-3, 1e3)
 SECONDS_RANGE = (1e-9, 3600.0)
-SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1", "p4"})
+SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1", "p4", "sn1", "gn1"})
 # The shapes a job's estimate is read from: one dropped as unsteady sends the job to the flags.
 LOSABLE = ("b1", "b2", "b4", "b8", "prompt", "s1", "s4")
-# Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), and
-# GB/s read or packed (1 MB/s to 100 TB/s, beyond any memory).
+# Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), its
+# matrices (one to 2**20), and GB/s read or packed (1 MB/s to 100 TB/s, beyond any memory).
 MEMORY_RANGES = {
     "llc": (1024.0, 64.0 * 1024**3),
     "cache": (1.0, 2.0**40),
     "stream": (1.0, 2.0**40),
+    "narrow_stream": (1.0, 2.0**40),
+    "calls": (1.0, 2.0**20),
+    "narrow": (1.0, 2.0**20),
     "read": (1e-3, 1e5),
     "pack": (1e-3, 1e5),
 }

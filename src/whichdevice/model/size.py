@@ -96,6 +96,8 @@ class StoredWeights:
     other_bytes: int
     # (safetensors code, parameters, bytes stored), one per code the headers name
     by_code: tuple[tuple[str, int, int], ...]
+    # How many linear weight matrices hold linear_params: the matmuls of one forward pass.
+    linear_count: int = 0
 
     def model_size(self) -> ModelSize:
         return ModelSize(self.source, self.float_params, self.linear_params, self.other_bytes)
@@ -110,7 +112,7 @@ def stored_weights(headers: tuple[tuple[Path, Mapping[str, Mapping[str, Any]]], 
     """The figures of already read and checked headers ((file, tensors) each); None without a file."""
     if not headers:
         return None
-    float_params = linear = other = 0
+    float_params = linear = other = matrices = 0
     by_code: dict[str, list[int]] = {}
     for _, tensors in headers:
         for name, info in tensors.items():
@@ -122,12 +124,14 @@ def stored_weights(headers: tuple[tuple[Path, Mapping[str, Mapping[str, Any]]], 
                 float_params += count
                 if _is_linear(name, info["shape"]):
                     linear += count
+                    matrices += 1
             else:
                 other += count * SAFETENSORS_BITS[code] // 8
     files = [file for file, _ in headers]
     where = files[0].parent if len(files) > 1 else files[0]
     codes = tuple((code, p, b) for code, (p, b) in sorted(by_code.items()))
-    return StoredWeights(f"safetensors headers ({len(files)} file(s) in {where})", float_params, linear, other, codes)
+    source = f"safetensors headers ({len(files)} file(s) in {where})"
+    return StoredWeights(source, float_params, linear, other, codes, matrices)
 
 
 def size_from_headers(

@@ -8,6 +8,13 @@ from memory (the "s1"/"s4" figures; bf16 at batch 1 also "g1", torch's own GEMV 
 one runs from the cache ("b1".."b8"); each figure's fp32 seconds per parameter scale to the model.
 Without a size (no ``model=``) a model of ``ASSUMED_PARAMETERS`` is assumed, as users run.
 
+A streamed batch-1 step is also a number of matmul calls, each with a fixed cost beside its bytes:
+the same memory is timed as a few layer-sized matrices ("s1", "g1") and as many narrow ones ("sn1",
+"gn1"), which separates each path's seconds per call from its seconds per weight, and the model's
+step is its matmuls (from its headers; ``ASSUMED_MATMULS`` without them) times the one plus its
+weights times the other. A 0.1B model's small projections make the calls a large part of a step
+and move the dtypes' and kernels' ratios (oneDNN's bf16 path has the largest cost per call here).
+
 At batch 2 and more, a step's weights may be packed ahead in oneDNN's blocked layout ("p4":
 ``whichdevice.precision.packed_weights``): the packing is paid once, at ``memory["pack"]`` GB/s, and
 is counted against the job's new tokens, so a long generation gets it and a short one does not.
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
 
 __all__ = [
+    "ASSUMED_MATMULS",
     "ASSUMED_PARAMETERS",
     "ATTENTION_MARGIN",
     "DEFAULT_LENGTH",
@@ -65,6 +73,8 @@ DEFAULT_LENGTH = 256
 # Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
 # stream from memory, as 1B does past any CPU's cache.
 ASSUMED_PARAMETERS = 1_000_000_000
+# Matmuls per decode step assumed with it: a 1.1B Llama's 22 layers of 7 projections.
+ASSUMED_MATMULS = 154
 
 
 class MeasuredChoice(NamedTuple):
@@ -124,10 +134,45 @@ def lost_figures(calib: Calibration, job: Job, dtypes: tuple[str, ...]) -> list[
     return sorted(shape for shape in needed if calib.lost(shape))
 
 
-def _step(calib: Calibration, dtype: str, batch: int, parameters: int) -> _Step | None:
-    """One decode step's estimated fp32-seconds in ``dtype`` for ``parameters`` weights."""
+def _per_call(calib: Calibration, dtype: str, shapes: tuple[str, str]) -> tuple[float, float] | None:
+    """(seconds per matmul call, seconds per weight) of ``dtype``'s one-row streamed step on the path
+    the (layer-sized, narrow) ``shapes`` timed; None without both sets' figures. The two sets cover
+    the same memory in different numbers of calls, so the difference in time is the calls' cost."""
+    figures = [1.0 if dtype == "float32" else calib.speed(dtype, shape) for shape in shapes]
+    figures += [calib.fp32.get("s1"), calib.fp32.get("sn1")]
+    figures += [calib.memory.get(k) for k in ("calls", "narrow", "stream", "narrow_stream")]
+    known = [f for f in figures if f is not None]
+    if len(known) < len(figures):
+        return None
+    speed, narrow_speed, seconds, narrow_seconds, calls, narrow, weights, narrow_weights = known
+    big, small = seconds / speed, narrow_seconds / narrow_speed
+    determinant = narrow * weights - calls * narrow_weights
+    if determinant <= 0:  # a narrow set with no more calls than the large one separates nothing
+        return None
+    call = (small * weights - big * narrow_weights) / determinant
+    if call <= 0:  # the narrow set ran as fast per weight (noise): the bytes alone decide
+        return 0.0, big / weights
+    return call, (big - calls * call) / weights
+
+
+def _streamed_one_row(calib: Calibration, dtype: str, parameters: int, matmuls: int, shape: str) -> float | None:
+    """A one-row streamed step of ``parameters`` weights in ``matmuls`` calls on the path ``shape``
+    ("s1" the default, "g1" torch's GEMV kernel) timed, in seconds; by the layer-sized set alone
+    where the narrow one was not timed (a calibration of an older format, a simulation)."""
+    split = _per_call(calib, dtype, (shape, "sn1" if shape == "s1" else "gn1"))
+    if split is not None and split[1] > 0:
+        return matmuls * split[0] + parameters * split[1]
+    speed = 1.0 if dtype == "float32" else calib.speed(dtype, shape)
+    per = _per_parameter(calib, "s1")
+    return None if speed is None or per is None else per * parameters / speed
+
+
+def _step(calib: Calibration, dtype: str, batch: int, parameters: int, matmuls: int) -> _Step | None:
+    """One decode step's estimated fp32-seconds in ``dtype`` for ``parameters`` weights in ``matmuls``."""
     streamed = _streams(calib, dtype, parameters)
     shape = ("s1" if batch <= 1 else "s4") if streamed else _resident_shape(batch)
+    if shape == "s1":
+        return _one_row_step(calib, dtype, parameters, matmuls)
     speed = 1.0 if dtype == "float32" else calib.speed(dtype, shape)
     per = _per_parameter(calib, shape)
     if speed is None or per is None:
@@ -135,11 +180,23 @@ def _step(calib: Calibration, dtype: str, batch: int, parameters: int) -> _Step 
     rows = (batch if shape == "prompt" else 1) * (batch / 4 if streamed and batch > 4 else 1)
     where = "streamed from memory" if streamed else "in the cache"
     figure = f"decode {speed:.2f}x fp32 here at batch {batch} with weights {where}"
-    single = shape == "s1" and dtype == "bfloat16" and (calib.speed(dtype, "g1") or 0) >= speed * MARGIN
-    if single:
-        speed = calib.speed(dtype, "g1") or speed
-        figure += f", {speed:.2f}x through torch's GEMV kernel"
-    return _Step(per * parameters * rows / speed, figure, streamed, single)
+    return _Step(per * parameters * rows / speed, figure, streamed, False)
+
+
+def _one_row_step(calib: Calibration, dtype: str, parameters: int, matmuls: int) -> _Step | None:
+    """The batch-1 streamed step, on torch's GEMV kernel where that is ``MARGIN`` faster for bf16."""
+    seconds = _streamed_one_row(calib, dtype, parameters, matmuls, "s1")
+    fp32 = _streamed_one_row(calib, "float32", parameters, matmuls, "s1")
+    if seconds is None or fp32 is None:
+        return None
+    calls = ", its matmul calls counted" if calib.fp32.get("sn1") else ""
+    figure = f"decode {fp32 / seconds:.2f}x fp32 here at batch 1 with weights streamed from memory{calls}"
+    gemv = _streamed_one_row(calib, dtype, parameters, matmuls, "g1") if dtype == "bfloat16" else None
+    single = gemv is not None and seconds >= gemv * MARGIN
+    if single and gemv is not None:
+        seconds = gemv
+        figure += f", {fp32 / gemv:.2f}x through torch's GEMV kernel"
+    return _Step(seconds, figure, True, single)
 
 
 def _packed_speed(calib: Calibration, dtype: str) -> float | None:
@@ -172,7 +229,9 @@ def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = T
     whole job, packing included, is estimated ``PACK_MARGIN`` faster with them."""
     batch, length = job.batch_size or 1, job.max_length or DEFAULT_LENGTH
     parameters = job.parameters or ASSUMED_PARAMETERS
-    step = _step(calib, dtype, batch, parameters)
+    # Without the headers' count, a model shaped like the assumed one.
+    matmuls = job.matmuls or max(1, round(ASSUMED_MATMULS * parameters / ASSUMED_PARAMETERS))
+    step = _step(calib, dtype, batch, parameters, matmuls)
     if step is None:
         return None
     prompt_tokens = length // 2
@@ -201,9 +260,9 @@ def _sized(calib: Calibration, job: Job) -> str:
     cache = f", last-level cache {llc / 1024**2:.0f} MiB" if llc else ""
     if job.parameters is None:
         return f"model size unknown (pass model=): {ASSUMED_PARAMETERS / 1e9:.0f}B parameters assumed{cache}"
-    return (
-        f"{job.parameters / 1e6:.0f}M parameters read per step, {job.parameters * 2 / 1024**2:.0f} MiB in bf16{cache}"
-    )
+    calls = f" in {job.matmuls} matmuls" if job.matmuls else ""
+    megabytes = job.parameters * 2 / 1024**2
+    return f"{job.parameters / 1e6:.0f}M parameters read per step{calls}, {megabytes:.0f} MiB in bf16{cache}"
 
 
 def measured_dtype(

@@ -9,6 +9,7 @@ read: Python reads every non-empty string as true, and which words mean "no" is 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, shown
@@ -18,6 +19,7 @@ from whichdevice.hardware.registry import backends
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.model.size import StoredWeights
 
 __all__ = [
     "DEVICE_MAP_WORDS",
@@ -220,10 +222,12 @@ class Arguments(NamedTuple):
     offload: str | None = None
     offload_folder: Any = None
 
-    def job(self) -> Job:
-        """The job these arguments describe (checked first: check_arguments)."""
+    def job(self, stored: StoredWeights | None = None) -> Job:
+        """The job these arguments describe (checked first: check_arguments), with the weights a
+        decode step reads and its matmuls from the checkpoint's ``stored`` weights where given."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
-        return Job(self.task, self.batch_size, self.max_length, self.offload, folder)
+        job = Job(self.task, self.batch_size, self.max_length, self.offload, folder)
+        return replace(job, parameters=stored.linear_params, matmuls=stored.linear_count) if stored else job
 
 
 def check_arguments(args: Arguments) -> None:

@@ -152,7 +152,7 @@ def _resolve(args: Arguments) -> Resolution:
     # model= is read here, once, and checked for damage before anything is decided from it.
     model = _read_model(args.model)
     check_shapes(args)
-    job = replace(args.job(), parameters=model.stored.linear_params if model and model.stored else None)
+    job = args.job(model.stored if model else None)
     trace = Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))

@@ -12,6 +12,15 @@ torch 2.13), oneDNN read bf16 weights at about half the bandwidth and torch's ke
 while at four rows and more oneDNN was the faster: the figure decides whether generate() gets the
 single-row switch (``whichdevice.precision.single_row``).
 
+A step's time is not only its bytes: each matmul call costs a fixed overhead too (oneDNN's bf16 path
+about 40 us a call here, torch's GEMV kernel 15, fp32 20), and a 0.1-0.4B model makes 7 calls a layer
+on matrices as small as its 256-row key and value projections. So at one row the same bytes are
+timed again as ``NARROW`` matrices ("sn1", "gn1"): 42 times as many calls. From the two sets the
+estimate separates each path's cost per call from its cost per weight, and a model's step is its
+calls times the one plus its weights times the other (``whichdevice.precision.measured``). Measured
+here with oneDNN capped below bf16: torch's GEMV kernel over oneDNN read 1.22x on the large set
+and 1.75x on a 0.1B Llama's own matrices, which the two-set estimate put at 1.40x.
+
 At four rows fp32 and bf16 are also timed with their weights packed once, ahead of the steps, in
 oneDNN's blocked layout (the op torch's inductor uses when it freezes a model's weights): measured
 here, 3.6x fp32's default decode at batch 4 for fp32 weights and 1.8x for bf16 on a 1.1B Llama. The
@@ -33,6 +42,7 @@ from whichdevice.core.dtypes import short_name
 
 __all__ = [
     "DEFAULT_LLC",
+    "NARROW",
     "PACKED_BATCH",
     "STREAM_BATCHES",
     "STREAM_LLCS",
@@ -53,6 +63,9 @@ PACKED_DTYPES = ("float32", "bfloat16")
 PACKED_PAIRS = 15
 # A layer-sized matrix (a 1B model's hidden 2048 by 4096 of the MLP), 32 MiB in fp32.
 _ROWS, _COLS = 4096, 2048
+# The narrow set's matrix: a 0.1B Llama's key or value projection (4 heads of 64 by hidden 768); the
+# same memory as the layer-sized set, cut into as many of these as it holds.
+NARROW = (256, 768)
 # The fp32 set is at most this large, whatever the cache says (a server's 256 MiB L3 would ask 2 GiB).
 _MAX_FP32_BYTES = 512 * 1024**2
 # Where sysfs has no cache sizes (containers, non-Linux): a common server L3 slice; the figures say so.
@@ -117,7 +130,9 @@ def measure_streamed(
     """(speeds over fp32 "bf16.s1", "bf16.s4", "bf16.g1", "bf16.p4" ..., fp32 seconds "s1"/"s4"/"p4"
     of the set, memory figures "llc"/"stream"/"read"/"pack", unsteady names); ``best_of`` and
     ``deadline`` are cpu_timing's timer and budget. "g1": one row through torch's own GEMV kernel
-    (oneDNN off); "p4": four rows by weights packed ahead (fp32's in seconds, bf16's over fp32's "s4")."""
+    (oneDNN off); "p4": four rows by weights packed ahead (fp32's in seconds, bf16's over fp32's "s4").
+    "sn1"/"gn1": the one-row steps again on the same memory cut into ``NARROW`` matrices, timed in
+    the same rounds; memory "calls"/"narrow" count each set's matrices, "narrow_stream" its weights."""
     llc, _ = last_level_cache()
     count = stream_matrices(llc)
     memory = {"llc": float(llc), "stream": float(count * _ROWS * _COLS)}
@@ -142,9 +157,13 @@ def measure_streamed(
         runs: dict[str, Callable[[], Any]] = {}
         for name, ws in weights.items():
             runs[name] = _steps(linear, torch.randn(batch, 1, _COLS, dtype=getattr(torch, name)), ws)
-        if batch == 1 and "bfloat16" in weights and torch.backends.mkldnn.is_available():
+        gemv = batch == 1 and "bfloat16" in weights and torch.backends.mkldnn.is_available()
+        if gemv:
             step = _steps(linear, torch.randn(1, 1, _COLS, dtype=torch.bfloat16), weights["bfloat16"])
             runs["gemv"] = _without_onednn(torch, step)
+        if batch == 1:
+            narrow = _add_narrow(torch, runs, weights, gemv)
+            memory.update(calls=float(count), narrow=float(narrow), narrow_stream=float(narrow * NARROW[0] * NARROW[1]))
         samples = _add_packed(torch, runs, packed, batch) if batch == PACKED_BATCH else {}
         best, steady = best_of(runs, deadline)
         _more_pairs(runs, samples, out_of_time)
@@ -155,6 +174,12 @@ def measure_streamed(
             speeds[f"{short_name(name)}.s{batch}"] = best["float32"] / best[name]
         if "gemv" in best:
             speeds["bf16.g1"] = best["float32"] / best["gemv"]
+        if "narrow float32" in best:
+            fp32[f"sn{batch}"] = best["narrow float32"]
+            for name in dtypes:
+                speeds[f"{short_name(name)}.sn{batch}"] = best["narrow float32"] / best[f"narrow {name}"]
+            if "narrow gemv" in best:
+                speeds["bf16.gn1"] = best["narrow float32"] / best["narrow gemv"]
         if "packed float32" in samples:
             fp32[f"p{batch}"] = best["float32"] / _gain(samples["float32"], samples["packed float32"])
         if "packed bfloat16" in samples:
@@ -168,6 +193,22 @@ def measure_streamed(
         if not steady:
             unsteady.append("read bandwidth")
     return speeds, fp32, memory, unsteady
+
+
+def _add_narrow(torch: Any, runs: dict[str, Callable[[], Any]], weights: dict[str, list[Any]], gemv: bool) -> int:
+    """Add each dtype's one-row step over its set cut into ``NARROW`` matrices (views of the same
+    memory, so nothing more is allocated) to ``runs``, and torch's GEMV kernel's for bf16 where
+    ``gemv``; returns how many matrices the narrow set has."""
+    each = _ROWS * _COLS // (NARROW[0] * NARROW[1])
+    count = 0
+    for name, ws in weights.items():
+        cut = [m for w in ws for m in w.view(-1)[: each * NARROW[0] * NARROW[1]].view(each, *NARROW).unbind(0)]
+        x = torch.randn(1, 1, NARROW[1], dtype=getattr(torch, name))
+        runs[f"narrow {name}"] = _steps(torch.nn.functional.linear, x, cut)
+        if gemv and name == "bfloat16":
+            runs["narrow gemv"] = _without_onednn(torch, _steps(torch.nn.functional.linear, x, cut))
+        count = len(cut)
+    return count
 
 
 def _packed(torch: Any, weights: dict[str, list[Any]], memory: dict[str, float]) -> dict[str, Any]:
