@@ -18,7 +18,7 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.core.job import Job
 from whichdevice.hardware.calibration import Calibration, parse_figures
-from whichdevice.precision.measured import ASSUMED_PARAMETERS, MARGIN, _per_call, measured_dtype
+from whichdevice.precision.measured import ASSUMED_PARAMETERS, MARGIN, SETUP_SHARE, _per_call, measured_dtype
 from whichdevice.testing import simulate
 
 # Measured on this project's AMD EPYC (avx512_bf16, 2 cores): bf16 wins everywhere, most when the
@@ -184,15 +184,26 @@ PACKING = f"{EPYC}/bf16.p4:7.0/fp32.p4:0.0076/mem.pack:2"
 
 def test_packing_is_chosen_where_the_jobs_new_tokens_pay_for_it():
     calib = parse_figures(PACKING)
-    long = measured_dtype(calib, Job(batch_size=4, max_length=1024, parameters=10**9), ("bfloat16",), "bfloat16")
+    job = Job(batch_size=4, max_length=1024, parameters=10**9, max_new_tokens=768)
+    long = measured_dtype(calib, job, ("bfloat16",), "bfloat16")
     assert long.dtype == "bfloat16" and long.packed
     assert "7.00x with its weights packed ahead (packing about 4 s once)" in long.why
-    short = measured_dtype(calib, Job(batch_size=4, max_length=64, parameters=10**9), ("bfloat16",), "bfloat16")
-    assert short.dtype == "bfloat16" and not short.packed and "not paid back by 32 new tokens" in short.why
+    short = replace(job, max_length=64, max_new_tokens=32)
+    assert not measured_dtype(calib, short, ("bfloat16",), "bfloat16").packed
+    assert "not paid back by 32 new tokens" in measured_dtype(calib, short, ("bfloat16",), "bfloat16").why
+
+
+def test_without_max_new_tokens_a_setup_must_pay_back_within_a_quarter_of_max_length():
+    # The same 1024 tokens: 768 of them new pays for the packing; unsaid, only 256 are counted, and
+    # the line says what to pass. The estimate of the rest still takes half of max_length as new.
+    calib = parse_figures(PACKING)
+    unsaid = measured_dtype(calib, Job(batch_size=4, max_length=1024, parameters=10**9), ("bfloat16",), "bfloat16")
+    assert not unsaid.packed
+    assert f"not paid back by {int(1024 * SETUP_SHARE)} new tokens (pass max_new_tokens=)" in unsaid.why
 
 
 def test_packing_needs_its_figures_and_two_rows():
-    job = Job(batch_size=4, max_length=1024, parameters=10**9)
+    job = Job(batch_size=4, max_length=1024, parameters=10**9, max_new_tokens=768)
     assert not measured_dtype(parse_figures(EPYC), job, ("bfloat16",), "bfloat16").packed  # not timed packed
     no_rate = parse_figures(PACKING.replace("/mem.pack:2", ""))
     assert not measured_dtype(no_rate, job, ("bfloat16",), "bfloat16").packed
@@ -205,7 +216,8 @@ def test_packing_needs_its_figures_and_two_rows():
 def test_fp32_packed_is_quoted_against_fp32_as_torch_runs_it():
     # A CPU without a fast bf16: fp32 with packed weights wins, and its line says how much over plain fp32.
     figures = PACKING.replace("bf16.s4:4.8", "bf16.s4:1.2").replace("bf16.p4:7.0", "bf16.p4:1.3")
-    choice = measured_dtype(parse_figures(figures), Job(batch_size=4, max_length=1024, parameters=10**9), ("bfloat16",))
+    job = Job(batch_size=4, max_length=1024, parameters=10**9, max_new_tokens=768)
+    choice = measured_dtype(parse_figures(figures), job, ("bfloat16",))
     assert choice.dtype == "float32" and choice.packed
     fp32_line = next(part for part in choice.why.split("; ") if part.startswith("measured, fp32"))
     assert "3.29x with its weights packed ahead" in fp32_line
@@ -218,13 +230,15 @@ def test_a_resolution_hands_over_the_packing_with_its_batch(tmp_path: Path):
     spec = PACKING.replace("mem.llc:33554432", "mem.llc:1024")
     with simulate(f"cpu,flags=avx512_bf16,calib={spec}"):
         # Packing costs per weight as a step does: about 80 new tokens pay for it here, whatever the size.
-        four = wd.resolve_device(model=path, batch_size=4, max_length=1024)
-        short = wd.resolve_device(model=path, batch_size=4, max_length=64)
+        four = wd.resolve_device(model=path, batch_size=4, max_length=1024, max_new_tokens=768)
+        unsaid = wd.resolve_device(model=path, batch_size=4, max_length=1024)
+        short = wd.resolve_device(model=path, batch_size=4, max_length=64, max_new_tokens=32)
         one = wd.resolve_device(model=path, batch_size=1, max_length=64)
         training = wd.resolve_device(model=path, task="training", batch_size=4)
         quantized = wd.resolve_device(model=path, batch_size=4, max_length=64, dtype="float16")
     assert four.packed_for_batch == 4 and four.to_dict()["packed_for_batch"] == 4
     assert "packs the bf16 linear weights ahead in oneDNN's layout for batch 4" in _line(four, "generation")
     assert short.packed_for_batch is None and "not paid back by 32 new tokens" in _line(short, "dtype")
+    assert unsaid.packed_for_batch is None and "(pass max_new_tokens=)" in _line(unsaid, "dtype")
     assert one.packed_for_batch is None and training.packed_for_batch is None
     assert quantized.packed_for_batch is None  # an explicit dtype is not the measured choice

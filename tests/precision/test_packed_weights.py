@@ -117,7 +117,7 @@ def test_available_memory_reads_meminfo(tmp_path: Path):
 
 def test_prepare_packs_only_where_the_resolution_chose_it(path: Path):
     with simulate(PACKS):
-        four = wd.resolve_device(model=str(path), batch_size=4, max_length=1024)
+        four = wd.resolve_device(model=str(path), batch_size=4, max_length=1024, max_new_tokens=768)
         one = wd.resolve_device(model=str(path), batch_size=1, max_length=1024)
     assert four.packed_for_batch == 4 and one.packed_for_batch is None
     model = AutoModelForCausalLM.from_pretrained(path, **four.model_kwargs()).eval()

@@ -310,17 +310,25 @@ def test_simulated_hardware_details_follow_the_real_rules():
         assert wd.probe("hpu").devices[0].name == "GAUDI3"
 
 
-@pytest.mark.parametrize("name", ["batch_size", "max_length"])
+@pytest.mark.parametrize("name", ["batch_size", "max_length", "max_new_tokens"])
 @pytest.mark.parametrize("value", [0, -1, 2.0, "4", True])
 def test_workload_sizes_must_be_whole_numbers(name: str, value: object) -> None:
     with pytest.raises(wd.DeviceError, match=rf"{name}=.*whole number of 1 or more"):
         wd.resolve_device("cpu", **{name: value})
 
 
+@pytest.mark.parametrize("new", [64, 65])
+def test_new_tokens_must_leave_room_for_a_prompt_in_max_length(new: int) -> None:
+    with pytest.raises(wd.DeviceError, match=r"max_length counts the prompt too.*max_length=prompt tokens \+ max_new"):
+        wd.resolve_device("cpu", max_length=64, max_new_tokens=new)
+    assert wd.resolve_device("cpu", max_length=65, max_new_tokens=64).device == "cpu"
+
+
 def test_workload_sizes_are_part_of_the_memo_key() -> None:
     one = wd.resolve_device("cpu", batch_size=1, max_length=64)
     assert wd.resolve_device("cpu", batch_size=1, max_length=64) is one
     assert wd.resolve_device("cpu", batch_size=4, max_length=64) is not one
+    assert wd.resolve_device("cpu", batch_size=1, max_length=64, max_new_tokens=32) is not one
 
 
 def test_the_arguments_record_restates_the_signature():

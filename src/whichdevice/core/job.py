@@ -31,8 +31,12 @@ class Job:
     # The matmuls a decode step runs (the checkpoint's linear weight matrices, from the same headers):
     # each call costs a fixed overhead beside its bytes. None: as for parameters.
     matmuls: int | None = None
+    # Tokens each sequence generates (generate's max_new_tokens): what a one-time setup is counted
+    # against. None: not said (then a conservative share of max_length).
+    max_new_tokens: int | None = None
 
     @property
     def generation(self) -> bool:
         """An inference job whose sequences are known: a generate() call."""
-        return self.task == "inference" and (self.batch_size is not None or self.max_length is not None)
+        sized = (self.batch_size, self.max_length, self.max_new_tokens)
+        return self.task == "inference" and any(v is not None for v in sized)

@@ -219,6 +219,7 @@ class Arguments(NamedTuple):
     torch_compile: bool = False
     batch_size: int | None = None
     max_length: int | None = None
+    max_new_tokens: int | None = None
     offload: str | None = None
     offload_folder: Any = None
 
@@ -226,7 +227,7 @@ class Arguments(NamedTuple):
         """The job these arguments describe (checked first: check_arguments), with the weights a
         decode step reads and its matmuls from the checkpoint's ``stored`` weights where given."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
-        job = Job(self.task, self.batch_size, self.max_length, self.offload, folder)
+        job = Job(self.task, self.batch_size, self.max_length, self.offload, folder, max_new_tokens=self.max_new_tokens)
         return replace(job, parameters=stored.linear_params, matmuls=stored.linear_count) if stored else job
 
 
@@ -236,8 +237,13 @@ def check_arguments(args: Arguments) -> None:
     if not isinstance(args.task, str) or args.task not in TASKS:
         raise DeviceError(f"task={args.task!r}: use 'inference' or 'training'")
     check_quantize(args.quantize)
-    for name in ("batch_size", "max_length"):
+    for name in ("batch_size", "max_length", "max_new_tokens"):
         check_count(getattr(args, name), name)
+    if args.max_length is not None and args.max_new_tokens is not None and args.max_new_tokens >= args.max_length:
+        raise DeviceError(
+            f"max_new_tokens={args.max_new_tokens} is not less than max_length={args.max_length}: max_length "
+            "counts the prompt too, as generate(max_length=) does; pass max_length=prompt tokens + max_new_tokens"
+        )
     check_offload(args.offload, args.offload_folder, args.task)
 
 

@@ -37,9 +37,7 @@ from whichdevice.launch.accelerate_settings import (
     settings_steps,
     trainer_device_steps,
 )
-from whichdevice.launch.distributed import (
-    DistributedContext,
-)
+from whichdevice.launch.distributed import DistributedContext
 from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.precision.decide import Precision, decide_precision
@@ -81,6 +79,7 @@ def resolve_device(
     torch_compile: bool = False,
     batch_size: int | None = None,
     max_length: int | None = None,
+    max_new_tokens: int | None = None,
     offload: str | None = None,
     offload_folder: Any = None,
     refresh: bool = False,
@@ -94,8 +93,10 @@ def resolve_device(
     ``batch_size`` (sequences run together) and ``max_length`` (tokens per sequence, prompt
     included, as ``generate(max_length=)``) describe the job, where the caller knows them: with
     ``model=`` the fit then counts the KV cache and activations (training always counts gradients
-    and optimizer state). ``offload="cpu"`` (or ``"disk"`` with ``offload_folder=path``) lets a model
-    that fits no device spill to CPU memory (then disk); without it whichdevice never offloads.
+    and optimizer state); ``max_new_tokens`` (as ``generate(max_new_tokens=)``) is what a one-time
+    setup on a CPU (weights packed ahead) is counted against. ``offload="cpu"`` (or ``"disk"`` with
+    ``offload_folder=path``) lets a model that fits no device spill to CPU memory (then disk);
+    without it whichdevice never offloads.
     ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
@@ -118,6 +119,7 @@ def resolve_device(
         torch_compile=torch_compile,
         batch_size=batch_size,
         max_length=max_length,
+        max_new_tokens=max_new_tokens,
         offload=offload,
         offload_folder=offload_folder,
     )
@@ -313,14 +315,12 @@ def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None,
 def _single_row(measured: bool, dtype: str | None, quantization: Any, device_map: Any) -> tuple[bool, list[TraceStep]]:
     """Whether Resolution.prepare(model) hooks batch-1 decode steps onto torch's GEMV kernel: measured
     faster for the bf16 weights that load, unquantized, all on the CPU (whichdevice.precision.single_row)."""
-    if not measured:
-        return False, []
-    if dtype != "bfloat16" or quantization is not None or device_map != "cpu":
+    if not measured or dtype != "bfloat16" or quantization is not None or device_map != "cpu":
         return False, []
     why = (
         "res.prepare(model) runs batch-1 decode steps (one token row) with oneDNN off, through torch's own "
-        "GEMV kernel, measured faster for bf16 weights streamed from memory (the calibration's bf16.g1 over "
-        "bf16.s1); prompts and larger batches keep oneDNN"
+        "GEMV kernel, measured faster for bf16 weights streamed from memory (the calibration's bf16.g1 and "
+        "bf16.gn1 over bf16.s1 and bf16.sn1, for this model's matmuls); prompts and larger batches keep oneDNN"
     )
     return True, [TraceStep("generation", why)]
 

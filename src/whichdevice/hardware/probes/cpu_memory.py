@@ -157,29 +157,20 @@ def measure_streamed(
         runs: dict[str, Callable[[], Any]] = {}
         for name, ws in weights.items():
             runs[name] = _steps(linear, torch.randn(batch, 1, _COLS, dtype=getattr(torch, name)), ws)
-        gemv = batch == 1 and "bfloat16" in weights and torch.backends.mkldnn.is_available()
-        if gemv:
-            step = _steps(linear, torch.randn(1, 1, _COLS, dtype=torch.bfloat16), weights["bfloat16"])
-            runs["gemv"] = _without_onednn(torch, step)
         if batch == 1:
-            narrow = _add_narrow(torch, runs, weights, gemv)
-            memory.update(calls=float(count), narrow=float(narrow), narrow_stream=float(narrow * NARROW[0] * NARROW[1]))
+            _add_one_row(torch, runs, weights, memory)
         samples = _add_packed(torch, runs, packed, batch) if batch == PACKED_BATCH else {}
         best, steady = best_of(runs, deadline)
         _more_pairs(runs, samples, out_of_time)
         if not steady:
             unsteady.append(f"s{batch}")
-        fp32[f"s{batch}"] = best["float32"]
-        for name in dtypes:
-            speeds[f"{short_name(name)}.s{batch}"] = best["float32"] / best[name]
-        if "gemv" in best:
-            speeds["bf16.g1"] = best["float32"] / best["gemv"]
-        if "narrow float32" in best:
-            fp32[f"sn{batch}"] = best["narrow float32"]
-            for name in dtypes:
-                speeds[f"{short_name(name)}.sn{batch}"] = best["narrow float32"] / best[f"narrow {name}"]
-            if "narrow gemv" in best:
-                speeds["bf16.gn1"] = best["narrow float32"] / best["narrow gemv"]
+        for prefix, shape in (("", f"s{batch}"), ("narrow ", f"sn{batch}")):
+            if f"{prefix}float32" in best:
+                fp32[shape] = best[f"{prefix}float32"]
+                for name in dtypes:
+                    speeds[f"{short_name(name)}.{shape}"] = best[f"{prefix}float32"] / best[f"{prefix}{name}"]
+            if f"{prefix}gemv" in best:  # torch's GEMV kernel at one row: "g1", "gn1"
+                speeds[f"bf16.g{shape[1:]}"] = best[f"{prefix}float32"] / best[f"{prefix}gemv"]
         if "packed float32" in samples:
             fp32[f"p{batch}"] = best["float32"] / _gain(samples["float32"], samples["packed float32"])
         if "packed bfloat16" in samples:
@@ -195,20 +186,27 @@ def measure_streamed(
     return speeds, fp32, memory, unsteady
 
 
-def _add_narrow(torch: Any, runs: dict[str, Callable[[], Any]], weights: dict[str, list[Any]], gemv: bool) -> int:
-    """Add each dtype's one-row step over its set cut into ``NARROW`` matrices (views of the same
-    memory, so nothing more is allocated) to ``runs``, and torch's GEMV kernel's for bf16 where
-    ``gemv``; returns how many matrices the narrow set has."""
+def _add_one_row(
+    torch: Any, runs: dict[str, Callable[[], Any]], weights: dict[str, list[Any]], memory: dict[str, float]
+) -> None:
+    """Add the one-row runs beside the plain steps: bf16 through torch's GEMV kernel ("gemv", where
+    oneDNN would otherwise run it), and each dtype's step over its set cut into ``NARROW`` matrices
+    ("narrow <dtype>", "narrow gemv": views of the same memory, so nothing more is allocated); sets
+    memory "calls", "narrow" and "narrow_stream"."""
     each = _ROWS * _COLS // (NARROW[0] * NARROW[1])
-    count = 0
+    gemv = "bfloat16" in weights and torch.backends.mkldnn.is_available()
+    linear = torch.nn.functional.linear
+    if gemv:
+        runs["gemv"] = _without_onednn(
+            torch, _steps(linear, torch.randn(1, 1, _COLS, dtype=torch.bfloat16), weights["bfloat16"])
+        )
     for name, ws in weights.items():
         cut = [m for w in ws for m in w.view(-1)[: each * NARROW[0] * NARROW[1]].view(each, *NARROW).unbind(0)]
         x = torch.randn(1, 1, NARROW[1], dtype=getattr(torch, name))
-        runs[f"narrow {name}"] = _steps(torch.nn.functional.linear, x, cut)
+        runs[f"narrow {name}"] = _steps(linear, x, cut)
         if gemv and name == "bfloat16":
-            runs["narrow gemv"] = _without_onednn(torch, _steps(torch.nn.functional.linear, x, cut))
-        count = len(cut)
-    return count
+            runs["narrow gemv"] = _without_onednn(torch, _steps(linear, x, cut))
+        memory.update(calls=float(len(ws)), narrow=float(len(cut)), narrow_stream=float(cut[0].numel() * len(cut)))
 
 
 def _packed(torch: Any, weights: dict[str, list[Any]], memory: dict[str, float]) -> dict[str, Any]:
