@@ -85,7 +85,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         device=args.device,
         simulate=args.simulate,
         simulate_report=args.simulate_report,
-        job={"model": args.model, "batch_size": args.batch_size, "max_length": args.max_length},
+        job={
+            "model": args.model,
+            "batch_size": args.batch_size,
+            "max_length": args.max_length,
+            "max_new_tokens": args.max_new_tokens,
+        },
     )
     if args.json:
         _json(report)
@@ -267,8 +272,14 @@ def _leave(code: int) -> None:
 
 
 def _only_the_report_sizes(command: str, args: argparse.Namespace) -> None:
-    """--model, --batch-size and --max-length are the report's: another command would ignore them."""
-    options = (("--model", args.model), ("--batch-size", args.batch_size), ("--max-length", args.max_length))
+    """--model, --batch-size, --max-length and --max-new-tokens are the report's: another command would
+    ignore them."""
+    options = (
+        ("--model", args.model),
+        ("--batch-size", args.batch_size),
+        ("--max-length", args.max_length),
+        ("--max-new-tokens", args.max_new_tokens),
+    )
     given = [flag for flag, value in options if value]
     if given and command != "report":
         raise DeviceError(

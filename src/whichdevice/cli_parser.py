@@ -27,6 +27,7 @@ _DEFAULTS: dict[str, Any] = {
     "model": None,
     "batch_size": None,
     "max_length": None,
+    "max_new_tokens": None,
 }
 
 
@@ -95,7 +96,7 @@ def _common_options() -> _Parser:
 
 def _job_options() -> _Parser:
     """The report's model options: with --model, the resolutions size that model (and the job, with
-    --batch-size and --max-length) and say the longest length and largest batch that fit."""
+    --batch-size, --max-length and --max-new-tokens) and say the longest length and largest batch that fit."""
     job = _Parser(add_help=False)
     group = job.add_argument_group("the model and job to size (report only)")
     group.add_argument(
@@ -104,7 +105,11 @@ def _job_options() -> _Parser:
         metavar="PATH",
         help="a local model folder or a cached model id, as resolve_device(model=) takes it",
     )
-    for flag, what in (("--batch-size", "sequences run together"), ("--max-length", "tokens per sequence")):
+    for flag, what in (
+        ("--batch-size", "sequences run together"),
+        ("--max-length", "tokens per sequence, prompt included"),
+        ("--max-new-tokens", "tokens each sequence generates"),
+    ):
         group.add_argument(flag, type=_positive_int, default=argparse.SUPPRESS, metavar="N", help=what)
     return job
 

@@ -18,7 +18,7 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.core.job import Job
 from whichdevice.hardware.calibration import Calibration, parse_figures
-from whichdevice.precision.measured import ASSUMED_PARAMETERS, MARGIN, SETUP_SHARE, _per_call, measured_dtype
+from whichdevice.precision.measured import ASSUMED_PARAMETERS, MARGIN, _per_call, measured_dtype
 from whichdevice.testing import simulate
 
 # Measured on this project's AMD EPYC (avx512_bf16, 2 cores): bf16 wins everywhere, most when the
@@ -193,13 +193,17 @@ def test_packing_is_chosen_where_the_jobs_new_tokens_pay_for_it():
     assert "not paid back by 32 new tokens" in measured_dtype(calib, short, ("bfloat16",), "bfloat16").why
 
 
-def test_without_max_new_tokens_a_setup_must_pay_back_within_a_quarter_of_max_length():
-    # The same 1024 tokens: 768 of them new pays for the packing; unsaid, only 256 are counted, and
-    # the line says what to pass. The estimate of the rest still takes half of max_length as new.
+def test_the_new_tokens_told_decide_the_packing_and_unsaid_are_half_of_max_length():
+    # The same 1024 tokens: 768 of them new pay for the packing, 128 do not; unsaid, half are
+    # counted, and the line says so and what to pass.
     calib = parse_figures(PACKING)
-    unsaid = measured_dtype(calib, Job(batch_size=4, max_length=1024, parameters=10**9), ("bfloat16",), "bfloat16")
-    assert not unsaid.packed
-    assert f"not paid back by {int(1024 * SETUP_SHARE)} new tokens (pass max_new_tokens=)" in unsaid.why
+    job = Job(batch_size=4, max_length=1024, parameters=10**9)
+    assert measured_dtype(calib, replace(job, max_new_tokens=768), ("bfloat16",), "bfloat16").packed
+    few = measured_dtype(calib, replace(job, max_new_tokens=128), ("bfloat16",), "bfloat16")
+    assert not few.packed and "not paid back by 128 new tokens, " in few.why
+    assert measured_dtype(calib, job, ("bfloat16",), "bfloat16").packed  # 512 new pay for it too
+    unsaid = measured_dtype(calib, replace(job, max_length=256), ("bfloat16",), "bfloat16")
+    assert not unsaid.packed and "128 new tokens (half of max_length; pass max_new_tokens=)" in unsaid.why
 
 
 def test_packing_needs_its_figures_and_two_rows():
@@ -231,7 +235,7 @@ def test_a_resolution_hands_over_the_packing_with_its_batch(tmp_path: Path):
     with simulate(f"cpu,flags=avx512_bf16,calib={spec}"):
         # Packing costs per weight as a step does: about 80 new tokens pay for it here, whatever the size.
         four = wd.resolve_device(model=path, batch_size=4, max_length=1024, max_new_tokens=768)
-        unsaid = wd.resolve_device(model=path, batch_size=4, max_length=1024)
+        unsaid = wd.resolve_device(model=path, batch_size=4, max_length=64)
         short = wd.resolve_device(model=path, batch_size=4, max_length=64, max_new_tokens=32)
         one = wd.resolve_device(model=path, batch_size=1, max_length=64)
         training = wd.resolve_device(model=path, task="training", batch_size=4)
@@ -239,6 +243,6 @@ def test_a_resolution_hands_over_the_packing_with_its_batch(tmp_path: Path):
     assert four.packed_for_batch == 4 and four.to_dict()["packed_for_batch"] == 4
     assert "packs the bf16 linear weights ahead in oneDNN's layout for batch 4" in _line(four, "generation")
     assert short.packed_for_batch is None and "not paid back by 32 new tokens" in _line(short, "dtype")
-    assert unsaid.packed_for_batch is None and "(pass max_new_tokens=)" in _line(unsaid, "dtype")
+    assert unsaid.packed_for_batch is None and "(half of max_length; pass max_new_tokens=)" in _line(unsaid, "dtype")
     assert one.packed_for_batch is None and training.packed_for_batch is None
     assert quantized.packed_for_batch is None  # an explicit dtype is not the measured choice

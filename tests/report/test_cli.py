@@ -398,3 +398,14 @@ def test_the_report_sizes_a_model_and_says_the_largest_job_that_fits(tmp_path: P
 def test_the_model_options_belong_to_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--model", "somewhere", "check", "cpu"]) == 2
     assert "check takes no --model" in capsys.readouterr().err
+    assert cli.main(["--max-new-tokens", "9", "smoke"]) == 2
+    assert "smoke takes no --max-new-tokens" in capsys.readouterr().err
+
+
+def test_the_report_passes_the_new_tokens_to_the_resolution(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--max-length", "41", "--max-new-tokens", "9", "--task", "inference", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["resolutions"][0]["ok"] is True
+    # resolve_device's own check reaches the command: a clear error, not a traceback.
+    assert cli.main(["--max-length", "9", "--max-new-tokens", "9", "--task", "inference"]) != 0
+    assert "max_length counts the prompt too" in capsys.readouterr().err
+    assert cli.main(["--max-new-tokens", "0"]) == 2

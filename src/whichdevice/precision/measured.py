@@ -47,7 +47,6 @@ __all__ = [
     "MARGIN",
     "PACK_MARGIN",
     "PACK_SLOWER",
-    "SETUP_SHARE",
     "Job",
     "MeasuredChoice",
     "estimate_seconds",
@@ -71,10 +70,6 @@ PACK_MARGIN = 1.2
 PACK_SLOWER = 2.0
 # Tokens per sequence assumed when max_length is not given: a 128-token prompt and 128 new tokens.
 DEFAULT_LENGTH = 256
-# Without max_new_tokens, a one-time setup must pay for itself within this share of max_length: the
-# estimate takes half of it as new tokens, but a 32-token prompt with 9 new ones (a 0.4B model, batch 4)
-# paid 1.1 s of packing that 21 new tokens would have repaid and 9 did not (0.84x the best there).
-SETUP_SHARE = 0.25
 # Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
 # stream from memory, as 1B does past any CPU's cache.
 ASSUMED_PARAMETERS = 1_000_000_000
@@ -228,23 +223,24 @@ def _packed_step(calib: Calibration, dtype: str, batch: int, parameters: int, st
     return _Step(step.seconds * plain / packed, figure, True, False, True, pack_seconds)
 
 
-def _tokens(job: Job) -> tuple[int, int, int]:
-    """(prompt tokens, new tokens, new tokens a one-time setup is counted against) per sequence:
-    max_new_tokens where given, else half of max_length new for the estimate and ``SETUP_SHARE`` of
-    it for a setup, so that a setup is paid for by a generation as short as users run for this length."""
+def _tokens(job: Job) -> tuple[int, int]:
+    """(prompt tokens, new tokens) per sequence: max_new_tokens new where given, else half of max_length.
+
+    Counting a setup against fewer new tokens where none are given (a quarter of max_length) was
+    tried: at 32 + 9 tokens and batch 4 with oneDNN capped it declined packing where packing ran
+    1.3x (0.1B) and 2.7x (1.1B) the unpacked load, to spare one cell (0.4B, upcast) 0.84x."""
     length = job.max_length or DEFAULT_LENGTH
     if job.max_new_tokens is not None:
         prompt = length - job.max_new_tokens if job.max_length else DEFAULT_LENGTH // 2
-        return max(prompt, 1), job.max_new_tokens, job.max_new_tokens
+        return max(prompt, 1), job.max_new_tokens
     prompt = length // 2
-    return prompt, max(length - prompt, 1), max(int(length * SETUP_SHARE), 1)
+    return prompt, max(length - prompt, 1)
 
 
 def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = True) -> tuple[float, _Step] | None:
     """The job's estimated fp32-seconds in ``dtype`` (its prompt and new tokens: ``_tokens``) and its
     decode step; None where ``dtype`` was not timed. Packed weights are taken where the whole job,
-    packing included, is estimated ``PACK_MARGIN`` faster with them over the new tokens a setup is
-    counted against."""
+    packing included, is estimated ``PACK_MARGIN`` faster with them."""
     batch = job.batch_size or 1
     parameters = job.parameters or ASSUMED_PARAMETERS
     # Without the headers' count, a model shaped like the assumed one.
@@ -252,20 +248,18 @@ def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = T
     step = _step(calib, dtype, batch, parameters, matmuls)
     if step is None:
         return None
-    prompt_tokens, new_tokens, setup_tokens = _tokens(job)
+    prompt_tokens, new_tokens = _tokens(job)
     row = _per_parameter(calib, "prompt")
     speed = 1.0 if dtype == "float32" else calib.speed(dtype, "prompt")
     prompt = 0.0 if row is None or speed is None else batch * prompt_tokens * row * parameters / speed
     plain = prompt + new_tokens * step.seconds
     packed = _packed_step(calib, dtype, batch, parameters, step) if packing else None
     if packed is not None:
-        if (
-            prompt + setup_tokens * step.seconds
-            >= (prompt + setup_tokens * packed.seconds + packed.pack_seconds) * PACK_MARGIN
-        ):
-            return prompt + new_tokens * packed.seconds + packed.pack_seconds, packed
-        counted = f"{setup_tokens} new tokens" + ("" if job.max_new_tokens else " (pass max_new_tokens=)")
-        return plain, step._replace(figure=f"{packed.figure}, not paid back by {counted}")
+        with_packing = prompt + new_tokens * packed.seconds + packed.pack_seconds
+        if plain >= with_packing * PACK_MARGIN:
+            return with_packing, packed
+        counted = "" if job.max_new_tokens else " (half of max_length; pass max_new_tokens=)"
+        return plain, step._replace(figure=f"{packed.figure}, not paid back by {new_tokens} new tokens{counted}")
     return plain, step
 
 

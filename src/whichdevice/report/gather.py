@@ -127,8 +127,9 @@ def gather(
 ) -> dict[str, Any]:
     """The whole report as a JSON-safe dict (see ``report_schema.json``).
 
-    ``job`` (``model``, ``batch_size``, ``max_length``, as resolve_device() takes them) sizes a model
-    in the resolutions, whose traces then say the longest length and largest batch that fit.
+    ``job`` (``model``, ``batch_size``, ``max_length``, ``max_new_tokens``, as resolve_device() takes
+    them) sizes a model in the resolutions, whose traces then say the longest length and largest
+    batch that fit.
 
     ``device`` is resolved as ``resolve_device(device)`` would; ``simulate`` specs go to
     ``whichdevice.testing.simulate``, ``simulate_report`` (a report's path or dict) to its ``report=``.
