@@ -92,7 +92,7 @@ def test_the_narrow_set_cuts_the_same_memory_into_many_more_calls():
     if torch.backends.mkldnn.is_available():  # oneDNN runs bf16 by default: the GEMV kernel is timed beside it
         assert {"gemv", "narrow gemv"} <= set(runs)
         runs["narrow gemv"]()
-        assert torch._C._get_mkldnn_enabled()  # torch's oneDNN switch put back
+        assert torch.backends.mkldnn.enabled  # torch's oneDNN switch put back
     outputs = runs["narrow float32"]()
     assert len(outputs) == count and outputs[0].shape == (1, 1, NARROW[0])
     # Views of the set, not copies: writing the set shows through, so nothing more was allocated.

@@ -286,11 +286,11 @@ def _steps(linear: Callable[..., Any], x: Any, weights: list[Any]) -> Callable[[
 def _without_onednn(torch: Any, run: Callable[[], Any]) -> Callable[[], Any]:
     def without() -> Any:
         # The flag is torch's global one; restored even when the run raises.
-        before = torch._C._get_mkldnn_enabled()
-        torch._C._set_mkldnn_enabled(False)
+        before = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
         try:
             return run()
         finally:
-            torch._C._set_mkldnn_enabled(before)
+            torch.backends.mkldnn.enabled = before
 
     return without
