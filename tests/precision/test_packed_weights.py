@@ -4,6 +4,7 @@ serve (gradients, a changed or moved weight, a deepcopy, another dtype) runs tor
 from __future__ import annotations
 
 import copy
+import types
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,34 @@ def test_a_onednn_that_cannot_pack_leaves_the_model_as_it_was(path: Path, monkey
     count, why = install_packed_weights(model, "float32", 4)
     assert count == 0 and "oneDNN could not pack float32 weights (could not create a primitive descriptor)" in why
     assert not any(hasattr(m, "_whichdevice_packed") or "forward" in vars(m) for m in model.modules())
+
+
+def test_a_packing_projected_past_its_budget_is_stopped_and_undone(path: Path, monkeypatch):
+    from whichdevice.precision.packed_weights import PROBE_SHARE
+
+    model = _load(path, torch.float32)
+    layers = packable_layers(model, "float32")
+    sizes = [m.weight.numel() * m.weight.element_size() for m in layers]
+    # A clock that moves one second per layer packed: every projection is a second or more.
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    count, done = install_packed_weights(model, "float32", 4, budget_s=0.5)
+    assert count == 0 and "projected to take" in done and "undone" in done
+    assert not any(hasattr(m, "_whichdevice_packed") for m in model.modules())  # left as it was
+    assert all(type(m).forward is torch.nn.Linear.forward and "forward" not in vars(m) for m in layers)
+    # It stopped as soon as PROBE_SHARE of the copy was made, not at the end.
+    first = next(i for i in range(len(sizes)) if sum(sizes[: i + 1]) >= PROBE_SHARE * sum(sizes))
+    assert f"after {sum(sizes[: first + 1]) / sum(sizes):.0%} of the copy" in done
+    # Within its budget, or with none, the whole model is packed.
+    assert install_packed_weights(model, "float32", 4, budget_s=1e9)[0] == len(layers)
+    unpack(model)
+    assert install_packed_weights(model, "float32", 4)[0] == len(layers)
+
+
+def test_a_resolution_that_packs_carries_the_estimates_break_even(path: Path):
+    with simulate(PACKS):
+        four = wd.resolve_device(model=str(path), batch_size=4, max_length=1024, max_new_tokens=768)
+        one = wd.resolve_device(model=str(path), batch_size=1, max_length=1024)
+    assert four.packed_for_batch == 4 and four.packing_budget_s is not None and four.packing_budget_s > 0
+    assert four.to_dict()["packing_budget_s"] == round(four.packing_budget_s, 3)
+    assert one.packing_budget_s is None and one.to_dict()["packing_budget_s"] is None

@@ -50,6 +50,7 @@ class Precision(NamedTuple):
     mixed: str | None
     single_row: bool = False
     packed: bool = False
+    pack_budget_s: float | None = None  # the seconds a packing may take and still pay (measured_dtype)
 
 
 def decide_precision(
@@ -79,7 +80,7 @@ def decide_precision(
         elif measured is not None:
             choice, more = _measured_inference(backend, result, measured, checkpoint)
             flag = _flag_for(backend, result, choice.dtype)
-            precision = Precision(choice.dtype, flag, choice.single_row, choice.packed)
+            precision = Precision(choice.dtype, flag, choice.single_row, choice.packed, choice.pack_budget_s)
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))

@@ -80,12 +80,15 @@ ASSUMED_MATMULS = 154
 class MeasuredChoice(NamedTuple):
     """The dtype, the sentence quoting why, whether its batch-1 steps run fastest through torch's
     own GEMV kernel (oneDNN off: ``whichdevice.precision.single_row``), and whether its weights
-    are packed ahead for the job's batch (``whichdevice.precision.packed_weights``)."""
+    are packed ahead for the job's batch (``whichdevice.precision.packed_weights``), within what time."""
 
     dtype: str
     why: str
     single_row: bool = False
     packed: bool = False
+    # Seconds the packing may take before the packed job is no faster than the plain one (prepare()
+    # stops a packing that runs past it); None where nothing is packed.
+    pack_budget_s: float | None = None
 
 
 class _Step(NamedTuple):
@@ -95,6 +98,8 @@ class _Step(NamedTuple):
     single_row: bool
     packed: bool = False
     pack_seconds: float = 0.0  # packing the weights once, in seconds
+    # The packing's time at which the packed job would be no faster than the plain one, in seconds.
+    pack_budget: float = 0.0
 
 
 def _resident_shape(batch: int) -> str:
@@ -257,7 +262,8 @@ def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = T
     if packed is not None:
         with_packing = prompt + new_tokens * packed.seconds + packed.pack_seconds
         if plain >= with_packing * PACK_MARGIN:
-            return with_packing, packed
+            budget = plain - (with_packing - packed.pack_seconds)
+            return with_packing, packed._replace(pack_budget=budget)
         counted = "" if job.max_new_tokens else " (half of max_length; pass max_new_tokens=)"
         return plain, step._replace(figure=f"{packed.figure}, not paid back by {new_tokens} new tokens{counted}")
     return plain, step
@@ -313,7 +319,7 @@ def measured_dtype(
     why = f"measured, {'; '.join(quoted)}; {verdict}{job_text}"
     if chosen.packed:
         why += f"; {short_name(best)} weights packed ahead: {chosen.figure.rpartition(', ')[2]}"
-    return MeasuredChoice(best, why, chosen.single_row, chosen.packed)
+    return MeasuredChoice(best, why, chosen.single_row, chosen.packed, chosen.pack_budget if chosen.packed else None)
 
 
 def measured_training(calib: Calibration) -> tuple[bool | None, str]:

@@ -57,6 +57,9 @@ class Resolution:
     # weights packed ahead in oneDNN's layout, packing counted against the job's length: the batch
     # prepare(model) packs them for (whichdevice.precision.packed_weights); None: not packed.
     packed_for_batch: int | None = None
+    # The seconds that packing may take and still pay for itself in the job (the estimate's break-even):
+    # prepare(model) stops, and unpacks, a packing projected to run past it. None: no limit.
+    packing_budget_s: float | None = None
     # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
     attn_passed: bool = False
     # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
@@ -168,7 +171,9 @@ class Resolution:
         (``single_row``), forward passes of one token row run with oneDNN off, restored after each.
         Where decode steps at the job's batch were measured faster with the weights packed ahead
         (``packed_for_batch``), the linear weights get a packed copy beside them, made only while it
-        fits in half the memory available (the INFO log says what was packed). The trace's
+        fits in half the memory available, and given up (unpacked) once the packing is projected to
+        take longer than the job's new tokens repay (``packing_budget_s``; the INFO log says what
+        was packed, or why not). The trace's
         "generation" lines quote why. Otherwise nothing changes. Calling it twice is harmless; a
         pipeline's model is ``pipe.model``."""
         if self.single_row:
@@ -178,7 +183,7 @@ class Resolution:
         if self.packed_for_batch is not None and self.dtype_name is not None:
             from whichdevice.precision.packed_weights import install_packed_weights
 
-            _, done = install_packed_weights(model, self.dtype_name, self.packed_for_batch)
+            _, done = install_packed_weights(model, self.dtype_name, self.packed_for_batch, self.packing_budget_s)
             logging.getLogger("whichdevice").info("prepare: %s", done)
         return model
 
@@ -275,6 +280,7 @@ class Resolution:
             "kernels_key": self.kernels_key,
             "single_row": self.single_row,
             "packed_for_batch": self.packed_for_batch,
+            "packing_budget_s": None if self.packing_budget_s is None else round(self.packing_budget_s, 3),
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,

@@ -141,9 +141,8 @@ def resolve_device(
 def _attention_registered(res: Resolution) -> Resolution:
     # whichdevice's decode attention must be registered with transformers before a model is built
     # with it, or transformers says the name "is not supported". Registered here, so that a caller
-    # who passes res.attn_implementation by hand, before or after importing transformers, gets it.
-    # It costs nothing extra: the name is only chosen for a model= whose classes were read, which
-    # imported transformers already, or when asked for by name.
+    # who passes res.attn_implementation by hand gets it. It costs nothing extra: the name is only
+    # chosen for a model= whose classes were read (transformers imported already), or when asked for.
     if res.attn_implementation == ATTENTION_NAME:
         ensure_registered()
     return res
@@ -191,7 +190,7 @@ def _resolve(args: Arguments) -> Resolution:
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
     single_row = trace.take(_single_row(precision.single_row, dtype, quantization, placed.device_map))
-    packed = trace.take(_packed(precision.packed, dtype, quantization, placed.device_map, job))
+    packed = trace.take(_packed(precision.pack_budget_s, dtype, quantization, placed.device_map, job))
     trace.extend(launch_steps(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
@@ -217,6 +216,7 @@ def _resolve(args: Arguments) -> Resolution:
         torch_compile=args.torch_compile,
         single_row=single_row,
         packed_for_batch=packed,
+        packing_budget_s=precision.pack_budget_s if packed else None,
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,
@@ -326,19 +326,19 @@ def _single_row(measured: bool, dtype: str | None, quantization: Any, device_map
 
 
 def _packed(
-    measured: bool, dtype: str | None, quantization: Any, device_map: Any, job: Job
+    measured: float | None, dtype: str | None, quantization: Any, device_map: Any, job: Job
 ) -> tuple[int | None, list[TraceStep]]:
-    """The batch Resolution.prepare(model) packs the linear weights for: the estimate with packing
-    (its cost counted against the job's new tokens) won, for unquantized weights all on the CPU."""
-    if not measured or quantization is not None or device_map != "cpu" or dtype is None:
+    """The batch Resolution.prepare(model) packs the linear weights for, unquantized and all on the CPU,
+    where the estimate with packing won (``measured``: the packing's break-even in seconds)."""
+    if measured is None or quantization is not None or device_map != "cpu" or dtype is None:
         return None, []
     batch = job.batch_size or 1
     size = f", a copy of {job.parameters * item_size(dtype) / 1024**3:.2f} GiB beside them" if job.parameters else ""
     why = (
-        f"res.prepare(model) packs the {short_name(dtype)} linear weights ahead in oneDNN's layout for batch "
-        f"{batch}{size}, measured faster for decode steps of several rows with weights streamed from memory "
-        "(the calibration's p4), the packing counted against the job's new tokens; made only while it takes "
-        "at most half the memory available, and training, other dtypes and changed weights run unpacked"
+        f"res.prepare(model) packs the {short_name(dtype)} linear weights in oneDNN's layout for batch {batch}{size}, "
+        f"measured faster for decode steps of several rows (the calibration's p4), the packing counted against the "
+        f"job's new tokens and undone if projected past {measured:.2g} s; made only while it takes at most half the "
+        "memory available, and training, other dtypes and changed weights run unpacked"
     )
     return batch, [TraceStep("generation", why)]
 
