@@ -44,13 +44,13 @@ class Precision(NamedTuple):
     """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
     ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none);
     ``single_row``: the CPU's batch-1 decode steps measured faster through torch's own GEMV kernel;
-    ``packed``: the CPU's decode steps at the job's batch measured faster with weights packed ahead."""
+    ``pack_budget_s``: the CPU's decode steps at the job's batch measured faster with weights packed
+    ahead, and the seconds the packing may take and still pay (measured_dtype); None: not packed."""
 
     weights: str | None
     mixed: str | None
     single_row: bool = False
-    packed: bool = False
-    pack_budget_s: float | None = None  # the seconds a packing may take and still pay (measured_dtype)
+    pack_budget_s: float | None = None
 
 
 def decide_precision(
@@ -80,7 +80,7 @@ def decide_precision(
         elif measured is not None:
             choice, more = _measured_inference(backend, result, measured, checkpoint)
             flag = _flag_for(backend, result, choice.dtype)
-            precision = Precision(choice.dtype, flag, choice.single_row, choice.packed, choice.pack_budget_s)
+            precision = Precision(choice.dtype, flag, choice.single_row, choice.pack_budget_s)
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))

@@ -85,10 +85,13 @@ class MeasuredChoice(NamedTuple):
     dtype: str
     why: str
     single_row: bool = False
-    packed: bool = False
     # Seconds the packing may take before the packed job is no faster than the plain one (prepare()
     # stops a packing that runs past it); None where nothing is packed.
     pack_budget_s: float | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.pack_budget_s is not None
 
 
 class _Step(NamedTuple):
@@ -319,7 +322,7 @@ def measured_dtype(
     why = f"measured, {'; '.join(quoted)}; {verdict}{job_text}"
     if chosen.packed:
         why += f"; {short_name(best)} weights packed ahead: {chosen.figure.rpartition(', ')[2]}"
-    return MeasuredChoice(best, why, chosen.single_row, chosen.packed, chosen.pack_budget if chosen.packed else None)
+    return MeasuredChoice(best, why, chosen.single_row, chosen.pack_budget if chosen.packed else None)
 
 
 def measured_training(calib: Calibration) -> tuple[bool | None, str]:

@@ -9,7 +9,6 @@ read: Python reads every non-empty string as true, and which words mean "no" is 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, shown
@@ -227,8 +226,17 @@ class Arguments(NamedTuple):
         """The job these arguments describe (checked first: check_arguments), with the weights a
         decode step reads and its matmuls from the checkpoint's ``stored`` weights where given."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
-        job = Job(self.task, self.batch_size, self.max_length, self.offload, folder, max_new_tokens=self.max_new_tokens)
-        return replace(job, parameters=stored.linear_params, matmuls=stored.linear_count) if stored else job
+        parameters, matmuls = (stored.linear_params, stored.linear_count) if stored else (None, None)
+        return Job(
+            self.task,
+            self.batch_size,
+            self.max_length,
+            self.offload,
+            folder,
+            parameters=parameters,
+            matmuls=matmuls,
+            max_new_tokens=self.max_new_tokens,
+        )
 
 
 def check_arguments(args: Arguments) -> None:

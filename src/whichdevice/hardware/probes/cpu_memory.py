@@ -206,7 +206,10 @@ def _add_one_row(
         runs[f"narrow {name}"] = _steps(linear, x, cut)
         if gemv and name == "bfloat16":
             runs["narrow gemv"] = _without_onednn(torch, _steps(linear, x, cut))
-        memory.update(calls=float(len(ws)), narrow=float(len(cut)), narrow_stream=float(cut[0].numel() * len(cut)))
+    count = len(next(iter(weights.values()), []))  # every dtype's set has as many matrices
+    memory.update(
+        calls=float(count), narrow=float(count * each), narrow_stream=float(count * each * NARROW[0] * NARROW[1])
+    )
 
 
 def _packed(torch: Any, weights: dict[str, list[Any]], memory: dict[str, float]) -> dict[str, Any]:
