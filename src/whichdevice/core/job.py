@@ -32,7 +32,7 @@ class Job:
     # each call costs a fixed overhead beside its bytes. None: as for parameters.
     matmuls: int | None = None
     # Tokens each sequence generates (generate's max_new_tokens): what a one-time setup is counted
-    # against. None: not said (then a conservative share of max_length).
+    # against. None: not said (then half of max_length).
     max_new_tokens: int | None = None
 
     @property

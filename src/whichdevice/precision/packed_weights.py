@@ -34,6 +34,7 @@ from whichdevice.core.errors import printable
 __all__ = [
     "HEADROOM",
     "PACKED_DTYPES",
+    "PROBE_MIN_S",
     "PROBE_SHARE",
     "available_memory",
     "install_packed_weights",
