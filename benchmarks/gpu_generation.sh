@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The GPU part of issue 27 as one call on a machine with a CUDA GPU, run from the repository root:
 #   1. whichdevice's own report, check and smoke test there (the real probe, a real driver);
-#   2. compile_decode.py (dynamic cache, static cache, static cache compiled by generate) per size,
-#      the 1.1B first, each size only while BUDGET_S seconds (default 420) are not spent.
+#   2. gpu_handover.py: whole jobs, compile included, with the generate keywords whichdevice hands
+#      over and with the other answer, for HANDOVER_SIZES (default 0.1B) within HANDOVER_S seconds
+#      (default 200; a run cut off records how long it ran);
+#   3. compile_decode.py (dynamic cache, static cache, static cache compiled by generate) per size,
+#      the 1.1B first, each size only while BUDGET_S seconds (default 420, counted from the start)
+#      are not spent.
 # Output goes to $OUT (default benchmarks/results/gpu): gpu.txt, report.txt, smoke.txt,
-# compile_decode.txt and compile_decode_<size>.json.
+# gpu_handover.txt/.json and compile_decode.txt (its JSON lines; at most 8 files come back from a device run).
 set -u
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"
@@ -27,6 +31,12 @@ echo "check rc=$?" | tee -a "$out/gpu.txt"
 timeout 120 "$py" -m whichdevice smoke > "$out/smoke.txt" 2>&1
 echo "smoke rc=$?" | tee -a "$out/gpu.txt"
 
+# shellcheck disable=SC2086  # HANDOVER_SIZES is a list of words
+timeout $((${HANDOVER_S:-200} + 30)) "$py" benchmarks/gpu_handover.py --sizes ${HANDOVER_SIZES:-0.1B} \
+    --budget-s "${HANDOVER_S:-200}" --out "$out/gpu_handover.json" > "$out/gpu_handover.txt" 2>&1
+echo "handover rc=$? at ${SECONDS}s" | tee -a "$out/gpu.txt"
+grep -h '^{' "$out/gpu_handover.txt"
+
 for size in 1.1B 0.1B 0.4B; do
     left=$((deadline - SECONDS))
     if [ "$left" -lt 90 ]; then
@@ -34,7 +44,7 @@ for size in 1.1B 0.1B 0.4B; do
         continue
     fi
     timeout "$left" "$py" benchmarks/compile_decode.py --size "$size" --new "${NEW:-65}" --rounds 3 \
-        --out "$out/compile_decode_$size.json" >> "$out/compile_decode.txt" 2>&1
+        --out "${TMPDIR:-/tmp}/compile_decode_$size.json" >> "$out/compile_decode.txt" 2>&1
     echo "$size rc=$? at ${SECONDS}s" | tee -a "$out/compile_decode.txt"
 done
 grep -h '^{' "$out/compile_decode.txt"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Job"]
+__all__ = ["Job", "new_tokens"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,13 @@ class Job:
         """An inference job whose sequences are known: a generate() call."""
         sized = (self.batch_size, self.max_length, self.max_new_tokens)
         return self.task == "inference" and any(v is not None for v in sized)
+
+
+def new_tokens(job: Job) -> int | None:
+    """The tokens each sequence generates: max_new_tokens where said, else half of max_length; None
+    where neither is said."""
+    if job.max_new_tokens is not None:
+        return job.max_new_tokens
+    if job.max_length:
+        return max(job.max_length - job.max_length // 2, 1)
+    return None

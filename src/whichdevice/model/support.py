@@ -1,4 +1,4 @@
-"""Which attention implementations a model's transformers classes support, read from the installed transformers.
+"""Which attention a model's transformers classes support, and whether they compile whole, read from transformers.
 
 transformers decides per class: ``_supports_sdpa``, ``_supports_flash_attn`` and ``_supports_flex_attn``
 are class attributes, and ``from_pretrained(attn_implementation="sdpa")`` raises for a class whose
@@ -60,6 +60,8 @@ class ModelClass:
     name: str
     part: str  # "" for the checkpoint's own classes, else the sub-config's key ("vision_config")
     flags: tuple[tuple[str, bool], ...]
+    # _can_compile_fullgraph: transformers marks the class as compiling whole (no graph breaks).
+    compiles: bool = False
 
     def supports(self, implementation: str) -> bool:
         flag = support_flag(implementation)
@@ -91,6 +93,14 @@ class AttentionSupport:
             text += f" and {len(own) - 1} other {self.model_type or 'model'} class{'es' if len(own) > 2 else ''}"
         parts = [f"{c.name} ({c.part})" for c in classes if c.part]
         return ", ".join([text, *parts] if text else parts)
+
+    def not_compiling(self) -> str | None:
+        """Which classes transformers does not mark as compiling whole (``_can_compile_fullgraph``); None: all are."""
+        lacking = tuple(c for c in self.classes if not c.compiles)
+        if not lacking:
+            return None
+        verb = "has" if len(lacking) == 1 else "have"
+        return f"{self._names(lacking)} {verb} _can_compile_fullgraph=False on transformers {self.transformers_version}"
 
     def refusal(self, implementation: str) -> str | None:
         """Why ``implementation`` cannot be loaded, naming the class and its flag; None when it can."""
@@ -176,11 +186,12 @@ def _import_classes(
         try:
             cls = getattr(transformers, name)
             flags = tuple((flag, bool(getattr(cls, flag))) for _, flag in _FLAGS)
+            compiles = getattr(cls, "_can_compile_fullgraph", False) is True
         except Exception:
             if part:
                 continue  # a sub-config whose class is not in this transformers: its own model decides
             return AttentionSupport(model_type, unknown=f"{name} is not a class of transformers {version}")
-        classes.append(ModelClass(name, part, flags))
+        classes.append(ModelClass(name, part, flags, compiles))
     if not classes:
         return AttentionSupport(
             model_type, unknown=f"transformers {version} has no class for model_type {model_type!r}"

@@ -281,6 +281,9 @@ def _settings(w: _Writer, res: dict[str, Any]) -> None:
     else:
         settings.append(_attention(res))
     w.pair("from_pretrained", ", ".join(settings), 17)
+    generate = res.get("generate_kwargs")  # since schema 1.5; a replayed older report has none
+    if isinstance(generate, dict) and generate:
+        w.pair("generate", ", ".join(f"{k}={v!r}" for k, v in generate.items()), 17)
     if res["training_kwargs"] is not None:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in res["training_kwargs"].items()) or "(nothing to add)"
         w.pair("TrainingArguments", kwargs, 17)

@@ -60,6 +60,9 @@ class Resolution:
     # The seconds that packing may take and still pay for itself in the job (the estimate's break-even):
     # prepare(model) stops, and unpacks, a packing projected to run past it. None: no limit.
     packing_budget_s: float | None = None
+    # An inference job on an NVIDIA GPU long enough to repay generate's compile of a static cache's
+    # decode step (whichdevice.resolve.generation): generate_kwargs() passes cache_implementation="static".
+    static_cache: bool = False
     # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
     attn_passed: bool = False
     # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
@@ -173,9 +176,10 @@ class Resolution:
         (``packed_for_batch``), the linear weights get a packed copy beside them, made only while it
         fits in half the memory available, and given up (unpacked) once the packing is projected to
         take longer than the job's new tokens repay (``packing_budget_s``; the INFO log says what
-        was packed, or why not). The trace's
-        "generation" lines quote why. Otherwise nothing changes. Calling it twice is harmless; a
-        pipeline's model is ``pipe.model``."""
+        was packed, or why not). Where a compiled static cache pays for the job (``static_cache``),
+        the model's ``generation_config.cache_implementation`` becomes ``"static"`` unless it is set
+        already, so that generate and pipelines use it. The trace's "generation" lines quote why.
+        Otherwise nothing changes. Calling it twice is harmless; a pipeline's model is ``pipe.model``."""
         if self.single_row:
             from whichdevice.precision.single_row import install_single_row
 
@@ -185,7 +189,16 @@ class Resolution:
 
             _, done = install_packed_weights(model, self.dtype_name, self.packed_for_batch, self.packing_budget_s)
             logging.getLogger("whichdevice").info("prepare: %s", done)
+        config = getattr(model, "generation_config", None) if self.static_cache else None
+        if config is not None and getattr(config, "cache_implementation", None) is None:
+            config.cache_implementation = "static"
         return model
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``model.generate`` (or a text-generation pipeline's call) that this
+        resolution measured faster for the job: ``cache_implementation="static"`` on an NVIDIA GPU for a
+        job long enough to repay the compile generate then makes (``static_cache``); else none."""
+        return {"cache_implementation": "static"} if self.static_cache else {}
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``transformers.pipeline``."""
@@ -281,6 +294,7 @@ class Resolution:
             "single_row": self.single_row,
             "packed_for_batch": self.packed_for_batch,
             "packing_budget_s": None if self.packing_budget_s is None else round(self.packing_budget_s, 3),
+            "generate_kwargs": self.generate_kwargs(),
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 from whichdevice.attention.kernels import decide_kernels
-from whichdevice.core.dtypes import from_short, item_size, short_name
+from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import pinned
 from whichdevice.core.job import Job
 from whichdevice.core.packages import transformers_problem
@@ -49,6 +49,7 @@ from whichdevice.resolve.arguments import (
     check_memory_devices,
     check_shapes,
 )
+from whichdevice.resolve.generation import Loaded, packed_step, single_row_step, static_cache_step
 from whichdevice.resolve.memo import environment_mapping, memo_key, read_environment
 from whichdevice.resolve.resolution import Resolution, check_device_map
 
@@ -189,8 +190,11 @@ def _resolve(args: Arguments) -> Resolution:
         )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
-    single_row = trace.take(_single_row(precision.single_row, dtype, quantization, placed.device_map))
-    packed = trace.take(_packed(precision.pack_budget_s, dtype, quantization, placed.device_map, job))
+    single_row = trace.take(single_row_step(precision.single_row, dtype, quantization, placed.device_map))
+    packed = trace.take(packed_step(precision.pack_budget_s, dtype, quantization, placed.device_map, job))
+    quantized = quantization or (None if dequantize else quant)
+    loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
+    static_cache = trace.take(static_cache_step(backend, result, args.task, model, job, loaded=loaded))
     trace.extend(launch_steps(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
@@ -216,6 +220,7 @@ def _resolve(args: Arguments) -> Resolution:
         torch_compile=args.torch_compile,
         single_row=single_row,
         packed_for_batch=packed,
+        static_cache=static_cache,
         packing_budget_s=precision.pack_budget_s if packed else None,
         accelerate=accelerate,
         training_plan=placed.plan,
@@ -310,37 +315,6 @@ def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None,
     if calib is None:
         return None, [TraceStep("calibration", f"not used: {why}; the CPU's flags decide")] if auto else []
     return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
-
-
-def _single_row(measured: bool, dtype: str | None, quantization: Any, device_map: Any) -> tuple[bool, list[TraceStep]]:
-    """Whether Resolution.prepare(model) hooks batch-1 decode steps onto torch's GEMV kernel: measured
-    faster for the bf16 weights that load, unquantized, all on the CPU (whichdevice.precision.single_row)."""
-    if not measured or dtype != "bfloat16" or quantization is not None or device_map != "cpu":
-        return False, []
-    why = (
-        "res.prepare(model) runs batch-1 decode steps (one token row) with oneDNN off, through torch's own "
-        "GEMV kernel, measured faster for bf16 weights streamed from memory (the calibration's bf16.g1 and "
-        "bf16.gn1 over bf16.s1 and bf16.sn1, for this model's matmuls); prompts and larger batches keep oneDNN"
-    )
-    return True, [TraceStep("generation", why)]
-
-
-def _packed(
-    measured: float | None, dtype: str | None, quantization: Any, device_map: Any, job: Job
-) -> tuple[int | None, list[TraceStep]]:
-    """The batch Resolution.prepare(model) packs the linear weights for, unquantized and all on the CPU,
-    where the estimate with packing won (``measured``: the packing's break-even in seconds)."""
-    if measured is None or quantization is not None or device_map != "cpu" or dtype is None:
-        return None, []
-    batch = job.batch_size or 1
-    size = f", a copy of {job.parameters * item_size(dtype) / 1024**3:.2f} GiB beside them" if job.parameters else ""
-    why = (
-        f"res.prepare(model) packs the {short_name(dtype)} linear weights in oneDNN's layout for batch {batch}{size}, "
-        f"measured faster for decode steps of several rows (the calibration's p4), the packing counted against the "
-        f"job's new tokens and undone if projected past {measured:.2g} s; made only while it takes at most half the "
-        "memory available, and training, other dtypes and changed weights run unpacked"
-    )
-    return batch, [TraceStep("generation", why)]
 
 
 def _computes_in(precision: Precision, task: str) -> str | None:

@@ -1,0 +1,179 @@
+"""The generation settings a Resolution hands over: a compiled static cache on an NVIDIA GPU, for a
+job long enough to repay the compile and inside what was measured; nothing anywhere else."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import whichdevice as wd
+from tiny_models import save_tiny_llama
+from whichdevice.core.job import Job, new_tokens
+from whichdevice.model.support import support_of_config
+from whichdevice.resolve.generation import COMPILE_MARGIN, COMPILE_PAYS_AFTER_STEPS, MEASURED_WEIGHT_BYTES
+from whichdevice.testing import simulate
+
+H200 = "cuda:1,cc=9.0,mem=141GiB,name=NVIDIA H200"
+NEEDED = math.ceil(COMPILE_PAYS_AFTER_STEPS * COMPILE_MARGIN)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("generation") / "llama", dtype=torch.bfloat16, tokenizer=False)
+
+
+def _generation_lines(res: wd.Resolution) -> list[str]:
+    return [step.message for step in res.trace if step.topic == "generation"]
+
+
+def test_a_long_job_on_an_nvidia_gpu_gets_the_static_cache(llama: Path) -> None:
+    with simulate(H200):
+        res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 32)
+    assert res.static_cache
+    assert res.generate_kwargs() == {"cache_implementation": "static"}
+    assert res.to_dict()["generate_kwargs"] == {"cache_implementation": "static"}
+    (line,) = _generation_lines(res)
+    assert f"this job generates {NEEDED} tokens a sequence" in line
+    assert str(COMPILE_PAYS_AFTER_STEPS) in line
+
+
+def test_a_short_job_keeps_generates_own_cache_and_says_how_long_would_pay(llama: Path) -> None:
+    with simulate(H200):
+        res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED - 1, max_length=NEEDED + 31)
+    assert not res.static_cache
+    assert res.generate_kwargs() == {}
+    (line,) = _generation_lines(res)
+    assert f"{NEEDED - 1} new tokens a sequence do not repay the compile" in line
+    assert f"handed over from {NEEDED}" in line
+
+
+def test_unsaid_new_tokens_are_half_of_max_length(llama: Path) -> None:
+    with simulate(H200):
+        long = wd.resolve_device(model=str(llama), max_length=2 * NEEDED)
+        short = wd.resolve_device(model=str(llama), max_length=2 * NEEDED - 2)
+    assert long.static_cache and not short.static_cache
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "reason"),
+    [
+        (H200, {"batch_size": 8}, "measured up to batch 4"),
+        (H200, {"dtype": "float32"}, "measured for bf16 and fp16 weights, and these load as float32"),
+        (H200, {"attn_implementation": "eager"}, "measured with sdpa attention, and this load runs eager"),
+        (H200, {"device_map": {"": "cuda:0"}}, "the model is not whole on cuda:0"),
+        ("cuda:2,cc=9.0,mem=80GiB,name=NVIDIA H100", {"device_map": "auto"}, "not whole on cuda:0"),
+    ],
+)
+def test_outside_what_was_measured_generate_keeps_its_own_cache(
+    llama: Path, spec: str, kwargs: dict[str, object], reason: str
+) -> None:
+    with simulate(spec):
+        res = wd.resolve_device(model=str(llama), max_new_tokens=10 * NEEDED, max_length=10 * NEEDED + 32, **kwargs)
+    assert not res.static_cache and res.generate_kwargs() == {}
+    (line,) = _generation_lines(res)
+    assert line.startswith("generate's own cache, not a compiled static one: ")
+    assert reason in line
+
+
+def test_amd_gpus_the_cpu_and_training_get_nothing_and_say_nothing(llama: Path) -> None:
+    job = {"model": str(llama), "max_new_tokens": 10 * NEEDED, "max_length": 10 * NEEDED + 32}
+    with simulate("cuda:1,variant=rocm"):
+        rocm = wd.resolve_device(**job)
+    with simulate(H200):
+        training = wd.resolve_device(task="training", model=str(llama), batch_size=1, max_length=64)
+    cpu = wd.resolve_device("cpu", **job)
+    for res in (rocm, training, cpu):
+        assert not res.static_cache and res.generate_kwargs() == {}
+        assert not any("static" in line for line in _generation_lines(res))
+
+
+def test_a_resolution_told_nothing_of_a_job_says_nothing(llama: Path) -> None:
+    with simulate(H200):
+        plain = wd.resolve_device()
+        model_only = wd.resolve_device(model=str(llama))
+    assert _generation_lines(plain) == [] and _generation_lines(model_only) == []
+
+
+def test_without_model_the_trace_asks_for_it() -> None:
+    with simulate(H200):
+        res = wd.resolve_device(max_new_tokens=10 * NEEDED)
+    (line,) = _generation_lines(res)
+    assert "pass model=" in line and not res.static_cache
+
+
+def test_a_model_larger_than_measured_is_left_to_transformers() -> None:
+    # The weights a decode step reads, past the largest measured (the 1.1B's): bf16, 2 bytes each.
+    from whichdevice.resolve.generation import _outside_measured
+
+    job = Job(batch_size=1, max_new_tokens=10 * NEEDED, parameters=int(MEASURED_WEIGHT_BYTES / 2) + 1)
+    reason = _outside_measured("bfloat16", "sdpa", object(), job)  # type: ignore[arg-type]
+    assert reason is not None and "more than the 2.1 GB measured" in reason
+
+
+def test_compile_support_is_read_from_the_installed_classes() -> None:
+    # transformers' own flag: Llama's classes set _can_compile_fullgraph, MPT's do not.
+    llama = support_of_config({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    mpt = support_of_config({"model_type": "mpt", "architectures": ["MptForCausalLM"]})
+    assert llama.not_compiling() is None
+    refusal = mpt.not_compiling()
+    assert refusal is not None and refusal.startswith("MptForCausalLM") and "_can_compile_fullgraph=False" in refusal
+
+
+def test_new_tokens_are_said_or_half_of_max_length() -> None:
+    assert new_tokens(Job(max_new_tokens=7, max_length=100)) == 7
+    assert new_tokens(Job(max_length=101)) == 51
+    assert new_tokens(Job(batch_size=4)) is None
+
+
+def test_the_keywords_run_in_the_installed_generate_and_prepare_keeps_the_users_setting(llama: Path) -> None:
+    """The handed-over keyword on the real LlamaForCausalLM.generate (on this CPU generate does not
+    compile; the static cache is the same): greedy output equals generate's own cache."""
+    with simulate(H200):
+        res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 8)
+    model = AutoModelForCausalLM.from_pretrained(str(llama), dtype=torch.float32).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    plain = model.generate(ids, **kwargs)
+    static = model.generate(ids, **kwargs, **res.generate_kwargs())
+    assert torch.equal(plain, static)
+
+    assert model.generation_config.cache_implementation is None
+    res.prepare(model)
+    assert model.generation_config.cache_implementation == "static"
+    assert torch.equal(model.generate(ids, **kwargs), plain)
+    model.generation_config.cache_implementation = "dynamic"
+    res.prepare(model)
+    assert model.generation_config.cache_implementation == "dynamic"  # the user's own, kept
+
+
+def test_the_report_carries_the_keywords_through_json(llama: Path) -> None:
+    with simulate(H200):
+        res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 32)
+    assert json.loads(json.dumps(res.to_dict()))["generate_kwargs"] == {"cache_implementation": "static"}
+
+
+def test_a_text_generation_pipeline_runs_with_the_prepared_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client code that never calls generate itself: a pipeline's model, prepared, generates through
+    the static cache and gives the same greedy text."""
+    from transformers import pipeline
+
+    path = save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)
+    with simulate(H200):
+        res = wd.resolve_device(model=str(path), max_new_tokens=NEEDED, max_length=NEEDED + 8)
+    pipe = pipeline("text-generation", model=str(path), dtype=torch.float32, device="cpu")
+    kwargs = {"max_new_tokens": 5, "do_sample": False}
+    plain = pipe("hello world", **kwargs)[0]["generated_text"]
+    res.prepare(pipe.model)
+    assert pipe.model.generation_config.cache_implementation == "static"
+    made = []  # generate builds a static cache for the call: the pipeline took the model's setting
+    build = pipe.model._prepare_static_cache
+    monkeypatch.setattr(pipe.model, "_prepare_static_cache", lambda **kw: made.append(kw) or build(**kw))
+    assert pipe("hello world", **kwargs)[0]["generated_text"] == plain
+    assert len(made) == 1
