@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -111,7 +112,8 @@ def test_a_model_larger_than_measured_is_left_to_transformers() -> None:
     from whichdevice.resolve.generation import _outside_measured
 
     job = Job(batch_size=1, max_new_tokens=10 * NEEDED, parameters=int(MEASURED_WEIGHT_BYTES / 2) + 1)
-    reason = _outside_measured("bfloat16", "sdpa", object(), job)  # type: ignore[arg-type]
+    facts = SimpleNamespace(adapter=None, config={"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    reason = _outside_measured("bfloat16", "sdpa", facts, job)  # type: ignore[arg-type]
     assert reason is not None and "more than the 2.1 GB measured" in reason
 
 
@@ -177,3 +179,17 @@ def test_a_text_generation_pipeline_runs_with_the_prepared_model(
     monkeypatch.setattr(pipe.model, "_prepare_static_cache", lambda **kw: made.append(kw) or build(**kw))
     assert pipe("hello world", **kwargs)[0]["generated_text"] == plain
     assert len(made) == 1
+
+
+def test_a_peft_adapter_is_left_to_transformers(tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    base = save_tiny_llama(tmp_path / "base", dtype=torch.bfloat16, tokenizer=False)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        tmp_path / "adapter"
+    )
+    with simulate(H200):
+        res = wd.resolve_device(model=str(tmp_path / "adapter"), max_new_tokens=NEEDED, max_length=NEEDED + 32)
+    assert not res.static_cache
+    (line,) = _generation_lines(res)
+    assert "PEFT adapter" in line

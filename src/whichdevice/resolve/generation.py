@@ -144,6 +144,8 @@ def _outside_measured(dtype: str | None, attention: str | None, model: ModelFact
     """Why this load is outside what was measured (left to transformers), or None."""
     if model is None or job.parameters is None:
         return "pass model= (with safetensors weights) to have a compiled static cache considered"
+    if model.adapter is not None:
+        return "a PEFT adapter's layers wrap the model's, and were not measured compiled"
     if dtype not in _MEASURED_DTYPES:
         return f"measured for bf16 and fp16 weights, and these load as {dtype or 'the checkpoint stores them'}"
     if attention != _MEASURED_ATTENTION:
