@@ -31,10 +31,11 @@ not fp16-unsafe; bf16 (fp32's range) always is; the measurement never turns on w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import item_size, short_name
-from whichdevice.core.job import Job
+from whichdevice.core.job import Job, new_tokens
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
@@ -238,11 +239,10 @@ def _tokens(job: Job) -> tuple[int, int]:
     tried: at 32 + 9 tokens and batch 4 with oneDNN capped it declined packing where packing ran
     1.3x (0.1B) and 2.7x (1.1B) the unpacked load, to spare one cell (0.4B, upcast) 0.84x."""
     length = job.max_length or DEFAULT_LENGTH
-    if job.max_new_tokens is not None:
-        prompt = length - job.max_new_tokens if job.max_length else DEFAULT_LENGTH // 2
-        return max(prompt, 1), job.max_new_tokens
-    prompt = length // 2
-    return prompt, max(length - prompt, 1)
+    new = new_tokens(replace(job, max_length=length)) or 1  # the rule resolve/generation.py counts by too
+    if job.max_new_tokens is None:
+        return length - new, new
+    return max(length - new if job.max_length else DEFAULT_LENGTH // 2, 1), new
 
 
 def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = True) -> tuple[float, _Step] | None:
