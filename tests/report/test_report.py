@@ -243,6 +243,19 @@ def test_text_is_plain_unless_colour_is_asked() -> None:
     assert ANSI.sub("", colored).count("whichdevice chose") == plain.count("whichdevice chose")
 
 
+def test_generate_keywords_are_printed_escaped_keys_too() -> None:
+    data = report.gather()
+    resolution = data["resolutions"][0]["resolution"]
+    assert resolution["generate_kwargs"] == {}  # nothing to hand over here: no generate line
+    assert "  generate  " not in report.render_text(data)
+    # A report read back is untrusted: a key is printed as well as a value.
+    resolution["generate_kwargs"] = {"cache_implementation": "static", "\x1b[2Jx": "\x07y"}
+    text = report.render_text(data)
+    assert "\x1b" not in text and "\x07" not in text
+    (line,) = [line for line in text.splitlines() if line.startswith("  generate ")]
+    assert "cache_implementation='static'" in line and "\\x1b[2Jx=" in line
+
+
 def test_text_wraps_to_the_terminal_width() -> None:
     text = report.render_text(report.gather(), width=80)
     too_long = [line for line in text.splitlines() if len(line) > 80 and " " in line.strip()[:80]]

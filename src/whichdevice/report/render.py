@@ -132,13 +132,14 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
 
 
 def _escaped(data: Any, key: str = "") -> Any:
-    """``data`` with every control character in its strings escaped: a report holds what devices,
-    the environment and (replayed) files said, and none of it may reach the terminal as a command.
-    The explanation keeps its line breaks; ``Resolution.explain`` escapes the lines themselves."""
+    """``data`` with every control character in its strings escaped, keys too (a mapping's keys are
+    printed, as generate's keywords are): a report holds what devices, the environment and
+    (replayed) files said, and none of it may reach the terminal as a command. The explanation keeps
+    its line breaks; ``Resolution.explain`` escapes the lines themselves."""
     if isinstance(data, str):
         return "\n".join(map(printable, data.split("\n"))) if key == "explanation" else printable(data)
     if isinstance(data, Mapping):
-        return {k: _escaped(v, k) for k, v in data.items()}
+        return {printable(k) if isinstance(k, str) else k: _escaped(v, k) for k, v in data.items()}
     if isinstance(data, list | tuple):
         return [_escaped(v) for v in data]
     return data
