@@ -8,7 +8,8 @@ oneDNN capped below bf16) a child process, with an empty calibration cache, meas
 bandwidth (all torch threads summing 512 MiB, best of 5), then for each Llama size (about 0.1B, 0.4B
 and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and batch:
 
-1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint, loaded
+1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint (with
+   ``--tell-new`` also ``max_new_tokens=NEW``: the job's length as generate gets it), loaded
    exactly as a user does, in a fresh process: ``from_pretrained(path, **res.model_kwargs())`` then
    ``res.prepare(model)``, its setup timed there (as is every candidate's packing); where that load
    is exactly a candidate's configuration, the resolved load takes the candidate's runs (with its
@@ -124,7 +125,9 @@ def label_of(res: Any) -> str:
     return label + ("+packed" if res.packed_for_batch else "")
 
 
-def setup_in_fresh_process(path: Path, load: str, batch: int, max_length: int) -> dict[str, Any]:
+def setup_in_fresh_process(
+    path: Path, load: str, batch: int, max_length: int, max_new_tokens: int | None = None
+) -> dict[str, Any]:
     """Load ``path`` in a new process, as a user's job does, and time its one-time setup there.
 
     ``load`` is a dtype (that dtype, its weights packed for ``batch``) or "resolved" (``resolve_device``
@@ -141,9 +144,10 @@ def setup_in_fresh_process(path: Path, load: str, batch: int, max_length: int) -
         "from whichdevice.precision.packed_weights import install_packed_weights\n"
         "from whichdevice.precision.single_row import HOOKED\n"
         "path, load, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
+        "new = int(sys.argv[5]) if sys.argv[5] != 'None' else None\n"
         "if load == 'resolved':\n"
         "    import whichdevice as wd\n"
-        "    res = wd.resolve_device(model=path, batch_size=batch, max_length=length)\n"
+        "    res = wd.resolve_device(model=path, batch_size=batch, max_length=length, max_new_tokens=new)\n"
         "    model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval()\n"
         "    start = time.perf_counter(); res.prepare(model)\n"
         "else:\n"
@@ -156,7 +160,7 @@ def setup_in_fresh_process(path: Path, load: str, batch: int, max_length: int) -
         "    'single_row': bool(getattr(model, HOOKED, False))}))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(path), load, str(batch), str(max_length)],
+        [sys.executable, "-c", code, str(path), load, str(batch), str(max_length), str(max_new_tokens)],
         capture_output=True,
         text=True,
         check=False,
@@ -229,6 +233,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     read 10.06 and 8.49 tokens/s in the same rounds here (1.1B, batch 1), which is noise."""
     ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
     length = args.prompt + args.new
+    told = args.new if args.tell_new else None  # max_new_tokens= as resolve_device gets it
     from whichdevice.precision.packed_weights import PACKED_DTYPES, install_packed_weights
     from whichdevice.precision.single_row import install_single_row
 
@@ -241,14 +246,14 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         for d in args.dtypes
         if batch >= 2 and d in PACKED_DTYPES
     }
-    fresh_loads = {ckpt: setup_in_fresh_process(path, "resolved", batch, length) for ckpt, path in paths.items()}
+    fresh_loads = {ckpt: setup_in_fresh_process(path, "resolved", batch, length, told) for ckpt, path in paths.items()}
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
     for config in configs:
         if config.packed:
             config.setup_s = packing[next(d for d in DTYPES if config.label.startswith(SHORT[d] + "/"))]
     by_label = {c.label: c for c in configs}
     for ckpt, path in paths.items():
-        res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length)
+        res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length, max_new_tokens=told)
         label = label_of(res)
         resolved[ckpt] = (res, label)
         fresh = fresh_loads[ckpt]
@@ -416,6 +421,7 @@ def main() -> int:
     parser.add_argument("--min-seconds", type=float, default=30.0)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=9)
+    parser.add_argument("--tell-new", action="store_true", help="pass max_new_tokens=NEW to resolve_device too")
     parser.add_argument("--out", default="benchmarks/results/real_sizes.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from procs import clean_env, measure_group, python  # noqa: E402
+from procs import clean_env, measure_group, python
 
 
 def resolve_from(src: str) -> list[str]:
