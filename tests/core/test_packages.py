@@ -100,3 +100,20 @@ def test_a_metadata_folder_without_a_version_is_passed_over(on_path: tuple[Path,
     (first / "wd_broken-1.0.dist-info").mkdir()  # an interrupted install: no METADATA
     _dist(second, "wd_broken", "1.2")
     assert package_version("wd_broken") == "1.2"
+
+
+def test_the_working_directory_on_sys_path_is_read_where_it_is_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    _dist(one, "wd_cwd_pkg", "1.0")
+    _dist(two, "wd_cwd_other", "2.0")
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
+    cache_clear()
+    try:
+        monkeypatch.chdir(one)
+        assert package_version("wd_cwd_pkg") == "1.0"
+        monkeypatch.chdir(two)  # a notebook's os.chdir: "" is now another folder
+        assert package_version("wd_cwd_other") == "2.0"
+    finally:
+        cache_clear()

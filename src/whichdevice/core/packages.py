@@ -87,7 +87,9 @@ def _find_version(name: str) -> str | None:
 def _distributions_in(folder: str) -> dict[str, list[str]]:
     """The metadata folders in ``folder`` by normalized distribution name, listed once per process
     (until ``cache_clear``): a fresh resolution asks for a dozen names, and listing and normalizing
-    site-packages for each of them took 4-5 ms of it."""
+    site-packages for each of them took 4-5 ms of it. Keyed by the absolute path: sys.path's "" is
+    the working directory, which a notebook may change between calls."""
+    folder = os.path.abspath(folder)
     with _lock:
         index = _folders.get(folder)
     if index is not None:
