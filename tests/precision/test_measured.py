@@ -201,7 +201,14 @@ def test_the_new_tokens_told_decide_the_packing_and_unsaid_are_half_of_max_lengt
     assert measured_dtype(calib, replace(job, max_new_tokens=768), ("bfloat16",), "bfloat16").packed
     few = measured_dtype(calib, replace(job, max_new_tokens=128), ("bfloat16",), "bfloat16")
     assert not few.packed and "not paid back by 128 new tokens, " in few.why
-    assert measured_dtype(calib, job, ("bfloat16",), "bfloat16").packed  # 512 new pay for it too
+    guessed = measured_dtype(calib, job, ("bfloat16",), "bfloat16")
+    assert guessed.packed  # 512 new pay for it too, and the line says the count was a guess
+    assert guessed.why.endswith("counted against 512 new tokens, half of max_length (pass max_new_tokens=)")
+    told = measured_dtype(calib, replace(job, max_new_tokens=512), ("bfloat16",), "bfloat16")
+    assert told.packed and "max_new_tokens" not in told.why
+    quick = parse_figures(PACKING.replace("mem.pack:2", "mem.pack:20"))  # 128 new tokens pay for it
+    assumed = measured_dtype(quick, replace(job, max_length=None), ("bfloat16",), "bfloat16")
+    assert assumed.packed and "half of the 256 tokens assumed (pass max_new_tokens=)" in assumed.why
     unsaid = measured_dtype(calib, replace(job, max_length=256), ("bfloat16",), "bfloat16")
     assert not unsaid.packed and "128 new tokens (half of max_length; pass max_new_tokens=)" in unsaid.why
 
