@@ -22,8 +22,18 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_time_limit_too_short_for_any_probe_is_named() -> None:
     # Real probes in a fresh process: a simulation answers at once, and this one caches its probes.
+    # The CPU probe reads /proc/cpuinfo in well under a millisecond and may finish before the waiting
+    # thread gets the GIL back to see the limit passed; a sleep (which lets go of the GIL) makes it
+    # take longer than the limit every time.
     env = {k: v for k, v in os.environ.items() if k not in STEERING} | {"WHICHDEVICE_PROBE_TIMEOUT": "1e-9"}
-    code = "import whichdevice as wd\ntry:\n    wd.resolve_device()\nexcept wd.DeviceError as exc:\n    print(exc)\n"
+    code = (
+        "import time\n"
+        "import whichdevice as wd\n"
+        "import whichdevice.hardware.probes.cpu as cpu\n"
+        "real = cpu.read_cpu\n"
+        "cpu.read_cpu = lambda backend: (time.sleep(0.2), real(backend))[1]\n"
+        "try:\n    wd.resolve_device()\nexcept wd.DeviceError as exc:\n    print(exc)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     message = done.stdout
     assert "did not finish within the time limit of 1e-09 s (WHICHDEVICE_PROBE_TIMEOUT)" in message
