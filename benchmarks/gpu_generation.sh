@@ -4,11 +4,13 @@
 #   2. gpu_handover.py: whole jobs, compile included, with the generate keywords whichdevice hands
 #      over and with the other answer, for HANDOVER_SIZES (default 0.1B) within HANDOVER_S seconds
 #      (default 200; a run cut off records how long it ran);
-#   3. compile_decode.py (dynamic cache, static cache, static cache compiled by generate) per size,
+#   3. long_decode.py: generate's own cache over 4700 new tokens (0.4B shape), within LONG_S (default 60);
+#   4. compile_decode.py (dynamic cache, static cache, static cache compiled by generate) per size,
 #      the 1.1B first, each size only while BUDGET_S seconds (default 420, counted from the start)
 #      are not spent.
 # Output goes to $OUT (default benchmarks/results/gpu): gpu.txt, report.txt, smoke.txt,
-# gpu_handover.txt/.json and compile_decode.txt (its JSON lines; at most 8 files come back from a device run).
+# gpu_handover.txt/.json, long_decode.txt and compile_decode.txt (its JSON lines; at most 8 files come back
+# from a device run).
 set -u
 out=${OUT:-benchmarks/results/gpu}
 mkdir -p "$out"
@@ -36,6 +38,13 @@ timeout $((${HANDOVER_S:-200} + 30)) "$py" benchmarks/gpu_handover.py --sizes ${
     --budget-s "${HANDOVER_S:-200}" --out "$out/gpu_handover.json" > "$out/gpu_handover.txt" 2>&1
 echo "handover rc=$? at ${SECONDS}s" | tee -a "$out/gpu.txt"
 grep -h '^{' "$out/gpu_handover.txt"
+
+# generate's own cache over a long job, per 500 steps as it goes (0.4B shape): a run cut off at LONG_S
+# (default 60 s) keeps the curve so far; the 4700-token job ran under 16 tokens/s on the last H200.
+timeout "${LONG_S:-60}" "$py" benchmarks/long_decode.py --device cuda --layers 20 --hidden 1024 \
+    --intermediate 2816 --heads 16 --kv-heads 4 --new 4700 > "$out/long_decode.txt" 2>&1
+echo "long_decode rc=$? at ${SECONDS}s" | tee -a "$out/gpu.txt"
+cat "$out/long_decode.txt"
 
 for size in 1.1B 0.1B 0.4B; do
     left=$((deadline - SECONDS))
