@@ -126,12 +126,14 @@ def label_of(res: Any) -> str:
 
 
 def setup_in_fresh_process(
-    path: Path, load: str, batch: int, max_length: int, max_new_tokens: int | None = None
+    path: Path, load: str, batch: int, max_length: int, max_new_tokens: int | None = None, prompt: int = 1
 ) -> dict[str, Any]:
     """Load ``path`` in a new process, as a user's job does, and time its one-time setup there.
 
     ``load`` is a dtype (that dtype, its weights packed for ``batch``) or "resolved" (``resolve_device``
-    for the job, ``from_pretrained(**res.model_kwargs())``, ``res.prepare(model)``). Timed here, not
+    for the job, ``from_pretrained(**res.model_kwargs())``, ``res.prepare(model)``, and where prepare
+    left the packing to generate, the job's generate of ``prompt`` + the rest tokens: the packing it
+    makes is setup). Timed here, not
     in the benchmark's own process: there every cell holds a dozen models, and on this VM a page
     fault's system time grew about fivefold once a process held a few GB (packing a 0.4B model's
     fp32 weights: 0.45-0.5 s as the process's first model, 1.7-2.2 s as its third and later), so
@@ -144,23 +146,36 @@ def setup_in_fresh_process(
         "from whichdevice.precision.packed_weights import install_packed_weights\n"
         "from whichdevice.precision.single_row import HOOKED\n"
         "path, load, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
+        "prompt = int(sys.argv[6])\n"
         "new = int(sys.argv[5]) if sys.argv[5] != 'None' else None\n"
         "if load == 'resolved':\n"
         "    import whichdevice as wd\n"
         "    res = wd.resolve_device(model=path, batch_size=batch, max_length=length, max_new_tokens=new)\n"
         "    model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval()\n"
         "    start = time.perf_counter(); res.prepare(model)\n"
+        "    setup = time.perf_counter() - start\n"
+        "    if 'generate' in vars(model):  # packing left to the job's generate call: the packing it makes is setup\n"
+        "        from whichdevice.precision import packed_weights\n"
+        "        spent, real = [], packed_weights.install_packed_weights\n"
+        "        def timed(*a, **k):\n"
+        "            t = time.perf_counter(); out = real(*a, **k); spent.append(time.perf_counter() - t); return out\n"
+        "        packed_weights.install_packed_weights = timed\n"
+        "        ids = torch.randint(3, 1000, (batch, prompt), generator=torch.Generator().manual_seed(0))\n"
+        "        with torch.inference_mode():\n"
+        "            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),\n"
+        "                max_new_tokens=length - prompt, min_new_tokens=length - prompt, do_sample=False)\n"
+        "        setup += sum(spent)\n"
         "else:\n"
         "    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, load)).eval()\n"
         "    start = time.perf_counter(); install_packed_weights(model, load, batch)\n"
-        "setup = time.perf_counter() - start\n"
+        "    setup = time.perf_counter() - start\n"
         "packed = sum(getattr(m, '_whichdevice_packed', None) is not None for m in model.modules())\n"
         "print(json.dumps({'setup_s': setup, 'dtype': str(next(model.parameters()).dtype).split('.')[-1],\n"
         "    'attention': model.config._attn_implementation, 'packed_layers': packed,\n"
         "    'single_row': bool(getattr(model, HOOKED, False))}))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(path), load, str(batch), str(max_length), str(max_new_tokens)],
+        [sys.executable, "-c", code, str(path), load, str(batch), str(max_length), str(max_new_tokens), str(prompt)],
         capture_output=True,
         text=True,
         check=False,
@@ -246,7 +261,9 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         for d in args.dtypes
         if batch >= 2 and d in PACKED_DTYPES
     }
-    fresh_loads = {ckpt: setup_in_fresh_process(path, "resolved", batch, length, told) for ckpt, path in paths.items()}
+    fresh_loads = {
+        ckpt: setup_in_fresh_process(path, "resolved", batch, length, told, args.prompt) for ckpt, path in paths.items()
+    }
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
     for config in configs:
         if config.packed:

@@ -203,12 +203,16 @@ def test_the_new_tokens_told_decide_the_packing_and_unsaid_are_half_of_max_lengt
     assert not few.packed and "not paid back by 128 new tokens, " in few.why
     guessed = measured_dtype(calib, job, ("bfloat16",), "bfloat16")
     assert guessed.packed  # 512 new pay for it too, and the line says the count was a guess
-    assert guessed.why.endswith("counted against 512 new tokens, half of max_length (pass max_new_tokens=)")
+    assert guessed.why.endswith(
+        "counted against 512 new tokens, half of max_length: packed at the first generate() call whose own "
+        "tokens repay it (pass max_new_tokens= to have prepare() pack)"
+    )
+    assert guessed.packing is not None and not guessed.packing.told and guessed.packing.new_tokens == 512
     told = measured_dtype(calib, replace(job, max_new_tokens=512), ("bfloat16",), "bfloat16")
     assert told.packed and "max_new_tokens" not in told.why
     quick = parse_figures(PACKING.replace("mem.pack:2", "mem.pack:20"))  # 128 new tokens pay for it
     assumed = measured_dtype(quick, replace(job, max_length=None), ("bfloat16",), "bfloat16")
-    assert assumed.packed and "half of the 256 tokens assumed (pass max_new_tokens=)" in assumed.why
+    assert assumed.packed and "half of the 256 tokens assumed: packed at the first generate() call" in assumed.why
     unsaid = measured_dtype(calib, replace(job, max_length=256), ("bfloat16",), "bfloat16")
     assert not unsaid.packed and "128 new tokens (half of max_length; pass max_new_tokens=)" in unsaid.why
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.hardware.calibration import Calibration
     from whichdevice.model.size import CheckpointDtype
+    from whichdevice.precision.packing_plan import PackingPlan
 
 __all__ = ["EXPLICIT_TRAINING_DTYPE", "Precision", "decide_precision"]
 
@@ -44,13 +45,13 @@ class Precision(NamedTuple):
     """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
     ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none);
     ``single_row``: the CPU's batch-1 decode steps measured faster through torch's own GEMV kernel;
-    ``pack_budget_s``: the CPU's decode steps at the job's batch measured faster with weights packed
-    ahead, and the seconds the packing may take and still pay (measured_dtype); None: not packed."""
+    ``packing``: the CPU's decode steps at the job's batch measured faster with weights packed
+    ahead, and the estimate's figures for when the packing pays (measured_dtype); None: not packed."""
 
     weights: str | None
     mixed: str | None
     single_row: bool = False
-    pack_budget_s: float | None = None
+    packing: PackingPlan | None = None
 
 
 def decide_precision(
@@ -80,7 +81,7 @@ def decide_precision(
         elif measured is not None:
             choice, more = _measured_inference(backend, result, measured, checkpoint)
             flag = _flag_for(backend, result, choice.dtype)
-            precision = Precision(choice.dtype, flag, choice.single_row, choice.pack_budget_s)
+            precision = Precision(choice.dtype, flag, choice.single_row, choice.packing)
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import item_size, short_name
 from whichdevice.core.job import Job, new_tokens
+from whichdevice.precision.packing_plan import PACK_MARGIN, PackingPlan
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
@@ -63,10 +64,6 @@ MARGIN = 1.05
 # whichdevice_sdpa's decode path must be measured this much faster than torch's fused kernel: the
 # rest of a step (prompt attention, masks) runs sdpa either way.
 ATTENTION_MARGIN = 1.10
-# Packed weights must make the whole job this much faster: the copy takes the weights' memory again,
-# and the packed figure moved most between quiet calibrations here (bf16.p4 over bf16.s4 from 1.16
-# to 2.07 in six runs), so only a clear gain may decide, and near the line the default (unpacked) wins.
-PACK_MARGIN = 1.2
 # A model's weights pack this many times slower than the calibration's set did (see _packed_step).
 PACK_SLOWER = 2.0
 # Tokens per sequence assumed when max_length is not given: a 128-token prompt and 128 new tokens.
@@ -86,13 +83,13 @@ class MeasuredChoice(NamedTuple):
     dtype: str
     why: str
     single_row: bool = False
-    # Seconds the packing may take before the packed job is no faster than the plain one (prepare()
-    # stops a packing that runs past it); None where nothing is packed.
-    pack_budget_s: float | None = None
+    # The estimate's figures for packing the weights (prepare() packs, or hooks generate to decide
+    # by each call's tokens where the count was not told); None where nothing is packed.
+    packing: PackingPlan | None = None
 
     @property
     def packed(self) -> bool:
-        return self.pack_budget_s is not None
+        return self.packing is not None
 
 
 class _Step(NamedTuple):
@@ -102,8 +99,7 @@ class _Step(NamedTuple):
     single_row: bool
     packed: bool = False
     pack_seconds: float = 0.0  # packing the weights once, in seconds
-    # The packing's time at which the packed job would be no faster than the plain one, in seconds.
-    pack_budget: float = 0.0
+    plan: PackingPlan | None = None  # where packing was estimated to pay for the job
 
 
 def _resident_shape(batch: int) -> str:
@@ -263,10 +259,11 @@ def estimate_seconds(calib: Calibration, dtype: str, job: Job, packing: bool = T
     plain = prompt + new_tokens * step.seconds
     packed = _packed_step(calib, dtype, batch, parameters, step) if packing else None
     if packed is not None:
-        with_packing = prompt + new_tokens * packed.seconds + packed.pack_seconds
-        if plain >= with_packing * PACK_MARGIN:
-            budget = plain - (with_packing - packed.pack_seconds)
-            return with_packing, packed._replace(pack_budget=budget)
+        per_token = prompt / prompt_tokens if prompt_tokens else 0.0
+        told = job.max_new_tokens is not None
+        plan = PackingPlan(batch, step.seconds, packed.seconds, packed.pack_seconds, per_token, new_tokens, told)
+        if plan.budget_s(prompt_tokens, new_tokens) is not None:
+            return prompt + new_tokens * packed.seconds + packed.pack_seconds, packed._replace(plan=plan)
         counted = "" if job.max_new_tokens else " (half of max_length; pass max_new_tokens=)"
         return plain, step._replace(figure=f"{packed.figure}, not paid back by {new_tokens} new tokens{counted}")
     return plain, step
@@ -323,11 +320,14 @@ def measured_dtype(
     if chosen.packed:
         why += f"; {short_name(best)} weights packed ahead: {chosen.figure.rpartition(', ')[2]}"
         if job.max_new_tokens is None:
-            # A guessed count may be what tipped the choice (capped CPU, 9 of 41 tokens new: 0.85x of
-            # the best with 21 counted, 1.00x told): the user learns what to pass.
+            # A guessed count decided wrongly both ways (capped CPU, 9 of 41 tokens new: 0.85x of the
+            # best with 21 counted, 1.00x told), so generate decides by each call's own count.
             of = "max_length" if job.max_length else f"the {DEFAULT_LENGTH} tokens assumed"
-            why += f", counted against {_tokens(job)[1]} new tokens, half of {of} (pass max_new_tokens=)"
-    return MeasuredChoice(best, why, chosen.single_row, chosen.pack_budget if chosen.packed else None)
+            why += (
+                f", counted against {_tokens(job)[1]} new tokens, half of {of}: packed at the first generate() "
+                "call whose own tokens repay it (pass max_new_tokens= to have prepare() pack)"
+            )
+    return MeasuredChoice(best, why, chosen.single_row, chosen.plan if chosen.packed else None)
 
 
 def measured_training(calib: Calibration) -> tuple[bool | None, str]:

@@ -24,7 +24,6 @@ since, a deepcopy, a torch.compile trace) runs ``torch.nn.functional.linear`` as
 from __future__ import annotations
 
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +98,22 @@ def _forward(self: Any, x: Any) -> Any:
     return torch.nn.functional.linear(x, weight, self.bias)
 
 
+class _PackedForward:
+    """A layer's ``forward``: ``_forward`` bound to it. An object rather than a bound method: a pickled
+    model (``torch.save(model)``) restores a bound method by name, and the layer has no ``_forward``."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __call__(self, x: Any) -> Any:
+        return _forward(self.module, x)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_PackedForward, (self.module,))
+
+
 def packable_layers(model: Any, dtype: str) -> list[Any]:
     """``model``'s plain ``torch.nn.Linear`` layers (not subclasses: quantized layers are those) whose
     weights are on the CPU in ``dtype``."""
@@ -138,7 +153,8 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
     ops = packing_ops(torch)
     if ops is None:
         return 0, "not packed: this torch has no oneDNN packing ops"
-    layers = [m for m in packable_layers(model, dtype) if getattr(m, _ATTRIBUTE, None) is None]
+    # A layer packed already is left; one whose copy came from a deepcopy or pickle (no tensor) packs again.
+    layers = [m for m in packable_layers(model, dtype) if getattr(getattr(m, _ATTRIBUTE, None), "tensor", None) is None]
     size = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     available = available_memory()
     if available is not None and size > HEADROOM * available:
@@ -154,7 +170,7 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
                 weight = module.weight
                 packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
                 setattr(module, _ATTRIBUTE, packed)
-                module.forward = types.MethodType(_forward, module)
+                module.forward = _PackedForward(module)
                 done += weight.numel() * weight.element_size()
                 elapsed = time.perf_counter() - start
                 projected = elapsed * size / done

@@ -22,6 +22,7 @@ from whichdevice.core.records import TraceStep
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.model.facts import ModelFacts
+    from whichdevice.precision.packing_plan import PackingPlan
 
 __all__ = [
     "COMPILE_MARGIN",
@@ -71,21 +72,27 @@ def single_row_step(
 
 
 def packed_step(
-    measured: float | None, dtype: str | None, quantization: Any, device_map: Any, job: Job
-) -> tuple[int | None, list[TraceStep]]:
-    """The batch Resolution.prepare(model) packs the linear weights for, unquantized and all on the CPU,
-    where the estimate with packing won (``measured``: the packing's break-even in seconds)."""
-    if measured is None or quantization is not None or device_map != "cpu" or dtype is None:
+    plan: PackingPlan | None, dtype: str | None, quantization: Any, device_map: Any, job: Job
+) -> tuple[PackingPlan | None, list[TraceStep]]:
+    """The packing Resolution.prepare(model) makes of the linear weights, unquantized and all on the
+    CPU, where the estimate with packing won (``plan``: its figures, batch and break-even)."""
+    if plan is None or quantization is not None or device_map != "cpu" or dtype is None:
         return None, []
-    batch = job.batch_size or 1
     size = f", a copy of {job.parameters * item_size(dtype) / 1024**3:.2f} GiB beside them" if job.parameters else ""
-    why = (
-        f"res.prepare(model) packs the {short_name(dtype)} linear weights in oneDNN's layout for batch {batch}{size}, "
-        f"measured faster for decode steps of several rows (the calibration's p4), the packing counted against the "
-        f"job's new tokens and undone if projected past {measured:.2g} s; made only while it takes at most half the "
-        "memory available, and training, other dtypes and changed weights run unpacked"
+    when = (
+        f"res.prepare(model) packs the {short_name(dtype)} linear weights"
+        if plan.told
+        else f"the first model.generate() call whose own prompt and new tokens repay it packs the {short_name(dtype)} "
+        "linear weights (res.prepare(model) hooks it; the job's new tokens were not told)"
     )
-    return batch, [TraceStep("generation", why)]
+    limit = f"{plan.budget_for_job:.2g} s" if plan.told else "that call's break-even"
+    why = (
+        f"{when} in oneDNN's layout for batch {plan.batch}{size}, measured faster for decode steps of several rows "
+        f"(the calibration's p4), the packing counted against the job's new tokens and undone if projected past "
+        f"{limit}; made only while it takes at most half the memory available, and training, other dtypes and "
+        "changed weights run unpacked"
+    )
+    return plan, [TraceStep("generation", why)]
 
 
 def static_cache_step(

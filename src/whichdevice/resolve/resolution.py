@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
+    from whichdevice.precision.packing_plan import PackingPlan
 
 __all__ = ["Resolution", "check_device_map"]
 
@@ -60,6 +61,9 @@ class Resolution:
     # The seconds that packing may take and still pay for itself in the job (the estimate's break-even):
     # prepare(model) stops, and unpacks, a packing projected to run past it. None: no limit.
     packing_budget_s: float | None = None
+    # The estimate's figures behind the packing; where the job's new tokens were not told, prepare(model)
+    # hooks generate to decide by each call's own (whichdevice.precision.packing_plan).
+    packing: PackingPlan | None = field(default=None, repr=False)
     # An inference job on an NVIDIA GPU long enough to repay generate's compile of a static cache's
     # decode step (whichdevice.resolve.generation): generate_kwargs() passes cache_implementation="static".
     static_cache: bool = False
@@ -176,7 +180,9 @@ class Resolution:
         (``packed_for_batch``), the linear weights get a packed copy beside them, made only while it
         fits in half the memory available, and given up (unpacked) once the packing is projected to
         take longer than the job's new tokens repay (``packing_budget_s``; the INFO log says what
-        was packed, or why not). Where a compiled static cache pays for the job (``static_cache``),
+        was packed, or why not). Where the job's new tokens were not told (``packing_at_generate``),
+        nothing is packed yet: ``model.generate`` is hooked, and the first call whose own prompt and
+        new tokens repay the packing packs. Where a compiled static cache pays for the job (``static_cache``),
         the model's ``generation_config.cache_implementation`` becomes ``"static"`` unless it is set
         already, so that generate and pipelines use it. The trace's "generation" lines quote why.
         Otherwise nothing changes. Calling it twice is harmless; a pipeline's model is ``pipe.model``."""
@@ -184,7 +190,12 @@ class Resolution:
             from whichdevice.precision.single_row import install_single_row
 
             install_single_row(model)
-        if self.packed_for_batch is not None and self.dtype_name is not None:
+        if self.packing_at_generate and self.packing is not None and self.dtype_name is not None:
+            from whichdevice.precision.packing_plan import install_packing_at_generate
+
+            if install_packing_at_generate(model, self.dtype_name, self.packing):
+                logging.getLogger("whichdevice").info("prepare: generate packs at the first call its tokens repay")
+        elif self.packed_for_batch is not None and self.dtype_name is not None:
             from whichdevice.precision.packed_weights import install_packed_weights
 
             _, done = install_packed_weights(model, self.dtype_name, self.packed_for_batch, self.packing_budget_s)
@@ -193,6 +204,11 @@ class Resolution:
         if config is not None and getattr(config, "cache_implementation", None) is None:
             config.cache_implementation = "static"
         return model
+
+    @property
+    def packing_at_generate(self) -> bool:
+        """Whether prepare(model) leaves the packing to model.generate's calls (new tokens not told)."""
+        return self.packing is not None and not self.packing.told and self.packed_for_batch is not None
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``model.generate`` (or a text-generation pipeline's call) that this
@@ -294,6 +310,7 @@ class Resolution:
             "single_row": self.single_row,
             "packed_for_batch": self.packed_for_batch,
             "packing_budget_s": None if self.packing_budget_s is None else round(self.packing_budget_s, 3),
+            "packing_at_generate": self.packing_at_generate,
             "generate_kwargs": self.generate_kwargs(),
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,

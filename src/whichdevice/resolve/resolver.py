@@ -191,7 +191,7 @@ def _resolve(args: Arguments) -> Resolution:
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
     single_row = trace.take(single_row_step(precision.single_row, dtype, quantization, placed.device_map))
-    packed = trace.take(packed_step(precision.pack_budget_s, dtype, quantization, placed.device_map, job))
+    packing = trace.take(packed_step(precision.packing, dtype, quantization, placed.device_map, job))
     quantized = quantization or (None if dequantize else quant)
     loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
     static_cache = trace.take(static_cache_step(backend, result, args.task, model, job, loaded=loaded))
@@ -219,9 +219,10 @@ def _resolve(args: Arguments) -> Resolution:
         kernels_key=kernels_key,
         torch_compile=args.torch_compile,
         single_row=single_row,
-        packed_for_batch=packed,
+        packed_for_batch=packing.batch if packing else None,
         static_cache=static_cache,
-        packing_budget_s=precision.pack_budget_s if packed else None,
+        packing_budget_s=packing.budget_for_job if packing else None,
+        packing=packing,
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,

@@ -1,0 +1,137 @@
+"""When packing a CPU model's weights pays for a generation: the estimate's figures, and the generate() hook.
+
+Packing the linear weights ahead (``whichdevice.precision.packed_weights``) costs seconds once and
+saves a fraction of every decode step, so whether it pays depends on how many tokens the job
+generates. Where ``max_new_tokens=`` was passed to ``resolve_device``, the count is known and
+``Resolution.prepare(model)`` packs at once. Where it was not, the resolver could only guess (half
+of ``max_length``), and the guess decided wrongly both ways: 21 tokens counted where a job made 9
+(a capped CPU, batch 4: the resolved load ran 0.85x and 0.94x the best), 128 counted where a job
+made thousands. So there ``prepare`` packs nothing yet and hooks ``model.generate``: each call reads
+its own prompt and new tokens (its ``max_new_tokens``, else ``max_length`` less the prompt, from the
+call or the model's ``generation_config``), and the first call they repay packs, with the
+packing's time limit (its break-even) counted for that call. Pipelines and PEFT models call the
+model's ``generate`` and meet the same hook; a decode loop of its own calling ``forward`` runs
+unpacked (pass ``max_new_tokens=`` to resolve_device to have it packed at ``prepare``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+__all__ = ["PACK_MARGIN", "PackingPlan", "call_tokens", "install_packing_at_generate", "remove_packing_hook"]
+
+# Packed weights must make the whole job this much faster: the copy takes the weights' memory again,
+# and the packed figure moved most between quiet calibrations here (bf16.p4 over bf16.s4 from 1.16
+# to 2.07 in six runs), so only a clear gain may decide, and near the line the default (unpacked) wins.
+PACK_MARGIN = 1.2
+# Set on a model whose generate is hooked, so hooking twice adds nothing.
+_HOOK = "_whichdevice_pack_at_generate"
+
+
+class PackingPlan(NamedTuple):
+    """The estimate's figures for packing at ``batch`` rows, in seconds (the calibration's, scaled to
+    the model): one decode step unpacked and packed, the packing itself, and one prompt token of
+    every sequence; ``new_tokens``: the count the resolve counted against; ``told``: whether the
+    caller said it (max_new_tokens=), else it is decided again at each generate call."""
+
+    batch: int
+    step_s: float
+    packed_step_s: float
+    pack_s: float
+    prompt_token_s: float
+    new_tokens: int
+    told: bool
+
+    def budget_s(self, prompt_tokens: int, new_tokens: int) -> float | None:
+        """The seconds the packing may take for a job of ``prompt_tokens`` + ``new_tokens`` a
+        sequence and still pay (the new tokens' saving); None where the whole job, packing
+        included, is not estimated ``PACK_MARGIN`` faster packed."""
+        prompt = prompt_tokens * self.prompt_token_s
+        plain = prompt + new_tokens * self.step_s
+        packed = prompt + new_tokens * self.packed_step_s + self.pack_s
+        return new_tokens * (self.step_s - self.packed_step_s) if plain >= packed * PACK_MARGIN else None
+
+    @property
+    def budget_for_job(self) -> float:
+        """The break-even for the count the resolve counted against (it chose packing: it paid)."""
+        saved = self.step_s - self.packed_step_s
+        return self.new_tokens * saved
+
+
+def _setting(kwargs: dict[str, Any], config: Any, name: str) -> Any:
+    value = kwargs.get(name)
+    return getattr(config, name, None) if value is None else value
+
+
+def call_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(rows, prompt tokens, new tokens) a ``generate`` call computes, as transformers reads them:
+    ``max_new_tokens`` before ``max_length`` (less the prompt), the call's before its
+    ``generation_config``'s before the model's; rows are sequences times beams. None: not readable."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    shape = getattr(ids, "shape", None)
+    if shape is None or len(shape) < 2:
+        return None
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    batch, prompt = int(shape[0]), int(shape[1])
+    new = kwargs.get("max_new_tokens")
+    if new is None and kwargs.get("max_length") is None:
+        new = getattr(config, "max_new_tokens", None)
+    if new is None:
+        length = _setting(kwargs, config, "max_length")
+        new = length - prompt if isinstance(length, int) else None
+    beams = _setting(kwargs, config, "num_beams")
+    rows = batch * (beams if isinstance(beams, int) and beams > 0 else 1)
+    if not isinstance(new, int) or new < 1:
+        return None
+    return rows, prompt, new
+
+
+class _PackAtGenerate:
+    """``model.generate`` that first packs the weights at the first call whose tokens repay it.
+
+    A callable object, not a closure: a deepcopy or pickle of the model carries it bound to the copy."""
+
+    __slots__ = ("dtype", "model", "plan")
+
+    def __init__(self, model: Any, dtype: str, plan: PackingPlan) -> None:
+        self.model, self.dtype, self.plan = model, dtype, plan
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_PackAtGenerate, (self.model, self.dtype, self.plan))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self.model
+        shape = call_tokens(model, args, kwargs)
+        budget = None if shape is None or shape[0] < 2 else self.plan.budget_s(shape[1], shape[2])
+        if budget is not None and shape is not None:
+            from whichdevice.precision.packed_weights import install_packed_weights
+
+            _, done = install_packed_weights(model, self.dtype, self.plan.batch, budget)
+            # Packed, or found slower than the estimate (undone): either way decided, and the hook goes.
+            remove_packing_hook(model)
+            logging.getLogger("whichdevice").info(
+                "generate (%d rows, %d + %d tokens a sequence): %s", shape[0], shape[1], shape[2], done
+            )
+        return type(model).generate(model, *args, **kwargs)
+
+
+def install_packing_at_generate(model: Any, dtype: str, plan: PackingPlan) -> bool:
+    """Hook ``model.generate`` to pack its ``dtype`` weights at the first call whose prompt and new
+    tokens repay the packing by ``plan``. False: the model has no ``generate``, an instance-level
+    ``generate`` of someone else's (left alone), or the hook already."""
+    if not callable(getattr(type(model), "generate", None)) or "generate" in vars(model):
+        return False
+    model.generate = _PackAtGenerate(model, dtype, plan)
+    setattr(model, _HOOK, True)
+    return True
+
+
+def remove_packing_hook(model: Any) -> None:
+    """Take ``install_packing_at_generate``'s hook off ``model`` (nothing where there is none)."""
+    if getattr(model, _HOOK, False):
+        delattr(model, _HOOK)
+        if isinstance(vars(model).get("generate"), _PackAtGenerate):
+            del model.generate
