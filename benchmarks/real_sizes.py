@@ -272,11 +272,11 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     for ckpt, path in paths.items():
         res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length, max_new_tokens=told)
         label = label_of(res)
-        resolved[ckpt] = (res, label)
         fresh = fresh_loads[ckpt]
-        if fresh_label(fresh) != label:  # what the user's job got, e.g. a packing prepare() undid
+        if fresh_label(fresh) != label:  # what the user's job got, e.g. a packing prepare() or generate declined
             log(f"{ckpt}: resolved {label}, a fresh load got {fresh_label(fresh)} (setup {fresh['setup_s']:.2f} s)")
             label = fresh_label(fresh)
+        resolved[ckpt] = (res, label)
         twin = by_label.get(label)
         mine = f"resolved {ckpt}={label}"
         if twin is not None:

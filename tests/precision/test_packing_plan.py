@@ -19,7 +19,13 @@ from tiny_models import save_tiny_llama
 from whichdevice.hardware.probes.cpu_memory import packing_ops
 from whichdevice.precision import packed_weights
 from whichdevice.precision.packed_weights import packable_layers
-from whichdevice.precision.packing_plan import PACK_MARGIN, PackingPlan, call_tokens, remove_packing_hook
+from whichdevice.precision.packing_plan import (
+    DEFAULT_NEW_TOKENS,
+    PACK_MARGIN,
+    PackingPlan,
+    call_tokens,
+    remove_packing_hook,
+)
 from whichdevice.testing import simulate
 
 # A simulated CPU whose batch-4 steps run faster with packed weights (1 KiB cache: the tiny model's
@@ -85,7 +91,11 @@ def test_a_calls_tokens_are_read_as_transformers_reads_them():
     assert call_tokens(model, (), {"inputs_embeds": embeds, "max_new_tokens": 3}) == (2, 5, 3)
     assert call_tokens(model, (), {}) is None  # nothing to read: the hook leaves the call alone
     assert call_tokens(model, (ids,), {"max_length": 10}) is None  # nothing new to generate
-    assert call_tokens(object(), (ids,), {}) is None  # no generation config, no count
+    told_model = type("M", (), {"generation_config": GenerationConfig(max_new_tokens=9)})()
+    assert call_tokens(told_model, (ids,), {"max_length": 30}) == (3, 10, 9)  # the model's max_new_tokens wins
+    unset = type("M", (), {"generation_config": GenerationConfig()})()
+    default = GenerationConfig().max_length  # None where transformers reads no length as 20 new tokens
+    assert call_tokens(unset, (ids,), {}) == (3, 10, DEFAULT_NEW_TOKENS if default is None else default - 10)
 
 
 def test_prepare_leaves_the_packing_to_the_first_generate_call_its_tokens_repay(

@@ -19,7 +19,14 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-__all__ = ["PACK_MARGIN", "PackingPlan", "call_tokens", "install_packing_at_generate", "remove_packing_hook"]
+__all__ = [
+    "DEFAULT_NEW_TOKENS",
+    "PACK_MARGIN",
+    "PackingPlan",
+    "call_tokens",
+    "install_packing_at_generate",
+    "remove_packing_hook",
+]
 
 # Packed weights must make the whole job this much faster: the copy takes the weights' memory again,
 # and the packed figure moved most between quiet calibrations here (bf16.p4 over bf16.s4 from 1.16
@@ -59,14 +66,21 @@ class PackingPlan(NamedTuple):
         return self.new_tokens * saved
 
 
-def _setting(kwargs: dict[str, Any], config: Any, name: str) -> Any:
-    value = kwargs.get(name)
-    return getattr(config, name, None) if value is None else value
+# The new tokens generate makes where no length is set anywhere (transformers 5 reads its default
+# max_length of 20 as new tokens; 4.x sets max_length=20 in GenerationConfig, which is read below).
+DEFAULT_NEW_TOKENS = 20
+
+
+def _merged(name: str, kwargs: dict[str, Any], configs: tuple[Any, ...]) -> Any:
+    """``name`` as generate merges it: the call's keyword, then its generation_config's, then the model's."""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    return next((v for c in configs if (v := getattr(c, name, None)) is not None), None)
 
 
 def call_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:
     """(rows, prompt tokens, new tokens) a ``generate`` call computes, as transformers reads them:
-    ``max_new_tokens`` before ``max_length`` (less the prompt), the call's before its
+    ``max_new_tokens`` before ``max_length`` (less the prompt), each the call's before its
     ``generation_config``'s before the model's; rows are sequences times beams. None: not readable."""
     ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is None:
@@ -74,15 +88,13 @@ def call_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     shape = getattr(ids, "shape", None)
     if shape is None or len(shape) < 2:
         return None
-    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    configs = (kwargs.get("generation_config"), getattr(model, "generation_config", None))
     batch, prompt = int(shape[0]), int(shape[1])
-    new = kwargs.get("max_new_tokens")
-    if new is None and kwargs.get("max_length") is None:
-        new = getattr(config, "max_new_tokens", None)
+    new = _merged("max_new_tokens", kwargs, configs)
     if new is None:
-        length = _setting(kwargs, config, "max_length")
-        new = length - prompt if isinstance(length, int) else None
-    beams = _setting(kwargs, config, "num_beams")
+        length = _merged("max_length", kwargs, configs)
+        new = DEFAULT_NEW_TOKENS if length is None else length - prompt if isinstance(length, int) else None
+    beams = _merged("num_beams", kwargs, configs)
     rows = batch * (beams if isinstance(beams, int) and beams > 0 else 1)
     if not isinstance(new, int) or new < 1:
         return None
