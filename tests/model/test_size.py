@@ -85,3 +85,26 @@ def test_a_known_architecture_with_its_own_code_is_built_from_transformers_class
     assert not list(folder.glob("IMPORTED-*"))
     assert "the folder's code, auto_map, was not run" in size.source and size.parameters > 0
     assert wd.resolve_device(model=folder).device == "cpu"
+
+
+def _headers(tensors: dict[str, list[int]]) -> tuple[tuple[Path, dict[str, dict[str, object]]], ...]:
+    return ((Path("model.safetensors"), {name: {"dtype": "BF16", "shape": shape} for name, shape in tensors.items()}),)
+
+
+def test_a_decode_step_reads_the_head_of_its_own_or_the_tied_embedding():
+    from whichdevice.model.size import stored_weights
+
+    layers = {"model.layers.0.self_attn.q_proj.weight": [64, 64], "model.layers.0.mlp.up_proj.weight": [128, 64]}
+    embedding = {"model.embed_tokens.weight": [1000, 64], "model.norm.weight": [64]}
+    own = stored_weights(_headers({**layers, **embedding, "lm_head.weight": [1000, 64]}))
+    tied = stored_weights(_headers({**layers, **embedding}))
+    positions = stored_weights(
+        _headers({**layers, "transformer.wte.weight": [900, 64], "transformer.wpe.weight": [2048, 64]})
+    )
+    assert own is not None and tied is not None and positions is not None
+    linear = 64 * 64 + 128 * 64
+    assert (own.linear_params, own.linear_count) == (linear, 2)  # what bitsandbytes quantizes: no head
+    assert (own.step_params, own.step_matmuls) == (linear + 64_000, 3)
+    assert (tied.step_params, tied.step_matmuls) == (linear + 64_000, 3)  # the tied head reads the embedding
+    assert positions.step_params == linear + 900 * 64  # a position table is no head
+    assert stored_weights(_headers(layers)).step_params == linear  # type: ignore[union-attr]

@@ -25,7 +25,7 @@ class Job:
     attention: str | None = None
     # A pre-quantized checkpoint that transformers loads dequantized here (FP8 below cc 8.9, ...).
     dequantize: bool = False
-    # The weights a decode step reads (the checkpoint's linear layers, from its safetensors headers);
+    # The weights a decode step reads (the checkpoint's linear layers and output head, from its safetensors headers);
     # None: no model= or no headers. The CPU's measured dtype weighs memory against cache by it.
     parameters: int | None = None
     # The matmuls a decode step runs (the checkpoint's linear weight matrices, from the same headers):

@@ -86,6 +86,21 @@ def _is_linear(name: str, shape: list[int]) -> bool:
     )
 
 
+def _is_head(name: str, shape: list[int]) -> bool:
+    return len(shape) == 2 and name.lower().endswith("weight") and "lm_head" in name.lower()
+
+
+def _is_token_embedding(name: str, shape: list[int]) -> bool:
+    lowered = name.lower()
+    return (
+        len(shape) == 2
+        and lowered.endswith("weight")
+        and ("embed" in lowered or "wte" in lowered)
+        and "position" not in lowered
+        and "wpe" not in lowered
+    )
+
+
 @dataclass(frozen=True)
 class StoredWeights:
     """What a checkpoint's safetensors headers say: parameters and bytes per safetensors dtype."""
@@ -98,6 +113,19 @@ class StoredWeights:
     by_code: tuple[tuple[str, int, int], ...]
     # How many linear weight matrices hold linear_params: the matmuls of one forward pass.
     linear_count: int = 0
+    # The output head's weights (lm_head; where the checkpoint has none, the token embedding a tied
+    # head reads): a decode step multiplies every row by it too, and packing copies it.
+    head_params: int = 0
+    head_count: int = 0
+
+    @property
+    def step_params(self) -> int:
+        """The weights one decode step reads: the linear layers' and the head's."""
+        return self.linear_params + self.head_params
+
+    @property
+    def step_matmuls(self) -> int:
+        return self.linear_count + self.head_count
 
     def model_size(self) -> ModelSize:
         return ModelSize(self.source, self.float_params, self.linear_params, self.other_bytes)
@@ -112,7 +140,7 @@ def stored_weights(headers: tuple[tuple[Path, Mapping[str, Mapping[str, Any]]], 
     """The figures of already read and checked headers ((file, tensors) each); None without a file."""
     if not headers:
         return None
-    float_params = linear = other = matrices = 0
+    float_params = linear = other = matrices = head = heads = embedding = 0
     by_code: dict[str, list[int]] = {}
     for _, tensors in headers:
         for name, info in tensors.items():
@@ -125,13 +153,19 @@ def stored_weights(headers: tuple[tuple[Path, Mapping[str, Mapping[str, Any]]], 
                 if _is_linear(name, info["shape"]):
                     linear += count
                     matrices += 1
+                elif _is_head(name, info["shape"]):
+                    head, heads = head + count, heads + 1
+                elif _is_token_embedding(name, info["shape"]):
+                    embedding = max(embedding, count)
             else:
                 other += count * SAFETENSORS_BITS[code] // 8
+    if not heads and embedding:  # no head of its own: a tied head reads the token embedding
+        head, heads = embedding, 1
     files = [file for file, _ in headers]
     where = files[0].parent if len(files) > 1 else files[0]
     codes = tuple((code, p, b) for code, (p, b) in sorted(by_code.items()))
     source = f"safetensors headers ({len(files)} file(s) in {where})"
-    return StoredWeights(source, float_params, linear, other, codes, matrices)
+    return StoredWeights(source, float_params, linear, other, codes, matrices, head, heads)
 
 
 def size_from_headers(

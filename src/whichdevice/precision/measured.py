@@ -71,8 +71,8 @@ DEFAULT_LENGTH = 256
 # Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
 # stream from memory, as 1B does past any CPU's cache.
 ASSUMED_PARAMETERS = 1_000_000_000
-# Matmuls per decode step assumed with it: a 1.1B Llama's 22 layers of 7 projections.
-ASSUMED_MATMULS = 154
+# Matmuls per decode step assumed with it: a 1.1B Llama's 22 layers of 7 projections, and its head.
+ASSUMED_MATMULS = 155
 
 
 class MeasuredChoice(NamedTuple):

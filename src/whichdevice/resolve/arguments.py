@@ -226,7 +226,7 @@ class Arguments(NamedTuple):
         """The job these arguments describe (checked first: check_arguments), with the weights a
         decode step reads and its matmuls from the checkpoint's ``stored`` weights where given."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
-        parameters, matmuls = (stored.linear_params, stored.linear_count) if stored else (None, None)
+        parameters, matmuls = (stored.step_params, stored.step_matmuls) if stored else (None, None)
         return Job(
             self.task,
             self.batch_size,

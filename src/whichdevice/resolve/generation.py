@@ -49,7 +49,7 @@ COMPILE_MARGIN = 1.25
 # Outside what was measured the answer is transformers' default (no static cache): a model whose
 # weights take longer to read than the launches it saves (a larger model, a slower GPU) or a larger
 # batch moves the step from launch-bound to GPU-bound, where the compile may never pay.
-# The 1.1B Llama's linear weights in bf16 (1.03e9 parameters), counted as Job.parameters counts them.
+# The 1.1B Llama's linear weights and lm_head in bf16 (1.03e9 parameters), counted as Job.parameters counts them.
 MEASURED_WEIGHT_BYTES = 2.07e9
 MEASURED_BATCH = 4
 _MEASURED_DTYPES = ("bfloat16", "float16")  # bf16 measured; fp16 reads the same bytes per step
