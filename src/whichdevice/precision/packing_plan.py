@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+from whichdevice.precision.single_row import input_shape
+
 __all__ = [
     "DEFAULT_NEW_TOKENS",
     "PACK_MARGIN",
@@ -82,14 +84,11 @@ def call_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     """(rows, prompt tokens, new tokens) a ``generate`` call computes, as transformers reads them:
     ``max_new_tokens`` before ``max_length`` (less the prompt), each the call's before its
     ``generation_config``'s before the model's; rows are sequences times beams. None: not readable."""
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    if ids is None:
-        ids = kwargs.get("inputs_embeds")
-    shape = getattr(ids, "shape", None)
-    if shape is None or len(shape) < 2:
+    shape = input_shape(args, kwargs)
+    if shape is None:
         return None
     configs = (kwargs.get("generation_config"), getattr(model, "generation_config", None))
-    batch, prompt = int(shape[0]), int(shape[1])
+    batch, prompt = shape
     new = _merged("max_new_tokens", kwargs, configs)
     if new is None:
         length = _merged("max_length", kwargs, configs)

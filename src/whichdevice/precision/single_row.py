@@ -18,21 +18,27 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HOOKED", "install_single_row", "single_row_rows"]
+__all__ = ["HOOKED", "input_shape", "install_single_row", "single_row_rows"]
 
 # Set on a model that has the hooks, so installing twice adds nothing.
 HOOKED = "_whichdevice_single_row"
 
 
-def single_row_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The token rows a forward pass computes: batch x new tokens of its input_ids or inputs_embeds."""
+def input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """(batch, tokens) of a forward or generate call's input_ids or inputs_embeds; None: neither."""
     ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is None:
         ids = kwargs.get("inputs_embeds")
     shape = getattr(ids, "shape", None)
     if shape is None or len(shape) < 2:
         return None
-    return int(shape[0]) * int(shape[1])
+    return int(shape[0]), int(shape[1])
+
+
+def single_row_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The token rows a forward pass computes: batch x new tokens of its input_ids or inputs_embeds."""
+    shape = input_shape(args, kwargs)
+    return None if shape is None else shape[0] * shape[1]
 
 
 def install_single_row(model: Any) -> bool:
