@@ -34,8 +34,6 @@ __all__ = [
 # and the packed figure moved most between quiet calibrations here (bf16.p4 over bf16.s4 from 1.16
 # to 2.07 in six runs), so only a clear gain may decide, and near the line the default (unpacked) wins.
 PACK_MARGIN = 1.2
-# Set on a model whose generate is hooked, so hooking twice adds nothing.
-_HOOK = "_whichdevice_pack_at_generate"
 
 
 class PackingPlan(NamedTuple):
@@ -136,13 +134,10 @@ def install_packing_at_generate(model: Any, dtype: str, plan: PackingPlan) -> bo
     if not callable(getattr(type(model), "generate", None)) or "generate" in vars(model):
         return False
     model.generate = _PackAtGenerate(model, dtype, plan)
-    setattr(model, _HOOK, True)
     return True
 
 
 def remove_packing_hook(model: Any) -> None:
     """Take ``install_packing_at_generate``'s hook off ``model`` (nothing where there is none)."""
-    if getattr(model, _HOOK, False):
-        delattr(model, _HOOK)
-        if isinstance(vars(model).get("generate"), _PackAtGenerate):
-            del model.generate
+    if isinstance(vars(model).get("generate"), _PackAtGenerate):
+        del model.generate
