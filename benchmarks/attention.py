@@ -1,16 +1,19 @@
 """Why whichdevice_sdpa: attention per call, and generation at short and long prompts, on this CPU.
 
-    python benchmarks/attention.py            # about 3 minutes on 2 cores
+    python benchmarks/attention.py            # about 6 minutes on 2 cores
     python benchmarks/attention.py --quick    # fewer repeats, a smaller model
 
-Part 1 times one attention call, as a Llama layer makes it (batch 4, 12 heads of 64), three ways:
-torch's fused ``scaled_dot_product_attention``, the matmul-softmax-matmul that transformers' eager
-attention computes, and whichdevice's ``decode_attention_forward``; for a one-token query (a decode
-step) over 160, 1,024 and 4,096 cached tokens, and for a 128-token prompt, in bf16 and fp32.
+Part 1 times one attention call, as a Llama layer makes it (heads of 64; multi-head: 12 heads,
+grouped-query: 32 query heads over 4 key/value heads, a 1.1B Llama's), three ways: transformers'
+``sdpa`` (torch's fused kernel as transformers calls it, without a mask as for a batch without
+padding), its eager attention, and whichdevice's ``decode_attention_forward``; for a one-token query
+(a decode step) at batch 1 and 4 over 160, 1,024 and 4,096 cached tokens, and for a 128-token prompt,
+in bf16 and fp32; bf16 steps at batch 1 also with oneDNN off, as the single-row hook runs them.
 
 Part 2 generates 32 tokens for 4 prompts of 128 and of 1,024 tokens with the benchmark's Llama
-(hidden 768, 8 layers) in bf16, loaded with attn_implementation sdpa, eager and whichdevice_sdpa,
-in alternating order, and prints median tokens/s and the ratios to sdpa.
+(hidden 768, 8 layers, 12 heads; multi-head and over 4 key/value heads) in bf16, loaded with
+attn_implementation sdpa, eager and whichdevice_sdpa, in alternating order, and prints median
+tokens/s and the ratios to sdpa.
 
 Prints only; nothing is written.
 """
@@ -25,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-BATCH, HEADS, HEAD_DIM = 4, 12, 64
+BATCH, HEAD_DIM = 4, 64
+LAYOUTS = {"multi-head": (12, 12), "grouped-query": (32, 4)}
 
 
 def per_call_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
@@ -40,75 +44,105 @@ def per_call_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def time_one_shape(dtype: Any, q_len: int, kv_len: int, repeats: int) -> tuple[float, float, float]:
-    """us per call: fused sdpa, transformers' eager attention, whichdevice's decode attention."""
+def time_one_shape(
+    dtype: Any, layout: str, batch: int, q_len: int, kv_len: int, repeats: int
+) -> tuple[float, float, float]:
+    """us per call: transformers' sdpa, its eager attention, whichdevice's decode attention."""
     import torch
-    from torch.nn.functional import scaled_dot_product_attention
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     from whichdevice.attention.decode import decode_attention_forward
 
-    module = type("Layer", (), {"num_key_value_groups": 1, "training": False, "is_causal": True})()
+    heads, kv_heads = LAYOUTS[layout]
+    attrs = {"num_key_value_groups": heads // kv_heads, "training": False, "is_causal": True}
+    module = type("Layer", (), attrs)()
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(BATCH, HEADS, q_len, HEAD_DIM, generator=g).to(dtype)
-    k = torch.randn(BATCH, HEADS, kv_len, HEAD_DIM, generator=g).to(dtype)
-    v = torch.randn(BATCH, HEADS, kv_len, HEAD_DIM, generator=g).to(dtype)
+    q = torch.randn(batch, heads, q_len, HEAD_DIM, generator=g).to(dtype)
+    k = torch.randn(batch, kv_heads, kv_len, HEAD_DIM, generator=g).to(dtype)
+    v = torch.randn(batch, kv_heads, kv_len, HEAD_DIM, generator=g).to(dtype)
     causal = q_len > 1
     mask = None
     if causal:  # eager takes the causal pattern as an additive mask, as transformers builds it
         allowed = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
         mask = torch.zeros(1, 1, q_len, kv_len, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     calls = max(2, int(20_000 / (kv_len * q_len**0.5)))
+    scale = HEAD_DIM**-0.5
     with torch.inference_mode():
-        fused = per_call_us(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal), calls, repeats)
-        eager = per_call_us(
-            lambda: eager_attention_forward(module, q, k, v, mask, scaling=HEAD_DIM**-0.5), calls, repeats
-        )
-        ours = per_call_us(lambda: decode_attention_forward(module, q, k, v, None, is_causal=causal), calls, repeats)
-    return fused, eager, ours
+        sdpa = per_call_us(lambda: sdpa_attention_forward(module, q, k, v, None, scaling=scale), calls, repeats)
+        eager = per_call_us(lambda: eager_attention_forward(module, q, k, v, mask, scaling=scale), calls, repeats)
+        ours = per_call_us(lambda: decode_attention_forward(module, q, k, v, None, scaling=scale), calls, repeats)
+    return sdpa, eager, ours
 
 
 def part_calls(quick: bool) -> None:
     import torch
 
+    from whichdevice.precision import single_row
+
     repeats = 3 if quick else 7
-    print("Part 1: one attention call, batch 4 x 12 heads x 64 (median us per call; ratio to fused sdpa)")
-    print(f"{'dtype':<9} {'query':>6} {'keys':>6} | {'fused sdpa':>11} | {'eager':>16} | {'whichdevice':>16}")
-    for dtype in (torch.bfloat16, torch.float32):
-        for q_len, kv_len in ((1, 160), (1, 1024), (1, 4096), (128, 128)):
-            fused, eager, ours = time_one_shape(dtype, q_len, kv_len, repeats)
-            name = str(dtype).removeprefix("torch.")
-            print(
-                f"{name:<9} {q_len:>6} {kv_len:>6} | {fused:>11.0f} | {eager:>9.0f} {eager / fused:>5.2f}x"
-                f" | {ours:>9.0f} {ours / fused:>5.2f}x"
-            )
+    print("Part 1: one attention call, heads of 64 (median us per call; ratio to transformers' sdpa)")
+    print(f"{'':38} {'query':>6} {'keys':>6} | {'sdpa':>6} | {'eager':>14} | {'whichdevice':>14}")
+    shapes = [(b, 1, n) for b in (1, 4) for n in (160, 1024, 4096)] + [(BATCH, 128, 128)]
+    for layout in LAYOUTS:
+        for dtype in (torch.bfloat16, torch.float32):
+            for batch, q_len, kv_len in shapes:
+                runs = [""]
+                if dtype == torch.bfloat16 and batch == 1:
+                    runs.append("oneDNN off")  # as a batch-1 step runs under the single-row hook
+                for run in runs:
+                    switch: Any = torch.backends.mkldnn
+                    if run:
+                        switch.enabled, single_row._HELD_OFF[0] = False, 1
+                    try:
+                        sdpa, eager, ours = time_one_shape(dtype, layout, batch, q_len, kv_len, repeats)
+                    finally:
+                        switch.enabled, single_row._HELD_OFF[0] = True, 0
+                    name = f"{layout} {str(dtype).removeprefix('torch.')} b{batch} {run}"
+                    print(
+                        f"{name:<38} {q_len:>6} {kv_len:>6} | {sdpa:>6.0f} | {eager:>7.0f} {eager / sdpa:>5.2f}x"
+                        f" | {ours:>7.0f} {ours / sdpa:>5.2f}x"
+                    )
 
 
 def part_generation(quick: bool) -> None:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
-    from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+    from whichdevice.attention.decode import ensure_registered
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     ensure_registered()
     hidden, layers, heads = (256, 2, 4) if quick else (768, 8, 12)
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        intermediate_size=hidden * 8 // 3,
-        vocab_size=32000,
-        max_position_embeddings=2048,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
+    for kv_heads in (heads, 4 if heads > 4 else 2):
+        config = LlamaConfig(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            intermediate_size=hidden * 8 // 3,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            pad_token_id=0,
+        )
+        torch.manual_seed(0)
+        print(
+            f"\nPart 2: generate 32 tokens, batch 4, Llama hidden {hidden} x {layers} layers, {heads} heads over"
+            f" {kv_heads} key/value heads, in bf16 (median tokens/s)"
+        )
+        _generate(config, quick)
+
+
+def _generate(config: Any, quick: bool) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    from whichdevice.attention.decode import ATTENTION_NAME
+
     impls = ("sdpa", "eager", ATTENTION_NAME)
     rounds = 2 if quick else 4
-    print(f"\nPart 2: generate 32 tokens, batch 4, Llama hidden {hidden} x {layers} layers in bf16 (median tokens/s)")
     with tempfile.TemporaryDirectory() as tmp:
         LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp)
         models = {

@@ -86,6 +86,47 @@ def test_one_token_matches_eager_attention(dtype, kv_heads, mask_kind):
         torch.testing.assert_close(again[2], got[2], atol=0, rtol=0)
 
 
+def test_grouped_heads_run_torchs_fused_kernel_as_rows_of_their_key_value_head(monkeypatch):
+    module, q, k, v = _qkv(torch.bfloat16, kv_heads=2)
+    fused = torch.nn.functional.scaled_dot_product_attention
+    calls: list[tuple[int, ...]] = []
+
+    def spy(query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return fused(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    got, _ = decode_attention_forward(module, q, k, v, _padding(3, 37, heads=8))
+    assert calls == [(3, 2, 4, 16)]  # 8 heads over 2 key/value heads: 4 rows each, no key repeated
+    torch.testing.assert_close(got, _eager(module, q, k, v, _padding(3, 37, heads=8)), atol=2e-2, rtol=2e-2)
+    calls.clear()
+    decode_attention_forward(*_qkv(torch.bfloat16, kv_heads=8), None)
+    assert calls == []  # one head per key/value head: nothing to group, plain matmuls
+
+
+@pytest.mark.parametrize("users_switch", [True, False], ids=["hook's switch", "user's switch"])
+def test_plain_matmuls_undo_only_the_single_row_hooks_onednn_switch(users_switch, monkeypatch):
+    from whichdevice.precision import single_row
+
+    module, q, k, v = _qkv(torch.bfloat16, kv_heads=8)
+    matmul = torch.matmul
+    seen: list[bool] = []
+
+    def spy(*args, **kwargs):
+        seen.append(torch._C._get_mkldnn_enabled())
+        return matmul(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", spy)
+    monkeypatch.setattr(single_row, "_HELD_OFF", [0 if users_switch else 1])
+    torch.backends.mkldnn.enabled = False
+    try:
+        decode_attention_forward(module, q, k, v, None)
+        assert not torch._C._get_mkldnn_enabled()  # put back as it was
+    finally:
+        torch.backends.mkldnn.enabled = True
+    assert seen == [not users_switch] * 2
+
+
 def test_scaling_and_value_dim_are_honoured():
     module, q, k, v = _qkv(torch.bfloat16, value_dim=24)
     got, _ = decode_attention_forward(module, q, k, v, None, scaling=0.3)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
-from whichdevice.precision.single_row import install_single_row
+from whichdevice.precision.single_row import install_single_row, onednn_held_off
 from whichdevice.testing import simulate
 
 # A simulated CPU whose batch-1 bf16 steps run 1.8x faster through torch's GEMV kernel (s1 over g1),
@@ -65,6 +65,25 @@ def test_the_flag_comes_back_when_the_forward_raises(path: Path):
     with pytest.raises(RuntimeError, match="boom"), torch.inference_mode():
         model(input_ids=torch.tensor([[5]]))
     assert torch._C._get_mkldnn_enabled() == before
+
+
+def test_the_hook_says_when_it_holds_onednn_off_and_never_for_a_users_switch(path: Path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    install_single_row(model)
+    seen: list[tuple[int, bool]] = []
+    model.model.layers[0].register_forward_pre_hook(
+        lambda module, args: seen.append((args[0].shape[1], onednn_held_off()))
+    )
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+        model(input_ids=torch.tensor([[5]]))
+        torch.backends.mkldnn.enabled = False  # the user's own switch: not the hook's
+        try:
+            model(input_ids=torch.tensor([[5]]))
+        finally:
+            torch.backends.mkldnn.enabled = True
+    assert seen == [(3, False), (1, True), (1, False)]
+    assert not onednn_held_off()
 
 
 def test_the_hooked_model_generates_what_the_plain_one_does(path: Path):

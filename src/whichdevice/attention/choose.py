@@ -241,11 +241,15 @@ def _without_flash(
         return None, f"{no_flash}; {ATTENTION_NAME} not passed in float16: {far}"
     # Read only here: everywhere else the architecture does not change the answer.
     model_type = model.model_type if model is not None else None
-    faster = f"torch's fused CPU kernel takes 2-8x as long as a matmul for a one-token {dtype} query"
+    # Grouped-query models (fewer key/value heads than query heads) run the fused kernel with their heads
+    # grouped; the rest plain matmuls: each has its own figure. Unknown heads count as multi-head.
+    shape = model.shape if model is not None else None
+    grouped = shape is not None and shape.kv_heads < shape.heads
+    faster = f"torch's fused CPU kernel, called one query row per head, takes 2-8x as long for one {dtype} token"
     if measured is not None:
         from whichdevice.precision.measured import measured_attention
 
-        wins, text = measured_attention(measured, dtype)
+        wins, text = measured_attention(measured, dtype, grouped)
         if wins is False:
             return None, f"{no_flash}; {ATTENTION_NAME} not passed: {text}"
         if wins:

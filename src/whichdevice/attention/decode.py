@@ -1,12 +1,21 @@
-"""Attention for CPU generation in bf16/fp16: torch's fused sdpa for prompts, a plain matmul for one-token steps.
+"""Attention for CPU generation in bf16/fp16: torch's fused sdpa for prompts, one-token steps laid out to be fast.
 
 Why it exists: torch's fused CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``)
-is built for blocks of queries, and for the one-token query of a decode step in bf16/fp16 it is
-several times slower than the three plain ops of eager attention. ``benchmarks/attention.py`` on
-torch 2.13 (AMD EPYC, 2 cores, batch 4, 12 heads of 64): one bf16 step over 160 cached tokens took
-548 us fused against 162 us here, over 1,024 tokens 2,964 us against 382 us. For prompts the fused
-kernel is kept: it never builds the L x L score matrix that makes eager slow on long prompts. In
+is built for blocks of queries, and a decode step's query is one token per head. transformers
+calls it that way: with no mask (a batch without padding) grouped-query models go through
+``enable_gqa``, one query row per head, and multi-head models do too. ``benchmarks/attention.py``
+on torch 2.13 (AMD EPYC, 2 cores, one bf16 step): for grouped-query models the fix is to lay the
+query heads that share a key/value head out as that head's rows, (B, H, 1, D) -> (B, Hkv, H/Hkv, D),
+and keep the fused kernel: 32 heads over 4 key/value heads, 200 cached tokens, took 32 us
+against 361 us as transformers calls it and 92 us by plain matmuls; for multi-head models, where
+there is nothing to group, three plain ops (eager attention's) are faster once the cache is longer
+than a short prompt: 12 heads, 1,000 cached tokens, 248 us against 818 us fused. Prompts keep the
+fused kernel: it never builds the L x L score matrix that makes eager slow on long prompts. In
 fp32 the fused kernel is on par for one-token steps, and is kept throughout.
+
+The plain matmuls run through oneDNN: where the single-row hook (``whichdevice.precision.single_row``)
+turned oneDNN off for a batch-1 step, they turn it back on for their own two calls (torch's own
+bf16 batched matmul took 2-4x as long: 12 heads over 1,000 tokens, 749 us against 248 us).
 
 transformers calls attention through a registry (``AttentionInterface``), so this is registered
 under its own name, ``ATTENTION_NAME``, with sdpa's mask function: "sdpa" itself stays as
@@ -117,19 +126,41 @@ def decode_attention_forward(
     batch, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    # Grouped-query attention without repeating keys: the query heads that share a key/value head
-    # become that head's rows, (B, H, 1, D) -> (B, Hkv, H/Hkv, D).
-    q = query.reshape(batch, kv_heads, groups, head_dim)
-    scores = torch.matmul(q, key.transpose(2, 3)) * (head_dim**-0.5 if scaling is None else scaling)
-    if attention_mask is not None:
-        mask = attention_mask
+    mask = attention_mask
+    if mask is not None:
         if mask.shape[1] == heads and heads != 1:
             mask = mask.reshape(mask.shape[0], kv_heads, groups, mask.shape[-1])
         mask = mask[..., : key.shape[2]]
-        # transformers' sdpa masks are boolean (True: attend); a mask a caller built may be additive.
-        is_bool = mask.dtype == torch.bool
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if is_bool else scores + mask
-    # Softmax in fp32, as transformers' eager attention does.
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(weights, value)  # (B, Hkv, H/Hkv, Dv): heads in the order repeat_kv gives them
+    # The query heads that share a key/value head become that head's rows, (B, H, 1, D) -> (B, Hkv,
+    # H/Hkv, D): no key is repeated, and each head's rows attend to every cached key (a one-token query
+    # comes last, so nothing is causal-masked; a padding mask broadcasts over the rows).
+    q = query.reshape(batch, kv_heads, groups, head_dim)
+    if groups > 1 and key.shape[-1] == value.shape[-1]:
+        out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    else:
+        out = _by_matmuls(torch, q, key, value, mask, scaling)
     return out.reshape(batch, 1, heads, value.shape[-1]), None
+
+
+def _by_matmuls(torch: Any, q: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
+    """Eager attention's three ops for grouped rows q (B, Hkv, G, D): (B, Hkv, G, Dv), through oneDNN."""
+    from whichdevice.precision.single_row import onednn_held_off
+
+    # Only the single-row hook's own switch is undone, never a user's: its state says whose it is.
+    switch: Any = torch.backends.mkldnn
+    restore = onednn_held_off() and not switch.enabled
+    if restore:
+        switch.enabled = True
+    try:
+        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        scores = torch.matmul(q, key.transpose(2, 3)) * scale
+        if mask is not None:
+            # transformers' sdpa masks are boolean (True: attend); a mask a caller built may be additive.
+            is_bool = mask.dtype == torch.bool
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if is_bool else scores + mask
+        # Softmax in fp32, as transformers' eager attention does.
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(weights, value)  # heads in the order repeat_kv gives them
+    finally:
+        if restore:
+            switch.enabled = False

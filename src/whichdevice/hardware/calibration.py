@@ -50,8 +50,9 @@ __all__ = [
 ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
-# 3: the narrow set's figures (sn1, gn1); a cache of another format is another machine's key.
-_FORMAT = 3
+# 3: the narrow set's figures (sn1, gn1); 4: the grouped-query attention's (gqa). A cache of another
+# format is another machine's key.
+_FORMAT = 4
 # Measurements added at once after one with a hiccup (see run_calibration).
 HICCUP_RETRIES = 2
 # A calibration that a busy machine kept from being steady is measured again at the next call that
@@ -180,8 +181,8 @@ def render_calibration(calib: Calibration) -> str:
     lines = [f"CPU calibration, {calib.threads} torch threads ({calib.source})", ""]
     for shapes, heads in (
         (
-            ["b1", "b2", "b4", "b8", "prompt", "attention"],
-            ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*"],
+            ["b1", "b2", "b4", "b8", "prompt", "attention", "gqa"],
+            ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*", "grouped*"],
         ),
         (
             ["s1", "s4", "g1", "p4", "sn1", "gn1"],
@@ -196,7 +197,8 @@ def render_calibration(calib: Calibration) -> str:
         "",
         "speed over fp32 at the same shape (above 1.00x: faster); decode bN: one step of a batch of N",
         "with weights in the cache, streamed bN: with weights streamed from memory; prompt: a 128-row",
-        "matmul; *attention: a one-token query by plain matmuls over torch's fused kernel;",
+        "matmul; *attention: a one-token query by plain matmuls over torch's fused kernel, grouped: the",
+        "fused kernel with 32 query heads as rows of their 4 key/value heads over one row per head;",
         "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off);",
         "***packed b4: a streamed batch-4 step with the weights packed ahead in oneDNN's layout;",
         "narrow b1, GEMV nb1: streamed b1 and GEMV b1 again on the same memory in 256x768 matrices",

@@ -23,6 +23,8 @@ _COVERS = {
     "s4": ("s4", "p4"),
     "bf16 attention": ("bf16.attention",),
     "fp16 attention": ("fp16.attention",),
+    "bf16 gqa attention": ("bf16.gqa",),
+    "fp16 gqa attention": ("fp16.gqa",),
     "read bandwidth": ("mem.read",),
 }
 
@@ -32,12 +34,14 @@ class Calibration:
     """``speeds``: "bf16.b1" (a decode step at batch 1), "bf16.b2", "bf16.b4", "bf16.b8",
     "bf16.prompt" (a prompt-sized matmul), each bf16's speed over fp32's (above 1: faster), the
     same for fp16, and "bf16.attention"/"fp16.attention": a one-token attention by plain matmuls
-    over torch's fused kernel. Those run from the cache; "bf16.s1" and "bf16.s4" are decode steps
-    of batch 1 and 4 whose weights stream from memory, "bf16.g1" the batch-1 step through torch's
-    own GEMV kernel (oneDNN off), "bf16.p4" the batch-4 step with weights packed ahead in oneDNN's
-    layout, "bf16.sn1"/"bf16.gn1" the batch-1 steps over the same memory cut into small matrices
-    (many more calls). ``fp32``: seconds of an fp32 decode step per batch ("b1".."b8", "s1"/"s4"
-    for the streamed set, "sn1" its narrow cut, "p4" packed) and of one prompt row ("prompt").
+    over torch's fused kernel, "bf16.gqa"/"fp16.gqa": a grouped-query one through the fused kernel
+    with the query heads grouped by key/value head over one row per head. Those run from the cache;
+    "bf16.s1" and "bf16.s4" are decode steps of batch 1 and 4 whose weights stream from memory,
+    "bf16.g1" the batch-1 step through torch's own GEMV kernel (oneDNN off), "bf16.p4" the batch-4
+    step with weights packed ahead in oneDNN's layout, "bf16.sn1"/"bf16.gn1" the batch-1 steps over
+    the same memory cut into small matrices (many more calls). ``fp32``: seconds of an fp32 decode
+    step per batch ("b1".."b8", "s1"/"s4" for the streamed set, "sn1" its narrow cut, "p4" packed)
+    and of one prompt row ("prompt").
     ``memory``: "llc" (the last-level cache's bytes), "cache", "stream" and "narrow_stream"
     (parameters of the cache-resident, the streamed and the narrow weight sets), "calls" and
     "narrow" (the streamed and narrow sets' matrices), "read" (GB/s torch's threads read) and
@@ -90,6 +94,9 @@ class Calibration:
             attention = self.speeds.get(f"{short}.attention")
             if attention is not None:
                 text += f", one-token attention by matmuls {attention:.2f}x fused sdpa"
+            grouped = self.speeds.get(f"{short}.gqa")
+            if grouped is not None:
+                text += f", grouped-query heads as rows {grouped:.2f}x"
             streamed = [self.speeds.get(f"{short}.s{b}") for b in (1, 4)]
             if any(v is not None for v in streamed):
                 text += f", weights streamed from memory {'/'.join(_times(v) for v in streamed)} (batch 1/4)"
@@ -147,7 +154,7 @@ DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 # seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
 SPEED_RANGE = (1e-3, 1e3)
 SECONDS_RANGE = (1e-9, 3600.0)
-SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "s1", "s4", "g1", "p4", "sn1", "gn1"})
+SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "gqa", "s1", "s4", "g1", "p4", "sn1", "gn1"})
 # The shapes a job's estimate is read from: one dropped as unsteady sends the job to the flags.
 LOSABLE = ("b1", "b2", "b4", "b8", "prompt", "s1", "s4")
 # Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), its

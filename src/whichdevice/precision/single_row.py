@@ -18,10 +18,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HOOKED", "input_shape", "install_single_row", "single_row_rows"]
+__all__ = ["HOOKED", "input_shape", "install_single_row", "onednn_held_off", "single_row_rows"]
 
 # Set on a model that has the hooks, so installing twice adds nothing.
 HOOKED = "_whichdevice_single_row"
+# How many hooked forwards have turned oneDNN off and not yet put it back (nested models: one each).
+# The decode attention's plain matmuls read it to turn oneDNN on for their own calls, never where a
+# user turned it off: torch's own bf16 batched matmul is the slower there (whichdevice.attention.decode).
+_HELD_OFF: list[int] = [0]
+
+
+def onednn_held_off() -> bool:
+    """Whether a single-row hook has turned oneDNN off for the forward pass now running."""
+    return _HELD_OFF[0] > 0
 
 
 def input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
@@ -48,20 +57,25 @@ def install_single_row(model: Any) -> bool:
 
     if getattr(model, HOOKED, False):
         return False
-    saved: list[bool] = []
+    saved: list[tuple[bool, bool]] = []
 
     # torch.backends.mkldnn.enabled is torch's public, global switch (about 0.3 us to read or set);
     # torch types it as the descriptor it is, so it is reached through Any.
     switch: Any = torch.backends.mkldnn
 
     def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        saved.append(switch.enabled)
-        if single_row_rows(args, kwargs) == 1:
+        turned_off = switch.enabled and single_row_rows(args, kwargs) == 1
+        saved.append((switch.enabled, turned_off))
+        if turned_off:
             switch.enabled = False
+            _HELD_OFF[0] += 1
 
     def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if saved:
-            switch.enabled = saved.pop()
+            enabled, turned_off = saved.pop()
+            switch.enabled = enabled
+            if turned_off:
+                _HELD_OFF[0] -= 1
 
     model.register_forward_pre_hook(before, with_kwargs=True)
     model.register_forward_hook(after, with_kwargs=True, always_call=True)

@@ -4,9 +4,11 @@ A decode step multiplies a few rows (one per sequence of the batch) by every wei
 prompt multiplies many rows by the same weights. Which dtype is faster differs between the two:
 halving the bytes a step reads wins where the arithmetic is cheap, and emulated bf16 arithmetic
 loses once there is much of it (the table in docs/backends/cpu.md). So both are timed, at the
-batch sizes that matter, plus one-token attention through torch's fused kernel and through plain
-matmuls (whichdevice_sdpa's decode path). Those shapes run from the cache; the regime of real
-models, whose weights stream from memory on every step, is timed by ``cpu_memory``.
+batch sizes that matter, plus one-token attention as whichdevice_sdpa's decode path runs it against
+torch's fused kernel as transformers calls it: plain matmuls for multi-head models, the fused
+kernel with the query heads grouped by key/value head for grouped-query ones. Those shapes run from
+the cache; the regime of real models, whose weights stream from memory on every step, is timed by
+``cpu_memory``.
 
 The cost is bounded: a dtype whose figure falls below ``HOPELESS`` of fp32 is not timed at larger
 shapes (they only get worse), since an emulated fp16 matmul can take a hundred times fp32's time.
@@ -121,10 +123,28 @@ def _attention_ratio(torch: Any, dtype: Any, deadline: float) -> tuple[float, bo
     return best["fused"] / best["matmuls"], steady
 
 
+def _grouped_ratio(torch: Any, dtype: Any, deadline: float) -> tuple[float, bool]:
+    """A grouped-query model's one-token attention (batch 1, 32 heads over 4 key/value heads of 64, 256
+    cached) through the fused kernel one query row per head, as transformers calls it without a mask
+    (``enable_gqa``), over the same kernel with each key/value head's query heads as its rows."""
+    q = torch.randn(1, 32, 1, 64, dtype=dtype)
+    k = torch.randn(1, 4, 256, 64, dtype=dtype)
+    v = torch.randn(1, 4, 256, 64, dtype=dtype)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    runs = {"per head": lambda: sdpa(q, k, v, enable_gqa=True), "grouped": lambda: sdpa(q.reshape(1, 4, 8, 64), k, v)}
+    best, steady = _best_of(runs, deadline)
+    return best["per head"] / best["grouped"], steady
+
+
+# (figure, how it is timed, its name among the unsteady ones): calibration_figures' _COVERS reads them.
+_ATTENTION = (("attention", _attention_ratio, "attention"), ("gqa", _grouped_ratio, "gqa attention"))
+
+
 class Measured(NamedTuple):
     """speeds: "bf16.b1", "bf16.prompt", "bf16.s1", "bf16.attention", ..., each a dtype's speed over
-    fp32's at that shape (above 1: faster; the attention figure is the plain-matmul path's speed
-    over torch's fused kernel for a one-token query in that dtype); fp32: seconds per shape;
+    fp32's at that shape (above 1: faster; the attention figures are whichdevice_sdpa's one-token
+    path's speed over torch's fused kernel as transformers calls it in that dtype: "attention" plain
+    matmuls for multi-head models, "gqa" the grouped heads' fused call); fp32: seconds per shape;
     memory: the cache and bandwidth figures of ``cpu_memory``; unsteady: the figures other work on
     the machine kept moving."""
 
@@ -159,11 +179,12 @@ def measure(budget_s: float = BUDGET_S) -> Measured:
             fp32.update(streamed[1])
             unsteady += streamed[3]
             for name in HALF_DTYPES:
-                if speeds.get(f"{short_name(name)}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
-                    ratio, steady = _attention_ratio(torch, getattr(torch, name), deadline)
-                    speeds[f"{short_name(name)}.attention"] = ratio
-                    if not steady:
-                        unsteady.append(f"{short_name(name)} attention")
+                for shape, timed, label in _ATTENTION:
+                    if speeds.get(f"{short_name(name)}.b1", 0) >= HOPELESS and time.perf_counter() < deadline:
+                        ratio, steady = timed(torch, getattr(torch, name), deadline)
+                        speeds[f"{short_name(name)}.{shape}"] = ratio
+                        if not steady:
+                            unsteady.append(f"{short_name(name)} {label}")
         memory = streamed[2] | {"cache": float(2 * 2 * WIDTH * WIDTH)}
         return Measured(speeds, fp32, memory, torch.get_num_threads(), unsteady)
     finally:
