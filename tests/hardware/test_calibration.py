@@ -126,9 +126,8 @@ def test_measured_speed_never_puts_an_fp16_unsafe_model_in_fp16(tmp_path, model_
 def test_the_decode_attention_follows_its_measured_speed(tmp_path, kv_heads, figure, how):
     path = save_tiny_llama(tmp_path / "tiny", tokenizer=False, num_key_value_heads=kv_heads)
     # Each kind of model reads its own figure: the other one, however good, does not decide.
-    loses = AMX.replace(
-        "bf16.attention:0.9", f"bf16.{figure}:0.9/bf16.{'gqa' if figure == 'attention' else 'attention'}:5"
-    )
+    other = "gqa" if figure == "attention" else "attention"
+    loses = AMX.replace("bf16.attention:0.9", f"bf16.{figure}:0.9/bf16.{other}:5")
     wins = AMX.replace("bf16.attention:0.9", f"bf16.{figure}:1.6")
     with simulate(loses):
         lost = wd.resolve_device(model=path, batch_size=1)

@@ -4,18 +4,20 @@ Why it exists: torch's fused CPU attention kernel (``_scaled_dot_product_flash_a
 is built for blocks of queries, and a decode step's query is one token per head. transformers
 calls it that way: with no mask (a batch without padding) grouped-query models go through
 ``enable_gqa``, one query row per head, and multi-head models do too. ``benchmarks/attention.py``
-on torch 2.13 (AMD EPYC, 2 cores, one bf16 step): for grouped-query models the fix is to lay the
-query heads that share a key/value head out as that head's rows, (B, H, 1, D) -> (B, Hkv, H/Hkv, D),
-and keep the fused kernel: 32 heads over 4 key/value heads, 200 cached tokens, took 32 us
-against 361 us as transformers calls it and 92 us by plain matmuls; for multi-head models, where
-there is nothing to group, three plain ops (eager attention's) are faster once the cache is longer
-than a short prompt: 12 heads, 1,000 cached tokens, 248 us against 818 us fused. Prompts keep the
-fused kernel: it never builds the L x L score matrix that makes eager slow on long prompts. In
-fp32 the fused kernel is on par for one-token steps, and is kept throughout.
+(torch 2.13, transformers 5.25, AMD EPYC, 2 cores, heads of 64, one bf16 step; the figures in
+docs/backends/cpu.md): for grouped-query models the fix is to lay the query heads that share a
+key/value head out as that head's rows, (B, H, 1, D) -> (B, Hkv, H/Hkv, D), and keep the fused
+kernel: 32 heads over 4 key/value heads, batch 1, 1,024 cached tokens, took 130 us against 1,788 us
+as transformers calls it and 544 us by eager's plain matmuls; for multi-head models, where there is
+nothing to group, those three plain ops are the faster: 12 heads, batch 4, 4,096 cached tokens,
+2,073 us against 11,758 us fused. Prompts keep the fused kernel: it never builds the L x L score
+matrix that makes eager slow on long prompts. In fp32 the fused kernel is on par for one-token
+steps, and is kept throughout.
 
 The plain matmuls run through oneDNN: where the single-row hook (``whichdevice.precision.single_row``)
 turned oneDNN off for a batch-1 step, they turn it back on for their own two calls (torch's own
-bf16 batched matmul took 2-4x as long: 12 heads over 1,000 tokens, 749 us against 248 us).
+bf16 batched matmul is the slower: 12 heads over 4,096 tokens, eager took 2,902 us with oneDNN
+off, this path 380 us).
 
 transformers calls attention through a registry (``AttentionInterface``), so this is registered
 under its own name, ``ATTENTION_NAME``, with sdpa's mask function: "sdpa" itself stays as
