@@ -342,13 +342,15 @@ def measured_training(calib: Calibration) -> tuple[bool | None, str]:
     return ok, f"measured: a prompt-sized bf16 matmul runs {prompt:.2f}x fp32 here, and training is prompt-shaped"
 
 
-def measured_attention(calib: Calibration, dtype: str, grouped: bool) -> tuple[bool | None, str]:
-    """Whether whichdevice_sdpa's one-token path beats torch's fused kernel as transformers calls it in
-    ``dtype`` here, for a grouped-query model (its heads grouped as rows, "gqa") or a multi-head one
-    (plain matmuls, "attention"); None: not measured, the unmeasured rule applies."""
-    ratio = calib.speed(dtype, "gqa" if grouped else "attention")
+def measured_attention(calib: Calibration, dtype: str) -> tuple[bool | None, str]:
+    """Whether whichdevice_sdpa's one-token path for a grouped-query model (its query heads grouped as
+    rows of their key/value head, the "gqa" figure) beats torch's fused kernel as transformers calls
+    it in ``dtype`` here; None: not measured, the unmeasured rule applies."""
+    ratio = calib.speed(dtype, "gqa")
     if ratio is None:
         return None, ""
-    how = "with the query heads grouped by key/value head" if grouped else "by plain matmuls"
-    text = f"a one-token {short_name(dtype)} attention {how} measured {ratio:.2f}x torch's fused kernel here"
+    text = (
+        f"a one-token {short_name(dtype)} attention with the query heads grouped by key/value head measured"
+        f" {ratio:.2f}x torch's fused kernel as transformers calls it here"
+    )
     return ratio >= ATTENTION_MARGIN, text
