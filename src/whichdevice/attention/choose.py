@@ -239,7 +239,8 @@ def _without_flash(
         return None, no_flash
     # Read only here: everywhere else the architecture does not change the answer.
     model_type = model.model_type if model is not None else None
-    faster = f"torch's fused CPU kernel, called one query row per head, takes 2-8x as long for one {dtype} token"
+    # benchmarks/attention.py (AMD EPYC, torch 2.13): 6-16x, 160 to 4,096 cached tokens, batch 1 and 4.
+    faster = f"torch's fused CPU kernel called one query row per head took 6-16x as long for a {dtype} step"
     if measured is not None:
         from whichdevice.precision.measured import measured_attention
 
