@@ -18,9 +18,8 @@ The resolver passes this name on its own only for grouped-query models: the plai
 bf16 scores, as eager attention does, and their logits measured further from eager fp32 than sdpa's
 (``benchmarks/decode_accuracy.py``); a user may still ask for them. The plain matmuls run through
 oneDNN: where the single-row hook (``whichdevice.precision.single_row``) turned oneDNN off for a
-batch-1 step, they turn it back on for their own two calls (torch's own
-bf16 batched matmul is the slower: 12 heads over 4,096 tokens, eager took 2,902 us with oneDNN
-off, this path 380 us).
+batch-1 step, they turn it back on for their own two calls (torch's own bf16 batched matmul is the
+slower: 12 heads over 4,096 tokens, eager took 2,902 us with oneDNN off, this path 380 us).
 
 transformers calls attention through a registry (``AttentionInterface``), so this is registered
 under its own name, ``ATTENTION_NAME``, with sdpa's mask function: "sdpa" itself stays as
