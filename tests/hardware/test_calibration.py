@@ -274,7 +274,9 @@ def test_the_real_timing_gives_every_figure_or_says_it_ran_out_of_time():
     # How far it gets depends on how busy this machine is; what it reports must not.
     speeds, fp32, memory, threads, unsteady = cpu_timing.measure(budget_s=0.5)
     shapes = {"b1", "b2", "b4", "b8", "prompt", "s1", "s4"}
-    assert set(fp32) <= shapes | {"p4", "sn1"}  # p4 only where this torch packs weights
+    assert set(fp32) <= shapes | {"p4", "sn1", "pp"}  # p4 and pp only where this torch packs weights
+    # The packed prompt is timed in the plain prompt's rounds: never without it.
+    assert "prompt" in fp32 or "pp" not in fp32
     assert {f"{shape} (out of time)" for shape in shapes - set(fp32)} <= set(unsteady)
     # The narrow set is timed in the batch-1 step's rounds: both figures or neither.
     assert ("sn1" in fp32) == ("s1" in fp32)
@@ -282,7 +284,8 @@ def test_the_real_timing_gives_every_figure_or_says_it_ran_out_of_time():
         assert memory["narrow"] > memory["calls"] >= 2 and memory["narrow_stream"] <= memory["stream"]
     # A dtype found hopeless at batch 1 (emulated fp16) is not timed further: its figure stands for the rest.
     live = [d for d in ("bf16", "fp16") if speeds.get(f"{d}.b1", 0) >= cpu_timing.HOPELESS]
-    assert {f"{d}.{s}" for d in live for s in fp32} <= set(speeds)
+    # (fp16 is not packed: no fp16.p4 or fp16.pp.)
+    assert {f"{d}.{s}" for d in live for s in fp32 if d == "bf16" or s not in ("p4", "pp")} <= set(speeds)
     assert all(v > 0 for v in [*speeds.values(), *fp32.values(), *memory.values()])
     assert threads == torch.get_num_threads()
     # Every figure passes the check a cache file's figures pass when read back.
@@ -487,10 +490,19 @@ def test_figures_measured_while_every_core_was_busy_are_not_kept_as_the_machines
 # ------------------------------------------------------------------ a calibration in part steady
 
 STREAMED = FIGURES._replace(
-    speeds={**FIGURES.speeds, "bf16.s1": 1.9, "bf16.s4": 1.8, "bf16.g1": 3.5, "bf16.p4": 3.4},
-    fp32={**FIGURES.fp32, "s1": 8e-3, "s4": 2.5e-2, "p4": 9e-3},
+    speeds={**FIGURES.speeds, "bf16.s1": 1.9, "bf16.s4": 1.8, "bf16.g1": 3.5, "bf16.p4": 3.4, "bf16.pp": 0.45},
+    fp32={**FIGURES.fp32, "s1": 8e-3, "s4": 2.5e-2, "p4": 9e-3, "pp": 4.5e-5},
     memory={"llc": 33554432.0, "cache": 4194304.0, "stream": 33554432.0, "read": 30.5, "pack": 2.0},
 )
+
+
+def test_the_packed_figures_are_shown_over_their_plain_twins(cache_dir, monkeypatch):
+    monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: STREAMED)
+    text = calibration.render_calibration(calibration.run_calibration())
+    assert "packed b4***" in text and "packed pr***" in text and "0.45x" in text  # bf16's packed prompt over fp32's
+    assert "fp32 packed b4: 2.78x fp32's own streamed b4" in text
+    assert "fp32 packed prompt: 1.33x fp32's own prompt" in text  # 6e-5 over 4.5e-5 a row
+    assert "fp32 prompt with packed weights 1.33x" in calibration.calibration()[0].summary()  # type: ignore[union-attr]
 
 
 def _flags_say(monkeypatch: pytest.MonkeyPatch, **job: int) -> str | None:
@@ -524,6 +536,10 @@ def test_a_streamed_model_whose_step_moved_is_not_read_as_cache_resident(cache_d
 
 def test_training_whose_prompt_figure_moved_follows_the_flags(cache_dir, monkeypatch):
     monkeypatch.setattr(cpu_timing, "measure", lambda budget_s=1.0: STREAMED._replace(unsteady=["prompt"]))
+    calib, _ = calibration.calibration()
+    # "prompt" covers the packed prompt timed in its rounds, and only that.
+    assert calib is not None and "pp" not in calib.fp32 and calib.speed("bfloat16", "pp") is None
+    assert calib.fp32["p4"] == 9e-3 and calib.lost("pp") and not calib.lost("p4")
     res = wd.resolve_device(task="training", refresh=True)
     assert "prompt-sized matmul could not be timed steadily, the CPU's flags decide" in _line(res, "dtype")
     with monkeypatch.context() as off:

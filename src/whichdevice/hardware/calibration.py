@@ -50,9 +50,9 @@ __all__ = [
 ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
-# 3: the narrow set's figures (sn1, gn1); 4: the grouped-query attention's (gqa). A cache of another
-# format is another machine's key.
-_FORMAT = 4
+# 3: the narrow set's figures (sn1, gn1); 4: the grouped-query attention's (gqa); 5: the packed
+# prompt's (pp). A cache of another format is another machine's key.
+_FORMAT = 5
 # Measurements added at once after one with a hiccup (see run_calibration).
 HICCUP_RETRIES = 2
 # A calibration that a busy machine kept from being steady is measured again at the next call that
@@ -185,8 +185,8 @@ def render_calibration(calib: Calibration) -> str:
             ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*", "grouped*"],
         ),
         (
-            ["s1", "s4", "g1", "p4", "sn1", "gn1"],
-            ["streamed b1", "streamed b4", "GEMV b1**", "packed b4***", "narrow b1", "GEMV nb1"],
+            ["s1", "s4", "g1", "p4", "pp", "sn1", "gn1"],
+            ["streamed b1", "streamed b4", "GEMV b1**", "packed b4***", "packed pr***", "narrow b1", "GEMV nb1"],
         ),
     ):
         lines.append(f"{'':6}" + "".join(f"{h:>13}" for h in heads))
@@ -201,12 +201,15 @@ def render_calibration(calib: Calibration) -> str:
         "model's decode step when asked for whichdevice_sdpa), grouped: the fused kernel with 32 query",
         "heads as rows of their 4 key/value heads over one row per head (a grouped-query model's);",
         "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off);",
-        "***packed b4: a streamed batch-4 step with the weights packed ahead in oneDNN's layout;",
+        "***packed b4, pr: a streamed batch-4 step, the prompt, with weights packed in oneDNN's layout;",
         "narrow b1, GEMV nb1: streamed b1 and GEMV b1 again on the same memory in 256x768 matrices",
     ]
     packed_fp32, streamed_fp32 = calib.fp32.get("p4"), calib.fp32.get("s4")
     if packed_fp32 and streamed_fp32:
         lines.append(f"fp32 packed b4: {streamed_fp32 / packed_fp32:.2f}x fp32's own streamed b4")
+    packed_prompt, prompt = calib.fp32.get("pp"), calib.fp32.get("prompt")
+    if packed_prompt and prompt:
+        lines.append(f"fp32 packed prompt: {prompt / packed_prompt:.2f}x fp32's own prompt")
     llc, read = calib.memory.get("llc"), calib.memory.get("read")
     if llc is not None and read is not None:
         lines.append(

@@ -15,12 +15,13 @@ from whichdevice.core.dtypes import NAMES, short_name
 __all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "SHAPES", "Calibration", "check_figure", "parse_figures"]
 
 
-# The figures an unsteady name covers where they are not its own shape: the streamed steps' figures
-# timed in the same rounds (torch's GEMV beside "s1", the packed step beside "s4"), an attention
-# ratio, and the read bandwidth. Any other name ("b4", "prompt") is the shape itself.
+# The figures an unsteady name covers where they are not its own shape: the figures timed in the same
+# rounds (torch's GEMV beside "s1", the packed step beside "s4", the packed prompt beside the
+# prompt), an attention ratio, and the read bandwidth. Any other name ("b4", "prompt") is the shape itself.
 _COVERS = {
     "s1": ("s1", "g1", "sn1", "gn1"),
     "s4": ("s4", "p4"),
+    "prompt": ("prompt", "pp"),
     "bf16 attention": ("bf16.attention",),
     "fp16 attention": ("fp16.attention",),
     "bf16 gqa attention": ("bf16.gqa",),
@@ -38,10 +39,11 @@ class Calibration:
     with the query heads grouped by key/value head over one row per head. Those run from the cache;
     "bf16.s1" and "bf16.s4" are decode steps of batch 1 and 4 whose weights stream from memory,
     "bf16.g1" the batch-1 step through torch's own GEMV kernel (oneDNN off), "bf16.p4" the batch-4
-    step with weights packed ahead in oneDNN's layout, "bf16.sn1"/"bf16.gn1" the batch-1 steps over
-    the same memory cut into small matrices (many more calls). ``fp32``: seconds of an fp32 decode
-    step per batch ("b1".."b8", "s1"/"s4" for the streamed set, "sn1" its narrow cut, "p4" packed)
-    and of one prompt row ("prompt").
+    step with weights packed ahead in oneDNN's layout, "bf16.pp" the prompt-sized matmul with them
+    packed (over fp32's plain prompt), "bf16.sn1"/"bf16.gn1" the batch-1 steps over the same memory
+    cut into small matrices (many more calls). ``fp32``: seconds of an fp32 decode step per batch
+    ("b1".."b8", "s1"/"s4" for the streamed set, "sn1" its narrow cut, "p4" packed) and of one
+    prompt row ("prompt", "pp" packed).
     ``memory``: "llc" (the last-level cache's bytes), "cache", "stream" and "narrow_stream"
     (parameters of the cache-resident, the streamed and the narrow weight sets), "calls" and
     "narrow" (the streamed and narrow sets' matrices), "read" (GB/s torch's threads read) and
@@ -112,6 +114,9 @@ class Calibration:
         packed_fp32, streamed_fp32 = self.fp32.get("p4"), self.fp32.get("s4")
         if packed_fp32 and streamed_fp32:
             parts.append(f"fp32 batch 4 with packed weights {streamed_fp32 / packed_fp32:.2f}x")
+        packed_prompt, prompt = self.fp32.get("pp"), self.fp32.get("prompt")
+        if packed_prompt and prompt:
+            parts.append(f"fp32 prompt with packed weights {prompt / packed_prompt:.2f}x")
         return "; ".join(parts) + " of fp32"
 
     def spec(self) -> str:
@@ -154,7 +159,7 @@ DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 # seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
 SPEED_RANGE = (1e-3, 1e3)
 SECONDS_RANGE = (1e-9, 3600.0)
-SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "attention", "gqa", "s1", "s4", "g1", "p4", "sn1", "gn1"})
+SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "pp", "attention", "gqa", "s1", "s4", "g1", "p4", "sn1", "gn1"})
 # The shapes a job's estimate is read from: one dropped as unsteady sends the job to the flags.
 LOSABLE = ("b1", "b2", "b4", "b8", "prompt", "s1", "s4")
 # Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), its
