@@ -36,7 +36,17 @@ PACKS = (
     "fp32.prompt:0.00009/fp32.s1:0.0085/fp32.s4:0.025/fp32.p4:0.0076/mem.pack:2/"
     "mem.llc:1024/mem.cache:4194304/mem.stream:33554432"
 )
-PLAN = PackingPlan(batch=4, step_s=1.0, packed_step_s=0.5, pack_s=10.0, prompt_token_s=0.1, new_tokens=64, told=False)
+PLAN = PackingPlan(
+    batch=4,
+    step_s=1.0,
+    packed_step_s=0.5,
+    pack_s=10.0,
+    prompt_token_s=0.1,
+    packed_prompt_token_s=0.05,
+    prompt_tokens=10,
+    new_tokens=64,
+    told=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +56,7 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def unsaid(path: Path, monkeypatch: pytest.MonkeyPatch) -> wd.Resolution:
-    # The simulated figures' break-even for this tiny model is milliseconds, which a busy machine's
+    # The simulated figures' budget for this tiny model is milliseconds, which a busy machine's
     # packing can pass: the budget has its own test (test_packed_weights), so here it never stops it.
     monkeypatch.setattr(packed_weights, "PROBE_MIN_S", float("inf"))
     with simulate(PACKS):
@@ -67,14 +77,30 @@ def _generate(model: Any, new: int, **kwargs: Any) -> torch.Tensor:
         return model.generate(_ids(), max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **kwargs)
 
 
+def _plain(prompt: int, new: int) -> float:
+    return prompt * 0.1 + (new - 1) * 1.0  # the prompt's forward makes the first new token
+
+
+def _packed_run(prompt: int, new: int) -> float:
+    return prompt * 0.05 + (new - 1) * 0.5
+
+
 def test_the_budget_follows_the_estimates_rule():
-    # plain = prompt + new x 1.0; packed = prompt + new x 0.5 + 10: it pays (by PACK_MARGIN) from a count on.
-    assert PLAN.budget_s(10, 20) is None  # 21 against 21: no gain at all
+    # It is tried from the count on where the whole job, packing at the calibration's 10 s included,
+    # is PACK_MARGIN faster packed; its budget is what the packing may take and leave it that much faster.
+    assert PLAN.budget_s(10, 20) is None  # 20 against 19.5 + 10: no gain at all
     needed = next(n for n in range(1, 1000) if PLAN.budget_s(10, n) is not None)
-    assert (10 * 0.1 + needed) >= (10 * 0.1 + needed * 0.5 + 10) * PACK_MARGIN
-    assert (10 * 0.1 + needed - 1) < (10 * 0.1 + (needed - 1) * 0.5 + 10) * PACK_MARGIN
-    assert PLAN.budget_s(10, 500) == pytest.approx(250.0)  # the new tokens' saving
-    assert PLAN.budget_for_job == pytest.approx(32.0)  # the 64 the resolve counted
+    assert _plain(10, needed) >= (_packed_run(10, needed) + 10) * PACK_MARGIN
+    assert _plain(10, needed - 1) < (_packed_run(10, needed - 1) + 10) * PACK_MARGIN
+    assert PLAN.budget_s(10, 501) == pytest.approx(_plain(10, 501) / PACK_MARGIN - _packed_run(10, 501))
+    assert PLAN.budget_for_job == pytest.approx(_plain(10, 64) / PACK_MARGIN - _packed_run(10, 64))  # its counts
+
+
+def test_the_prompt_run_packed_counts_toward_the_packing():
+    # A long prompt and few new tokens: the prompt's packed speed alone repays the packing.
+    unpacked_prompt = PLAN._replace(packed_prompt_token_s=PLAN.prompt_token_s)
+    assert unpacked_prompt.budget_s(2000, 4) is None
+    assert PLAN.budget_s(2000, 4) == pytest.approx(_plain(2000, 4) / PACK_MARGIN - _packed_run(2000, 4))
 
 
 def test_a_calls_tokens_are_read_as_transformers_reads_them():

@@ -9,9 +9,9 @@ of ``max_length``), and the guess decided wrongly both ways: 21 tokens counted w
 made thousands. So there ``prepare`` packs nothing yet and hooks ``model.generate``: each call reads
 its own prompt and new tokens (its ``max_new_tokens``, else ``max_length`` less the prompt, from the
 call or the model's ``generation_config``), and the first call they repay packs, with the
-packing's time limit (its break-even) counted for that call. Pipelines and PEFT models call the
-model's ``generate`` and meet the same hook; a decode loop of its own calling ``forward`` runs
-unpacked (pass ``max_new_tokens=`` to resolve_device to have it packed at ``prepare``).
+packing's time limit (its budget: the call still ``PACK_MARGIN`` faster) counted for that call.
+Pipelines and PEFT models call the model's ``generate`` and meet the same hook; a decode loop of
+its own calling ``forward`` runs unpacked (pass ``max_new_tokens=`` to resolve_device to have it packed at ``prepare``).
 """
 
 from __future__ import annotations
@@ -31,39 +31,44 @@ __all__ = [
 ]
 
 # Packed weights must make the whole job this much faster: the copy takes the weights' memory again,
-# and the packed figure moved most between quiet calibrations here (bf16.p4 over bf16.s4 from 1.16
-# to 2.07 in six runs), so only a clear gain may decide, and near the line the default (unpacked) wins.
-PACK_MARGIN = 1.2
+# and the packed step's figure moves between quiet calibrations (bf16.p4 over bf16.s4 from 1.16 to
+# 2.07 in six runs). The packing's own price is not in this margin: it is checked as it runs.
+PACK_MARGIN = 1.1
 
 
 class PackingPlan(NamedTuple):
     """The estimate's figures for packing at ``batch`` rows, in seconds (the calibration's, scaled to
-    the model): one decode step unpacked and packed, the packing itself, and one prompt token of
-    every sequence; ``new_tokens``: the count the resolve counted against; ``told``: whether the
-    caller said it (max_new_tokens=), else it is decided again at each generate call."""
+    the model): one decode step unpacked and packed, the packing itself at the calibration's rate (the
+    fastest a model's packing ran here; a slower one is stopped by its own clock), one prompt token of
+    every sequence unpacked and packed; ``prompt_tokens``/``new_tokens``: the counts the resolve
+    counted against; ``told``: whether the caller said them (max_new_tokens=), else they are decided
+    again at each generate call."""
 
     batch: int
     step_s: float
     packed_step_s: float
     pack_s: float
     prompt_token_s: float
+    packed_prompt_token_s: float
+    prompt_tokens: int
     new_tokens: int
     told: bool
 
     def budget_s(self, prompt_tokens: int, new_tokens: int) -> float | None:
         """The seconds the packing may take for a job of ``prompt_tokens`` + ``new_tokens`` a
-        sequence and still pay (the new tokens' saving); None where the whole job, packing
-        included, is not estimated ``PACK_MARGIN`` faster packed."""
-        prompt = prompt_tokens * self.prompt_token_s
-        plain = prompt + new_tokens * self.step_s
-        packed = prompt + new_tokens * self.packed_step_s + self.pack_s
-        return new_tokens * (self.step_s - self.packed_step_s) if plain >= packed * PACK_MARGIN else None
+        sequence and leave the whole job ``PACK_MARGIN`` faster packed; None where that is less than
+        the packing takes at the calibration's rate (then it is not tried). The prompt's forward
+        makes the first new token, so ``new_tokens - 1`` decode steps follow it."""
+        steps = max(new_tokens - 1, 0)
+        plain = prompt_tokens * self.prompt_token_s + steps * self.step_s
+        packed = prompt_tokens * self.packed_prompt_token_s + steps * self.packed_step_s
+        budget = plain / PACK_MARGIN - packed
+        return budget if budget >= self.pack_s else None
 
     @property
     def budget_for_job(self) -> float:
-        """The break-even for the count the resolve counted against (it chose packing: it paid)."""
-        saved = self.step_s - self.packed_step_s
-        return self.new_tokens * saved
+        """The packing's budget for the counts the resolve counted against (it chose packing: it paid)."""
+        return self.budget_s(self.prompt_tokens, self.new_tokens) or 0.0
 
 
 # The new tokens generate makes where no length is set anywhere (transformers 5 reads its default
@@ -119,7 +124,7 @@ class _PackAtGenerate:
             from whichdevice.precision.packed_weights import install_packed_weights
 
             _, done = install_packed_weights(model, self.dtype, self.plan.batch, budget)
-            # Packed, or found slower than the estimate (undone): either way decided, and the hook goes.
+            # Packed, or stopped as slower than the estimate (in part): either way decided, and the hook goes.
             remove_packing_hook(model)
             logging.getLogger("whichdevice").info(
                 "generate (%d rows, %d + %d tokens a sequence): %s", shape[0], shape[1], shape[2], done

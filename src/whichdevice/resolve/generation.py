@@ -75,7 +75,7 @@ def packed_step(
     plan: PackingPlan | None, dtype: str | None, quantization: Any, device_map: Any, job: Job
 ) -> tuple[PackingPlan | None, list[TraceStep]]:
     """The packing Resolution.prepare(model) makes of the linear weights, unquantized and all on the
-    CPU, where the estimate with packing won (``plan``: its figures, batch and break-even)."""
+    CPU, where the estimate with packing won (``plan``: its figures, batch and budget)."""
     if plan is None or quantization is not None or device_map != "cpu" or dtype is None:
         return None, []
     size = f", a copy of {job.parameters * item_size(dtype) / 1024**3:.2f} GiB beside them" if job.parameters else ""
@@ -85,12 +85,15 @@ def packed_step(
         else f"the first model.generate() call whose own prompt and new tokens repay it packs the {short_name(dtype)} "
         "linear weights (res.prepare(model) hooks it; the job's new tokens were not told)"
     )
-    limit = f"{plan.budget_for_job:.2g} s" if plan.told else "that call's break-even"
+    from whichdevice.precision.packing_plan import PACK_MARGIN
+
+    limit = f"{plan.budget_for_job:.2g} s" if plan.told else "that call's budget"
     why = (
         f"{when} in oneDNN's layout for batch {plan.batch}{size}, measured faster for decode steps of several rows "
-        f"(the calibration's p4), the packing counted against the job's new tokens and undone if projected past "
-        f"{limit}; made only while it takes at most half the memory available, and training, other dtypes and "
-        "changed weights run unpacked"
+        f"and prompts (the calibration's p4 and pp), the packing counted against the job's tokens and stopped "
+        f"(the layers packed by then kept) if projected past {limit} (the job {PACK_MARGIN:.1f}x faster with it); "
+        "made only while it takes at most half the memory available, and training, other dtypes and changed "
+        "weights run unpacked"
     )
     return plan, [TraceStep("generation", why)]
 
