@@ -10,9 +10,12 @@ times it ("p4", "pack"), the estimate counts the packing against the job's new t
 ``Resolution.prepare(model)`` packs where the resolver chose it.
 
 The packing's own speed is measured as it runs: the calibration's rate is a guess for a model's
-fresh memory (a 0.4B model's packing took 0.5 s from an fp32 checkpoint and 1.1-1.8 s after an
-upcast from bf16 on this VM, against 0.7 s estimated), so once ``PROBE_SHARE`` of the copy is made,
-a packing projected to take longer than the job's break-even (``budget_s``) is stopped and undone.
+fresh memory (a 0.4B model's packing took 0.4-1.3 s from an fp32 checkpoint and up to 1.8 s after an
+upcast from bf16 on this VM, against 0.4 s at the calibration's rate), so once ``PROBE_SHARE`` of the
+copy is made, a packing projected to take longer than the job repays (``budget_s``: the whole job
+still ``PACK_MARGIN`` faster) is stopped. The layers packed by then are kept: each runs faster for
+the whole job, which repays part of the time already spent (undoing them wasted all of it: a 0.4B
+model's stopped packing cost 0.28 s of a 1.5 s job here).
 
 Do no harm: the packed copy sits beside the weights (state_dict, saving and training see the
 weights as they were), so it is made only while it takes at most ``HEADROOM`` of the memory
@@ -43,11 +46,16 @@ __all__ = [
 
 # The packed copy may take at most this share of the memory available when prepare() runs.
 HEADROOM = 0.5
-# The share of the copy packed before its rate is projected to the whole (checked after every layer
-# from then on): the first layers pay oneDNN's set-up, and a few percent cost little when given up.
-PROBE_SHARE = 0.05
-# Nor before it has run this long: a packing this short costs too little to be worth stopping, and
-# its rate is not yet read clear of the first calls' set-up.
+# The share of the copy, in weights of a shape packed before, whose rate is projected to the rest
+# (checked after every layer from then on): the first weight of each shape pays oneDNN's kernel
+# generation once, so it is timed but not taken as the rate (a 0.1B model's first 2% projected 9 s
+# for a packing of 0.15 s). A try is priced at the calibration's rate, and a model's fresh memory
+# faulted in page by page ran up to 4x slower (1.1B fp32: 1.5-6.3 s here against 1.6 s), so a
+# wrong try must stop early, and a few percent cost little when given up.
+PROBE_SHARE = 0.03
+# Nor before that rate has run this long: a packing this short costs too little to be worth
+# stopping, and a shorter time is one hiccup's (with 0.02 s, one of three fresh 0.1B packings
+# stopped 0.03 s in, at 14 of 57 layers, where the other two packed whole in 0.12-0.13 s).
 PROBE_MIN_S = 0.05
 PACKED_DTYPES = ("float32", "bfloat16")
 _ATTRIBUTE = "_whichdevice_packed"
@@ -140,10 +148,32 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
+class _Projection:
+    """The packing's projected whole time as it runs: the time so far, and the bytes left at the rate
+    of the weights whose shape was packed before (``PROBE_SHARE``, ``PROBE_MIN_S``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.done, self.start = size, 0, time.perf_counter()
+        self.last, self.seen = self.start, set[tuple[int, ...]]()
+        self.steady_bytes, self.steady_s = 0, 0.0
+
+    def add(self, shape: tuple[int, ...], size: int) -> float | None:
+        """Count one weight of ``shape`` and ``size`` bytes packed; the projection, or None before the
+        rate is read."""
+        now = time.perf_counter()
+        if shape in self.seen:
+            self.steady_bytes, self.steady_s = self.steady_bytes + size, self.steady_s + now - self.last
+        self.seen.add(shape)
+        self.done, self.last = self.done + size, now
+        if self.steady_bytes < PROBE_SHARE * self.size or self.steady_s < PROBE_MIN_S:
+            return None
+        return now - self.start + (self.size - self.done) * self.steady_s / self.steady_bytes
+
+
 def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float | None = None) -> tuple[int, str]:
     """Pack ``model``'s ``dtype`` linear weights for ``batch`` rows; (layers packed, what was done).
     ``budget_s``: the seconds the whole packing may take (projected from its own rate once
-    ``PROBE_SHARE`` of it is done); past it the packing stops and the model is left as it was."""
+    ``PROBE_SHARE`` of it is done); past it the packing stops, and the layers packed by then stay so."""
     import torch
 
     from whichdevice.hardware.probes.cpu_memory import packing_ops
@@ -163,7 +193,7 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
             f"{HEADROOM:.0%} of the {available / 1024**3:.2f} GiB available"
         )
     pack, linear = ops
-    start, done = time.perf_counter(), 0
+    clock = _Projection(size)
     with progress.working("packing the model's weights"), torch.no_grad():
         try:
             for module in layers:
@@ -171,21 +201,19 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
                 packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
                 setattr(module, _ATTRIBUTE, packed)
                 module.forward = _PackedForward(module)
-                done += weight.numel() * weight.element_size()
-                elapsed = time.perf_counter() - start
-                projected = elapsed * size / done
-                probed = done >= PROBE_SHARE * size and elapsed >= PROBE_MIN_S
-                if budget_s is not None and probed and projected > budget_s:
-                    unpack(model)
-                    return 0, (
-                        f"not packed: after {done / size:.0%} of the copy the packing was projected to take "
-                        f"{projected:.2g} s, more than the {budget_s:.2g} s the job's new tokens repay; undone"
+                projected = clock.add(tuple(weight.shape), weight.numel() * weight.element_size())
+                if budget_s is not None and projected is not None and projected > budget_s:
+                    count = layers.index(module) + 1
+                    return count, (
+                        f"packing stopped after {clock.done / size:.0%} of the copy ({count} of {len(layers)} "
+                        f"linear layers, kept packed): it was projected to take {projected:.2g} s, more than the "
+                        f"{budget_s:.2g} s the job's tokens repay"
                     )
         except RuntimeError as exc:  # a oneDNN that cannot pack this dtype: the model stays as it was
             unpack(model)
             first = (str(exc).splitlines() or [""])[0][:200]
             return 0, f"not packed: oneDNN could not pack {dtype} weights ({printable(first)})"
-    took = time.perf_counter() - start
+    took = time.perf_counter() - clock.start
     return len(layers), f"{len(layers)} linear layers packed for batch {batch} ({size / 1024**3:.2f} GiB, {took:.2g} s)"
 
 
