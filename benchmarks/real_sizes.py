@@ -11,7 +11,9 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
 1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint (with
    ``--tell-new`` also ``max_new_tokens=NEW``: the job's length as generate gets it), loaded
    exactly as a user does, in a fresh process: ``from_pretrained(path, **res.model_kwargs())`` then
-   ``res.prepare(model)``, its setup timed there (as is every candidate's packing); where that load
+   ``res.prepare(model)``, its setup timed there (as is every candidate's packing; each ``--fresh``
+   times, the process of median setup kept, since a packing's time varies from one process to the
+   next); where that load
    is exactly a candidate's configuration, the resolved load takes the candidate's runs (with its
    own setup), otherwise it is timed on its own load in this process;
 2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
@@ -170,8 +172,10 @@ def setup_in_fresh_process(
         "    start = time.perf_counter(); install_packed_weights(model, load, batch)\n"
         "    setup = time.perf_counter() - start\n"
         "packed = sum(getattr(m, '_whichdevice_packed', None) is not None for m in model.modules())\n"
+        "from whichdevice.precision.packed_weights import packable_layers\n"
+        "packable = len(packable_layers(model, str(next(model.parameters()).dtype).split('.')[-1]))\n"
         "print(json.dumps({'setup_s': setup, 'dtype': str(next(model.parameters()).dtype).split('.')[-1],\n"
-        "    'attention': model.config._attn_implementation, 'packed_layers': packed,\n"
+        "    'attention': model.config._attn_implementation, 'packed_layers': packed, 'packable': packable,\n"
         "    'single_row': bool(getattr(model, HOOKED, False))}))\n"
     )
     out = subprocess.run(
@@ -186,11 +190,29 @@ def setup_in_fresh_process(
     return dict(json.loads(lines[-1]))
 
 
+def unpack_after(model: Any, dtype: str, count: int) -> None:
+    """Unpack every packable layer after the first ``count``: the load a packing stopped there left."""
+    from whichdevice.precision import packed_weights
+
+    for module in packed_weights.packable_layers(model, dtype)[count:]:
+        if hasattr(module, packed_weights._ATTRIBUTE):
+            delattr(module, packed_weights._ATTRIBUTE)
+            vars(module).pop("forward", None)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fresh process of median setup time among ``runs``."""
+    return sorted(runs, key=lambda run: float(run["setup_s"]))[len(runs) // 2]
+
+
 def fresh_label(got: dict[str, Any]) -> str:
     """The configuration a fresh load reported by ``setup_in_fresh_process`` got, as ``label_of`` names
-    it: a packing that prepare() stopped (projected past the job's break-even) is not in it."""
+    it: a packing that prepare() stopped (projected past the job's budget) is not in it."""
     label = f"{SHORT.get(got['dtype'], got['dtype'])}/{got['attention']}"
-    return label + ("+single_row" if got["single_row"] else "") + ("+packed" if got["packed_layers"] else "")
+    packed = got["packed_layers"]
+    # A packing stopped past its budget keeps the layers packed by then: a load of its own, not the packed twin.
+    part = f"+packed({packed}/{got['packable']})" if 0 < packed < got.get("packable", packed) else "+packed"
+    return label + ("+single_row" if got["single_row"] else "") + (part if packed else "")
 
 
 def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str]) -> list[Config]:
@@ -256,14 +278,21 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     alias: dict[str, tuple[str, float]] = {}  # resolved label: (the candidate it is, its own setup)
     # The fresh processes run before this one loads its candidates: the machine's memory is then as
     # free as a user's (the packing refuses where its copy would take over half the memory available).
+    # Each --fresh times, the run of median setup kept: one packing's time is its memory's luck
+    # (1.1B fp32, capped: 2.2-6.6 s in fresh processes here), and best and resolved must not draw apart.
     packing = {  # dtype: its packing's seconds in a fresh process
-        d: setup_in_fresh_process(paths["bfloat16"], d, batch, length)["setup_s"]
+        d: median_run([setup_in_fresh_process(paths["bfloat16"], d, batch, length) for _ in range(args.fresh)])[
+            "setup_s"
+        ]
         for d in args.dtypes
         if batch >= 2 and d in PACKED_DTYPES
     }
-    fresh_loads = {
-        ckpt: setup_in_fresh_process(path, "resolved", batch, length, told, args.prompt) for ckpt, path in paths.items()
-    }
+    fresh_loads = {}
+    for ckpt, path in paths.items():
+        runs = [setup_in_fresh_process(path, "resolved", batch, length, told, args.prompt) for _ in range(args.fresh)]
+        fresh_loads[ckpt] = median_run(runs)
+        if len({fresh_label(run) for run in runs}) > 1:
+            log(f"{ckpt}: fresh loads got " + ", ".join(f"{fresh_label(r)} ({r['setup_s']:.2f} s)" for r in runs))
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
     for config in configs:
         if config.packed:
@@ -289,6 +318,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
             install_single_row(model)
         if fresh["packed_layers"] and res.dtype_name:
             install_packed_weights(model, res.dtype_name, batch)
+            unpack_after(model, res.dtype_name, fresh["packed_layers"])
         configs.append(Config(mine, model, None, setup_s=fresh["setup_s"]))
     timed = time_configs(torch, configs, ids, args, keep={twin for twin, _ in alias.values()})
     # A configuration's one-time setup (packing the weights) is paid once per load: the job it runs
@@ -439,6 +469,9 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=9)
     parser.add_argument("--tell-new", action="store_true", help="pass max_new_tokens=NEW to resolve_device too")
+    parser.add_argument(
+        "--fresh", type=int, default=3, help="fresh processes per setup timed, the median kept (packing is noisy)"
+    )
     parser.add_argument("--out", default="benchmarks/results/real_sizes.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
