@@ -175,7 +175,7 @@ def test_a_packing_projected_past_its_budget_stops_and_keeps_what_it_packed(path
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     count, done = install_packed_weights(model, "float32", 4, budget_s=0.5)
     # It stopped as soon as PROBE_SHARE of the copy was made in weights of a shape packed before (the
-    # first of each shape pays oneDNN's kernel generation and is not taken as the rate), not at the end.
+    # first of each shape carries one-time costs and is not taken as the rate), not at the end.
     shapes = [tuple(m.weight.shape) for m in layers]
     repeats = [size if shapes[i] in shapes[:i] else 0 for i, size in enumerate(sizes)]
     first = next(i for i in range(len(sizes)) if sum(repeats[: i + 1]) >= PROBE_SHARE * sum(sizes))
@@ -204,7 +204,7 @@ def test_a_resolution_that_packs_carries_the_estimates_budget(path: Path):
 
 
 def test_the_projection_takes_its_rate_from_shapes_packed_before(monkeypatch):
-    # The first weight of each shape takes 10 s (oneDNN's kernel generation), every later one 1 s: the
+    # The first weight of each shape takes 10 s (one-time costs), every later one 1 s: the
     # projection is the time so far plus the rest at 1 s a weight, not the first weight's 10 s each.
     now = iter([0.0, 10.0, 20.0, 21.0, 22.0, 23.0])
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: next(now)))

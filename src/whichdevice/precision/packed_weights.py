@@ -47,11 +47,12 @@ __all__ = [
 # The packed copy may take at most this share of the memory available when prepare() runs.
 HEADROOM = 0.5
 # The share of the copy, in weights of a shape packed before, whose rate is projected to the rest
-# (checked after every layer from then on): the first weight of each shape pays oneDNN's kernel
-# generation once, so it is timed but not taken as the rate (a 0.1B model's first 2% projected 9 s
-# for a packing of 0.15 s). A try is priced at the calibration's rate, and a model's fresh memory
-# faulted in page by page ran up to 4x slower (1.1B fp32: 1.5-6.3 s here against 1.6 s), so a
-# wrong try must stop early, and a few percent cost little when given up.
+# (checked after every layer from then on): the first weight of each shape is timed but not taken as
+# the rate, since the first calls carry one-time costs (a fresh 1.1B packing's first 16 MB took
+# 0.117 s, the next 0.027 s) that a projection multiplies by the model's size (under load, a 0.1B
+# model's first 2% projected 9 s for a packing of 0.15 s). A try is priced at the calibration's
+# rate, and a model's fresh memory faulted in page by page ran up to 4x slower (1.1B fp32: 1.5-6.3 s
+# here against 1.6 s), so a wrong try must stop early, and a few percent cost little when given up.
 PROBE_SHARE = 0.03
 # Nor before that rate has run this long: a packing this short costs too little to be worth
 # stopping, and a shorter time is one hiccup's (with 0.02 s, one of three fresh 0.1B packings
@@ -196,14 +197,13 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
     clock = _Projection(size)
     with progress.working("packing the model's weights"), torch.no_grad():
         try:
-            for module in layers:
+            for count, module in enumerate(layers, start=1):
                 weight = module.weight
                 packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
                 setattr(module, _ATTRIBUTE, packed)
                 module.forward = _PackedForward(module)
                 projected = clock.add(tuple(weight.shape), weight.numel() * weight.element_size())
                 if budget_s is not None and projected is not None and projected > budget_s:
-                    count = layers.index(module) + 1
                     return count, (
                         f"packing stopped after {clock.done / size:.0%} of the copy ({count} of {len(layers)} "
                         f"linear layers, kept packed): it was projected to take {projected:.2g} s, more than the "
