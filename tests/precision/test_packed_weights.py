@@ -161,7 +161,7 @@ def test_a_onednn_that_cannot_pack_leaves_the_model_as_it_was(path: Path, monkey
     assert not any(hasattr(m, "_whichdevice_packed") or "forward" in vars(m) for m in model.modules())
 
 
-def test_a_packing_projected_past_its_budget_stops_and_keeps_what_it_packed(path: Path, monkeypatch):
+def test_a_packing_priced_past_its_budget_stops_and_keeps_what_it_packed(path: Path, monkeypatch):
     from whichdevice.precision.packed_weights import PROBE_SHARE
 
     model = _load(path, torch.float32)
@@ -170,7 +170,7 @@ def test_a_packing_projected_past_its_budget_stops_and_keeps_what_it_packed(path
     ids = torch.randint(5, 200, (4, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         plain = model(ids).logits
-    # A clock that moves one second per layer packed: every projection is a second or more.
+    # A clock that moves one second per layer packed: the whole copy is priced at many seconds.
     ticks = iter(range(10_000))
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     count, done = install_packed_weights(model, "float32", 4, budget_s=0.5)
@@ -181,7 +181,7 @@ def test_a_packing_projected_past_its_budget_stops_and_keeps_what_it_packed(path
     first = next(i for i in range(len(sizes)) if sum(repeats[: i + 1]) >= PROBE_SHARE * sum(sizes))
     assert 0 < first < len(layers) - 1 and count == first + 1
     assert f"packing stopped after {sum(sizes[:count]) / sum(sizes):.0%} of the copy ({count} of {len(layers)}" in done
-    assert "projected to take" in done and "kept packed" in done
+    assert "the whole copy would take" in done and "kept packed" in done
     # The layers packed by then stay packed (they repay part of the time spent); the rest run as before.
     assert [hasattr(m, "_whichdevice_packed") for m in layers] == [i < count for i in range(len(layers))]
     assert all("forward" not in vars(m) for m in layers[count:])
@@ -203,12 +203,14 @@ def test_a_resolution_that_packs_carries_the_estimates_budget(path: Path):
     assert one.packing_budget_s is None and one.to_dict()["packing_budget_s"] is None
 
 
-def test_the_projection_takes_its_rate_from_shapes_packed_before(monkeypatch):
-    # The first weight of each shape takes 10 s (one-time costs), every later one 1 s: the
-    # projection is the time so far plus the rest at 1 s a weight, not the first weight's 10 s each.
-    now = iter([0.0, 10.0, 20.0, 21.0, 22.0, 23.0])
+def test_the_price_takes_its_rate_from_shapes_packed_before_and_leaves_out_the_time_spent(monkeypatch):
+    # The first weight of each shape takes 10 s (one-time costs), every later one 1 s: the whole copy
+    # (100 bytes) is priced at 1 s a weight, 10 s, not at the first weights' 10 s each, and the 20 s
+    # already spent on those is not added: the rest of the copy repays its share whatever the start cost.
+    now = iter([0.0, 10.0, 20.0, 21.0, 22.0, 24.0])
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: next(now)))
     clock = packed_weights._Projection(size=100)
     assert clock.add((4, 4), 10) is None and clock.add((8, 4), 10) is None  # no repeated shape yet
-    assert clock.add((4, 4), 10) == pytest.approx(21.0 + 70 * 0.1)  # 10 bytes a second from here on
-    assert clock.add((8, 4), 10) == pytest.approx(22.0 + 60 * 0.1)
+    assert clock.add((4, 4), 10) == pytest.approx(100 * 0.1)  # 10 bytes a second
+    assert clock.add((8, 4), 10) == pytest.approx(100 * 0.1)
+    assert clock.add((8, 4), 10) == pytest.approx(100 * 4 / 30)  # the rate slows as it runs: priced again

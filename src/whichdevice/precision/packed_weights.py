@@ -12,10 +12,13 @@ times it ("p4", "pack"), the estimate counts the packing against the job's new t
 The packing's own speed is measured as it runs: the calibration's rate is a guess for a model's
 fresh memory (a 0.4B model's packing took 0.4-1.3 s from an fp32 checkpoint and up to 1.8 s after an
 upcast from bf16 on this VM, against 0.4 s at the calibration's rate), so once ``PROBE_SHARE`` of the
-copy is made, a packing projected to take longer than the job repays (``budget_s``: the whole job
-still ``PACK_MARGIN`` faster) is stopped. The layers packed by then are kept: each runs faster for
-the whole job, which repays part of the time already spent (undoing them wasted all of it: a 0.4B
-model's stopped packing cost 0.28 s of a 1.5 s job here).
+copy is made, a packing whose rate prices the whole copy above what the job repays (``budget_s``:
+the whole job still ``PACK_MARGIN`` faster) is stopped. The time already spent is not in that price:
+each weight packed speeds its share of every step, so the rest of the copy repays its share of the
+budget exactly when the whole would at that rate, and what was spent (the first calls' one-time
+costs included) is spent either way. The layers packed by then are kept: each runs faster for the
+whole job, which repays part of the time spent (undoing them wasted all of it: a 0.4B model's
+stopped packing cost 0.28 s of a 1.5 s job here).
 
 Do no harm: the packed copy sits beside the weights (state_dict, saving and training see the
 weights as they were), so it is made only while it takes at most ``HEADROOM`` of the memory
@@ -46,11 +49,11 @@ __all__ = [
 
 # The packed copy may take at most this share of the memory available when prepare() runs.
 HEADROOM = 0.5
-# The share of the copy, in weights of a shape packed before, whose rate is projected to the rest
+# The share of the copy, in weights of a shape packed before, whose rate prices the whole copy
 # (checked after every layer from then on): the first weight of each shape is timed but not taken as
 # the rate, since the first calls carry one-time costs (a fresh 1.1B packing's first 16 MB took
-# 0.117 s, the next 0.027 s) that a projection multiplies by the model's size (under load, a 0.1B
-# model's first 2% projected 9 s for a packing of 0.15 s). A try is priced at the calibration's
+# 0.117 s, the next 0.027 s) that a rate multiplies by the model's size (under load, a 0.1B
+# model's first 2% priced the copy at 9 s for a packing of 0.15 s). A try is priced at the calibration's
 # rate, and a model's fresh memory faulted in page by page ran up to 4x slower (1.1B fp32: 1.5-6.3 s
 # here against 1.6 s), so a wrong try must stop early, and a few percent cost little when given up.
 PROBE_SHARE = 0.03
@@ -150,8 +153,10 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 
 class _Projection:
-    """The packing's projected whole time as it runs: the time so far, and the bytes left at the rate
-    of the weights whose shape was packed before (``PROBE_SHARE``, ``PROBE_MIN_S``)."""
+    """The packing's price as it runs: the whole copy at the rate of the weights whose shape was
+    packed before (``PROBE_SHARE``, ``PROBE_MIN_S``). The whole copy, not the time so far plus the
+    rest: a weight's gain and its packing both scale with its bytes, so the rest of the copy repays
+    if and only if the whole would at that rate, whatever the start cost (spent either way)."""
 
     def __init__(self, size: int) -> None:
         self.size, self.done, self.start = size, 0, time.perf_counter()
@@ -159,8 +164,8 @@ class _Projection:
         self.steady_bytes, self.steady_s = 0, 0.0
 
     def add(self, shape: tuple[int, ...], size: int) -> float | None:
-        """Count one weight of ``shape`` and ``size`` bytes packed; the projection, or None before the
-        rate is read."""
+        """Count one weight of ``shape`` and ``size`` bytes packed; the whole copy's price in seconds
+        at the rate read so far, or None before the rate is read."""
         now = time.perf_counter()
         if shape in self.seen:
             self.steady_bytes, self.steady_s = self.steady_bytes + size, self.steady_s + now - self.last
@@ -168,13 +173,13 @@ class _Projection:
         self.done, self.last = self.done + size, now
         if self.steady_bytes < PROBE_SHARE * self.size or self.steady_s < PROBE_MIN_S:
             return None
-        return now - self.start + (self.size - self.done) * self.steady_s / self.steady_bytes
+        return self.size * self.steady_s / self.steady_bytes
 
 
 def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float | None = None) -> tuple[int, str]:
     """Pack ``model``'s ``dtype`` linear weights for ``batch`` rows; (layers packed, what was done).
-    ``budget_s``: the seconds the whole packing may take (projected from its own rate once
-    ``PROBE_SHARE`` of it is done); past it the packing stops, and the layers packed by then stay so."""
+    ``budget_s``: the seconds the whole packing may take (priced at its own rate once ``PROBE_SHARE``
+    of it is done); priced past it, the packing stops, and the layers packed by then stay so."""
     import torch
 
     from whichdevice.hardware.probes.cpu_memory import packing_ops
@@ -202,12 +207,13 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
                 packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
                 setattr(module, _ATTRIBUTE, packed)
                 module.forward = _PackedForward(module)
-                projected = clock.add(tuple(weight.shape), weight.numel() * weight.element_size())
-                if budget_s is not None and projected is not None and projected > budget_s:
+                price = clock.add(tuple(weight.shape), weight.numel() * weight.element_size())
+                if budget_s is not None and price is not None and price > budget_s:
                     return count, (
                         f"packing stopped after {clock.done / size:.0%} of the copy ({count} of {len(layers)} "
-                        f"linear layers, kept packed): it was projected to take {projected:.2g} s, more than the "
-                        f"{budget_s:.2g} s the job's tokens repay"
+                        f"linear layers, kept packed, {time.perf_counter() - clock.start:.2g} s): at the rate it "
+                        f"ran, the whole copy would take {price:.2g} s, more than the {budget_s:.2g} s the "
+                        "job's tokens repay, so the rest would cost more than it saves"
                     )
         except RuntimeError as exc:  # a oneDNN that cannot pack this dtype: the model stays as it was
             unpack(model)

@@ -91,7 +91,8 @@ def packed_step(
     why = (
         f"{when} in oneDNN's layout for batch {plan.batch}{size}, measured faster for decode steps of several rows "
         f"and prompts (the calibration's p4 and pp), the packing counted against the job's tokens and stopped "
-        f"(the layers packed by then kept) if projected past {limit} (the job {PACK_MARGIN:.1f}x faster with it); "
+        f"(the layers packed by then kept) if its own rate prices the whole copy past {limit} (the job "
+        f"{PACK_MARGIN:.1f}x faster with it); "
         "made only while it takes at most half the memory available, and training, other dtypes and changed "
         "weights run unpacked"
     )

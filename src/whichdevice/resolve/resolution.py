@@ -59,7 +59,8 @@ class Resolution:
     # prepare(model) packs them for (whichdevice.precision.packed_weights); None: not packed.
     packed_for_batch: int | None = None
     # The seconds that packing may take and leave the job PACK_MARGIN faster (the estimate's budget):
-    # prepare(model) stops a packing projected to run past it (keeping the layers packed by then). None: no limit.
+    # prepare(model) stops a packing whose own rate prices the whole copy past it (keeping the layers
+    # packed by then). None: no limit.
     packing_budget_s: float | None = None
     # The estimate's figures behind the packing; where the job's new tokens were not told, prepare(model)
     # hooks generate to decide by each call's own (whichdevice.precision.packing_plan).
@@ -178,8 +179,8 @@ class Resolution:
         (``single_row``), forward passes of one token row run with oneDNN off, restored after each.
         Where decode steps at the job's batch were measured faster with the weights packed ahead
         (``packed_for_batch``), the linear weights get a packed copy beside them, made only while it
-        fits in half the memory available, and stopped (the layers packed by then kept) once it is projected to
-        take longer than the job's tokens repay (``packing_budget_s``; the INFO log says what
+        fits in half the memory available, and stopped (the layers packed by then kept) once its own rate
+        prices the whole copy above what the job's tokens repay (``packing_budget_s``; the INFO log says what
         was packed, or why not). Where the job's new tokens were not told (``packing_at_generate``),
         nothing is packed yet: ``model.generate`` is hooked, and the first call whose own prompt and
         new tokens repay the packing packs. Where a compiled static cache pays for the job (``static_cache``),
