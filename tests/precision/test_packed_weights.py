@@ -174,11 +174,9 @@ def test_a_packing_priced_past_its_budget_stops_and_keeps_what_it_packed(path: P
     ticks = iter(range(10_000))
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     count, done = install_packed_weights(model, "float32", 4, budget_s=0.5)
-    # It stopped as soon as PROBE_SHARE of the copy was made in weights of a shape packed before (the
-    # first of each shape carries one-time costs and is not taken as the rate), not at the end.
-    shapes = [tuple(m.weight.shape) for m in layers]
-    repeats = [size if shapes[i] in shapes[:i] else 0 for i, size in enumerate(sizes)]
-    first = next(i for i in range(len(sizes)) if sum(repeats[: i + 1]) >= PROBE_SHARE * sum(sizes))
+    # It stopped as soon as PROBE_SHARE of the copy was made after the first weight (which carries the
+    # first call's one-time costs and is not taken as the rate), not at the end.
+    first = next(i for i in range(1, len(sizes)) if sum(sizes[1 : i + 1]) >= PROBE_SHARE * sum(sizes))
     assert 0 < first < len(layers) - 1 and count == first + 1
     assert f"packing stopped after {sum(sizes[:count]) / sum(sizes):.0%} of the copy ({count} of {len(layers)}" in done
     assert "the whole copy would take" in done and "kept packed" in done
@@ -203,14 +201,15 @@ def test_a_resolution_that_packs_carries_the_estimates_budget(path: Path):
     assert one.packing_budget_s is None and one.to_dict()["packing_budget_s"] is None
 
 
-def test_the_price_takes_its_rate_from_shapes_packed_before_and_leaves_out_the_time_spent(monkeypatch):
-    # The first weight of each shape takes 10 s (one-time costs), every later one 1 s: the whole copy
-    # (100 bytes) is priced at 1 s a weight, 10 s, not at the first weights' 10 s each, and the 20 s
-    # already spent on those is not added: the rest of the copy repays its share whatever the start cost.
-    now = iter([0.0, 10.0, 20.0, 21.0, 22.0, 24.0])
+def test_the_price_takes_its_rate_after_the_first_weight_and_leaves_out_the_time_spent(monkeypatch):
+    # The first weight takes 10 s (the first call's one-time costs), every later one 1 s: the whole
+    # copy (1,000 bytes) is priced at 10 bytes a second, 100 s, and the 10 s already spent on the first
+    # is not added: the rest of the copy repays its share whatever the start cost.
+    now = iter([0.0, 10.0, 11.0, 12.0, 14.0])
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: next(now)))
-    clock = packed_weights._Projection(size=100)
-    assert clock.add((4, 4), 10) is None and clock.add((8, 4), 10) is None  # no repeated shape yet
-    assert clock.add((4, 4), 10) == pytest.approx(100 * 0.1)  # 10 bytes a second
-    assert clock.add((8, 4), 10) == pytest.approx(100 * 0.1)
-    assert clock.add((8, 4), 10) == pytest.approx(100 * 4 / 30)  # the rate slows as it runs: priced again
+    monkeypatch.setattr(packed_weights, "PROBE_SHARE", 0.01)
+    clock = packed_weights._Projection(size=1000)
+    assert clock.add(10) is None  # the first weight: not the rate
+    assert clock.add(5) is None  # 0.5% of the copy after the first: not yet read
+    assert clock.add(10) == pytest.approx(1000 * 2 / 15)
+    assert clock.add(10) == pytest.approx(1000 * 4 / 25)  # the rate slows as it runs: priced again

@@ -49,14 +49,19 @@ __all__ = [
 
 # The packed copy may take at most this share of the memory available when prepare() runs.
 HEADROOM = 0.5
-# The share of the copy, in weights of a shape packed before, whose rate prices the whole copy
-# (checked after every layer from then on): the first weight of each shape is timed but not taken as
-# the rate, since the first calls carry one-time costs (a fresh 1.1B packing's first 16 MB took
-# 0.117 s, the next 0.027 s) that a rate multiplies by the model's size (under load, a 0.1B
-# model's first 2% priced the copy at 9 s for a packing of 0.15 s). A try is priced at the calibration's
-# rate, and a model's fresh memory faulted in page by page ran up to 4x slower (1.1B fp32: 1.5-6.3 s
-# here against 1.6 s), so a wrong try must stop early, and a few percent cost little when given up.
-PROBE_SHARE = 0.03
+# The share of the copy, after its first weight, whose rate prices the whole copy (checked after every
+# weight from then on). The first weight is timed but not taken as the rate: it carries the first
+# call's one-time costs. A try is priced at the calibration's rate, and a model's fresh memory
+# faulted in page by page ran up to 4x slower on this VM (1.1B fp32 after an upcast from bf16:
+# 3.9-5.5 s against 1.6 s), so a wrong try must stop early. Replayed on the per-weight times of 20
+# fresh 0.1-1.1B packings here (quiet and at load 2) against the 1.1B job's budget (3.07 s, scaled
+# by size for the smaller models): reading the rate from 1% of the copy after the first weight,
+# packings slow from the start stopped at 2% (0.06-0.09 s), those that slowed part-way (bf16 upcasts)
+# at 29-40% with the part packed fast repaying its time, and none within its budget stopped; from
+# 3% of the copy after the first weight of each shape (a whole layer, 176 MB at 1.1B, though a
+# shape's first call ran no slower than its later ones: 7 against 6 ms for 16 MB), the slow ones
+# stopped at 6% (0.21-0.26 s), and a packing of 2.05 s stopped at 20%, on a slow stretch early on.
+PROBE_SHARE = 0.01
 # Nor before that rate has run this long: a packing this short costs too little to be worth
 # stopping, and a shorter time is one hiccup's (with 0.02 s, one of three fresh 0.1B packings
 # stopped 0.03 s in, at 14 of 57 layers, where the other two packed whole in 0.12-0.13 s).
@@ -153,27 +158,27 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 
 class _Projection:
-    """The packing's price as it runs: the whole copy at the rate of the weights whose shape was
-    packed before (``PROBE_SHARE``, ``PROBE_MIN_S``). The whole copy, not the time so far plus the
-    rest: a weight's gain and its packing both scale with its bytes, so the rest of the copy repays
-    if and only if the whole would at that rate, whatever the start cost (spent either way)."""
+    """The packing's price as it runs: the whole copy at the rate of the weights after the first
+    (``PROBE_SHARE``, ``PROBE_MIN_S``). The whole copy, not the time so far plus the rest: a weight's
+    gain and its packing both scale with its bytes, so the rest of the copy repays if and only if the
+    whole would at that rate, whatever the start cost (spent either way)."""
 
     def __init__(self, size: int) -> None:
         self.size, self.done, self.start = size, 0, time.perf_counter()
-        self.last, self.seen = self.start, set[tuple[int, ...]]()
-        self.steady_bytes, self.steady_s = 0, 0.0
+        self.first: tuple[float, int] | None = None  # (time, bytes) once the first weight is packed
 
-    def add(self, shape: tuple[int, ...], size: int) -> float | None:
-        """Count one weight of ``shape`` and ``size`` bytes packed; the whole copy's price in seconds
-        at the rate read so far, or None before the rate is read."""
+    def add(self, size: int) -> float | None:
+        """Count one weight of ``size`` bytes packed; the whole copy's price in seconds at the rate read
+        so far, or None before the rate is read."""
         now = time.perf_counter()
-        if shape in self.seen:
-            self.steady_bytes, self.steady_s = self.steady_bytes + size, self.steady_s + now - self.last
-        self.seen.add(shape)
-        self.done, self.last = self.done + size, now
-        if self.steady_bytes < PROBE_SHARE * self.size or self.steady_s < PROBE_MIN_S:
+        self.done += size
+        if self.first is None:
+            self.first = (now, self.done)
             return None
-        return self.size * self.steady_s / self.steady_bytes
+        seconds, packed = now - self.first[0], self.done - self.first[1]
+        if packed < PROBE_SHARE * self.size or seconds < PROBE_MIN_S:
+            return None
+        return self.size * seconds / packed
 
 
 def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float | None = None) -> tuple[int, str]:
@@ -207,7 +212,7 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
                 packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
                 setattr(module, _ATTRIBUTE, packed)
                 module.forward = _PackedForward(module)
-                price = clock.add(tuple(weight.shape), weight.numel() * weight.element_size())
+                price = clock.add(weight.numel() * weight.element_size())
                 if budget_s is not None and price is not None and price > budget_s:
                     return count, (
                         f"packing stopped after {clock.done / size:.0%} of the copy ({count} of {len(layers)} "
