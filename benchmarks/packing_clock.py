@@ -5,7 +5,7 @@
 
 Each run loads a checkpoint as fp32 in a new process (a bf16 one is upcast, as the resolver's fp32
 choice loads it), runs one batch-4 prompt, and packs every linear weight with no budget, logging
-when each weight finished (``packed_weights._Projection.add``). The replay then asks, for each
+when each weight finished (``packed_weights._Clock.add``). The replay then asks, for each
 run and each rule, where a packing with the given budget (scaled by the copy's size for other
 models) would have stopped, and what the job would have cost: ``--job-s`` seconds unpacked, less
 ``--gain-s`` for the whole copy packed, in proportion to the bytes packed, plus the time spent
@@ -32,12 +32,12 @@ model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=tor
 ids = torch.randint(3, 1000, (4, 32), generator=torch.Generator().manual_seed(0))
 with torch.inference_mode():
     model(ids)
-log, add = [], pw._Projection.add
+log, add = [], pw._Clock.add
 def logged(self, size):
     price = add(self, size)
     log.append([size, pw.time.perf_counter() - self.start])
     return price
-pw._Projection.add = logged
+pw._Clock.add = logged
 pw.install_packed_weights(model, "float32", 4)
 shapes = [list(m.weight.shape) for m in pw.packable_layers(model, "float32")]
 print(json.dumps({"log": [[s, *row] for s, row in zip(shapes, log)]}))

@@ -208,7 +208,7 @@ def test_the_price_takes_its_rate_after_the_first_weight_and_leaves_out_the_time
     now = iter([0.0, 10.0, 11.0, 12.0, 14.0])
     monkeypatch.setattr(packed_weights, "time", types.SimpleNamespace(perf_counter=lambda: next(now)))
     monkeypatch.setattr(packed_weights, "PROBE_SHARE", 0.01)
-    clock = packed_weights._Projection(size=1000)
+    clock = packed_weights._Clock(size=1000)
     assert clock.add(10) is None  # the first weight: not the rate
     assert clock.add(5) is None  # 0.5% of the copy after the first: not yet read
     assert clock.add(10) == pytest.approx(1000 * 2 / 15)

@@ -157,7 +157,7 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-class _Projection:
+class _Clock:
     """The packing's price as it runs: the whole copy at the rate of the weights after the first
     (``PROBE_SHARE``, ``PROBE_MIN_S``). The whole copy, not the time so far plus the rest: a weight's
     gain and its packing both scale with its bytes, so the rest of the copy repays if and only if the
@@ -204,7 +204,7 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
             f"{HEADROOM:.0%} of the {available / 1024**3:.2f} GiB available"
         )
     pack, linear = ops
-    clock = _Projection(size)
+    clock = _Clock(size)
     with progress.working("packing the model's weights"), torch.no_grad():
         try:
             for count, module in enumerate(layers, start=1):
