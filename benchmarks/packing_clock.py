@@ -53,15 +53,20 @@ def record(path: str) -> list[list[Any]]:
     return list(json.loads(lines[-1])["log"])
 
 
-def after_first(log: list[list[Any]], share: float, min_s: float = 0.05) -> list[float | None]:
-    """The clock as built: the whole copy at the rate of the weights after the first."""
-    size = sum(row[1] for row in log)
-    t0, b0, done, prices = log[0][2], log[0][1], 0, []
-    for _, nbytes, t in log:
-        done += nbytes
-        ok = done - b0 >= share * size and t - t0 >= min_s and done > b0
-        prices.append(size * (t - t0) / (done - b0) if ok else None)
-    return prices
+def built(log: list[list[Any]]) -> list[float | None]:
+    """The clock as built: ``packed_weights._Clock`` itself, its clock read from the recorded times."""
+    import types
+
+    from whichdevice.precision import packed_weights
+
+    times = iter([0.0] + [row[2] for row in log])
+    real = packed_weights.time
+    packed_weights.time = types.SimpleNamespace(perf_counter=lambda: next(times))  # type: ignore[assignment]
+    try:
+        clock = packed_weights._Clock(sum(row[1] for row in log))
+        return [clock.add(row[1]) for row in log]
+    finally:
+        packed_weights.time = real
 
 
 def per_shape(log: list[list[Any]], share: float = 0.03, spent: bool = False) -> list[float | None]:
@@ -83,7 +88,7 @@ def per_shape(log: list[list[Any]], share: float = 0.03, spent: bool = False) ->
 
 
 RULES = {
-    "whole copy, 1% after the first weight (built)": lambda log: after_first(log, 0.01),
+    "whole copy, 1% after the first weight (built)": built,
     "whole copy, 3% after each shape's first": lambda log: per_shape(log),
     "time so far plus the rest, 3% after each shape's first": lambda log: per_shape(log, spent=True),
 }

@@ -216,7 +216,7 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def fresh_label(got: dict[str, Any]) -> str:
     """The configuration a fresh load reported by ``setup_in_fresh_process`` got, as ``label_of`` names
-    it: a packing that prepare() stopped (projected past the job's budget) is not in it."""
+    it: a packing that prepare() stopped (priced past the job's budget) is not in it."""
     label = f"{SHORT.get(got['dtype'], got['dtype'])}/{got['attention']}"
     packed = got["packed_layers"]
     # A packing stopped past its budget keeps the layers packed by then: a load of its own, not the packed twin.
@@ -322,7 +322,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
             alias[mine] = (twin.label, fresh["setup_s"])
             continue
         model = auto.from_pretrained(path, **res.model_kwargs()).eval()
-        # Set up as the fresh load got it: prepare()'s projection would read this process's (slower) faults.
+        # Set up as the fresh load got it: prepare()'s clock would read this process's (slower) faults.
         if fresh["single_row"]:
             install_single_row(model)
         if fresh["packed_layers"] and res.dtype_name:
