@@ -11,7 +11,8 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
 1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint (with
    ``--tell-new`` also ``max_new_tokens=NEW``: the job's length as generate gets it), loaded
    exactly as a user does, in a fresh process: ``from_pretrained(path, **res.model_kwargs())`` then
-   ``res.prepare(model)``, its setup timed there (as is every candidate's packing; each ``--fresh``
+   ``res.prepare(model)``, its setup timed there (as is every candidate's packing, from each
+   checkpoint, so each is priced as its own user pays it; each ``--fresh``
    times, the process of median setup kept, since a packing's time varies from one process to the
    next); where that load
    is exactly a candidate's configuration, the resolved load takes the candidate's runs (with its
@@ -289,10 +290,12 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     # free as a user's (the packing refuses where its copy would take over half the memory available).
     # Each --fresh times, the run of median setup kept: one packing's time is its memory's luck
     # (1.1B fp32, capped: 2.2-6.6 s in fresh processes here), and best and resolved must not draw apart.
-    packing = {  # dtype: its packing's seconds in a fresh process
-        d: median_run([setup_in_fresh_process(paths["bfloat16"], d, batch, length) for _ in range(args.fresh)])[
-            "setup_s"
-        ]
+    # Timed from each checkpoint: packing an fp32 checkpoint's weights took 1.7 s where the bf16
+    # checkpoint's, upcast to fp32 in fresh memory, took 3.6 s (1.1B, capped), so one checkpoint's
+    # price would misstate the other's best.
+    packing = {  # (checkpoint, dtype): the packing's seconds in a fresh process that loaded it
+        (ckpt, d): median_run([setup_in_fresh_process(path, d, batch, length) for _ in range(args.fresh)])["setup_s"]
+        for ckpt, path in paths.items()
         for d in args.dtypes
         if batch >= 2 and d in PACKED_DTYPES
     }
@@ -303,9 +306,12 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         if len({fresh_label(run) for run in runs}) > 1:
             log(f"{ckpt}: fresh loads got " + ", ".join(f"{fresh_label(r)} ({r['setup_s']:.2f} s)" for r in runs))
     configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
+    packed_dtype = {  # a packed candidate's label: its dtype
+        c.label: next(d for d in DTYPES if c.label.startswith(SHORT[d] + "/")) for c in configs if c.packed
+    }
     for config in configs:
         if config.packed:
-            config.setup_s = packing[next(d for d in DTYPES if config.label.startswith(SHORT[d] + "/"))]
+            config.setup_s = packing[("bfloat16", packed_dtype[config.label])]
     by_label = {c.label: c for c in configs}
     for ckpt, path in paths.items():
         res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length, max_new_tokens=told)
@@ -363,9 +369,15 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     for ckpt, (res, label) in resolved.items():
         mine = f"resolved {ckpt}={label}"
         others = [lb for lb in tok_s if not lb.startswith("resolved") and not lb.endswith("static_cache")] + [mine]
-        best = max(others, key=lambda lb: tok_s[lb])
+        # This checkpoint's own packing prices, as its user pays them (runs are shared: same values).
+        own_setup = setup | {lb: packing[(ckpt, d)] for lb, d in packed_dtype.items() if lb in timed["full"]}
+        own_tok_s = {
+            lb: statistics.median(batch * args.new / (t + own_setup[lb]) for t in timed["full"][lb]) for lb in others
+        }
+        best = max(others, key=lambda lb: own_tok_s[lb])
         ratios = [
-            (b + setup[best]) / (m + setup[mine]) for b, m in zip(timed["full"][best], timed["full"][mine], strict=True)
+            (b + own_setup[best]) / (m + own_setup[mine])
+            for b, m in zip(timed["full"][best], timed["full"][mine], strict=True)
         ]
         out.append(
             {
@@ -375,9 +387,9 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "best": best,
                 "resolved_over_best": round(min(1.0, statistics.median(ratios)) if best != mine else 1.0, 3),
                 "runs_on": alias[mine][0] if mine in alias else "its own load",
-                "tok_s": {lb: round(tok_s[lb], 2) for lb in others},
+                "tok_s": {lb: round(own_tok_s[lb], 2) for lb in others},
                 "tok_s_without_setup": {lb: round(steady[lb], 2) for lb in others},
-                "setup_s": {lb: round(setup[lb], 2) for lb in others if setup[lb]},
+                "setup_s": {lb: round(own_setup[lb], 2) for lb in others if own_setup[lb]},
                 "decode_tok_s": {lb: round(decode[lb], 2) for lb in others},
                 "static_cache": {"of": best_plain, "tok_s_over_dynamic": round(static_over_plain, 3)},
                 "left_out_after_warm_up": timed["left_out"],
