@@ -52,7 +52,8 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of devices of 1 or more")
+        # argparse names the option before this ("argument --batch-size: ..."): say only what it takes.
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
     return value
 
 

@@ -409,3 +409,13 @@ def test_the_report_passes_the_new_tokens_to_the_resolution(capsys: pytest.Captu
     assert cli.main(["--max-length", "9", "--max-new-tokens", "9", "--task", "inference"]) != 0
     assert "max_length counts the prompt too" in capsys.readouterr().err
     assert cli.main(["--max-new-tokens", "0"]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--max-length", "--max-new-tokens", "--min-devices"])
+def test_a_count_below_one_names_its_option_and_what_it_takes(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["check", flag, "0"] if flag == "--min-devices" else [flag, "0"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: '0': give a whole number of 1 or more" in err
+    # Only --min-devices counts devices: the others must not say so.
+    assert "devices" not in err.split("\n")[0].replace("--min-devices", "")
