@@ -20,6 +20,8 @@ from whichdevice.resolve.generation import COMPILE_MARGIN, COMPILE_PAYS_AFTER_ST
 from whichdevice.testing import simulate
 
 H200 = "cuda:1,cc=9.0,mem=141GiB,name=NVIDIA H200"
+# A CUDA host's torch brings triton, which torch.compile builds its GPU kernels with; this CPU's does not.
+TRITON = {"triton": "simulated"}
 NEEDED = math.ceil(COMPILE_PAYS_AFTER_STEPS * COMPILE_MARGIN)
 
 
@@ -33,7 +35,7 @@ def _generation_lines(res: wd.Resolution) -> list[str]:
 
 
 def test_a_long_job_on_an_nvidia_gpu_gets_the_static_cache(llama: Path) -> None:
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 32)
     assert res.static_cache
     assert res.generate_kwargs() == {"cache_implementation": "static"}
@@ -44,7 +46,7 @@ def test_a_long_job_on_an_nvidia_gpu_gets_the_static_cache(llama: Path) -> None:
 
 
 def test_a_short_job_keeps_generates_own_cache_and_says_how_long_would_pay(llama: Path) -> None:
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED - 1, max_length=NEEDED + 31)
     assert not res.static_cache
     assert res.generate_kwargs() == {}
@@ -54,7 +56,7 @@ def test_a_short_job_keeps_generates_own_cache_and_says_how_long_would_pay(llama
 
 
 def test_unsaid_new_tokens_are_half_of_max_length(llama: Path) -> None:
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         long = wd.resolve_device(model=str(llama), max_length=2 * NEEDED)
         short = wd.resolve_device(model=str(llama), max_length=2 * NEEDED - 2)
     assert long.static_cache and not short.static_cache
@@ -73,7 +75,7 @@ def test_unsaid_new_tokens_are_half_of_max_length(llama: Path) -> None:
 def test_outside_what_was_measured_generate_keeps_its_own_cache(
     llama: Path, spec: str, kwargs: dict[str, object], reason: str
 ) -> None:
-    with simulate(spec):
+    with simulate(spec, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=10 * NEEDED, max_length=10 * NEEDED + 32, **kwargs)
     assert not res.static_cache and res.generate_kwargs() == {}
     (line,) = _generation_lines(res)
@@ -85,7 +87,7 @@ def test_amd_gpus_the_cpu_and_training_get_nothing_and_say_nothing(llama: Path) 
     job = {"model": str(llama), "max_new_tokens": 10 * NEEDED, "max_length": 10 * NEEDED + 32}
     with simulate("cuda:1,variant=rocm"):
         rocm = wd.resolve_device(**job)
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         training = wd.resolve_device(task="training", model=str(llama), batch_size=1, max_length=64)
     cpu = wd.resolve_device("cpu", **job)
     for res in (rocm, training, cpu):
@@ -94,14 +96,14 @@ def test_amd_gpus_the_cpu_and_training_get_nothing_and_say_nothing(llama: Path) 
 
 
 def test_a_resolution_told_nothing_of_a_job_says_nothing(llama: Path) -> None:
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         plain = wd.resolve_device()
         model_only = wd.resolve_device(model=str(llama))
     assert _generation_lines(plain) == [] and _generation_lines(model_only) == []
 
 
 def test_without_model_the_trace_asks_for_it() -> None:
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(max_new_tokens=10 * NEEDED)
     (line,) = _generation_lines(res)
     assert "pass model=" in line and not res.static_cache
@@ -135,7 +137,7 @@ def test_new_tokens_are_said_or_half_of_max_length() -> None:
 def test_the_keywords_run_in_the_installed_generate_and_prepare_keeps_the_users_setting(llama: Path) -> None:
     """The handed-over keyword on the real LlamaForCausalLM.generate (on this CPU generate does not
     compile; the static cache is the same): greedy output equals generate's own cache."""
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 8)
     model = AutoModelForCausalLM.from_pretrained(str(llama), dtype=torch.float32).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -154,7 +156,7 @@ def test_the_keywords_run_in_the_installed_generate_and_prepare_keeps_the_users_
 
 
 def test_the_report_carries_the_keywords_through_json(llama: Path) -> None:
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 32)
     assert json.loads(json.dumps(res.to_dict()))["generate_kwargs"] == {"cache_implementation": "static"}
 
@@ -167,7 +169,7 @@ def test_a_text_generation_pipeline_runs_with_the_prepared_model(
     from transformers import pipeline
 
     path = save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(path), max_new_tokens=NEEDED, max_length=NEEDED + 8)
     pipe = pipeline("text-generation", model=str(path), dtype=torch.float32, device="cpu")
     kwargs = {"max_new_tokens": 5, "do_sample": False}
@@ -188,8 +190,47 @@ def test_a_peft_adapter_is_left_to_transformers(tmp_path: Path) -> None:
     peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(
         tmp_path / "adapter"
     )
-    with simulate(H200):
+    with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(tmp_path / "adapter"), max_new_tokens=NEEDED, max_length=NEEDED + 32)
     assert not res.static_cache
     (line,) = _generation_lines(res)
     assert "PEFT adapter" in line
+
+
+@pytest.mark.parametrize(
+    ("spec", "packages", "reason"),
+    [
+        (H200, {"triton": None}, "triton, which is not installed (pip install triton, at the version"),
+        (
+            "cuda:1,cc=6.0,mem=16GiB,name=Tesla P100-PCIE-16GB",
+            TRITON,
+            "needs compute capability 7.0 or more, and a GPU here has compute capability 6.0",
+        ),
+    ],
+)
+def test_where_torch_compile_cannot_build_the_step_generate_keeps_its_own_cache(
+    llama: Path, spec: str, packages: dict[str, str | None], reason: str
+) -> None:
+    # torch/utils/_triton.py has_triton(): triton, and CUDA devices of compute capability 7.0 or more.
+    with simulate(spec, packages=packages):
+        res = wd.resolve_device(
+            model=str(llama), dtype="float16", max_new_tokens=10 * NEEDED, max_length=10 * NEEDED + 32
+        )
+    assert not res.static_cache and res.generate_kwargs() == {}
+    (line,) = _generation_lines(res)
+    assert reason in line
+
+
+def test_torch_compile_turned_off_keeps_generates_own_cache_and_is_part_of_the_memo(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = {"model": str(llama), "max_new_tokens": NEEDED, "max_length": NEEDED + 32}
+    with simulate(H200, packages=TRITON):
+        before = wd.resolve_device(**job)
+        monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+        off = wd.resolve_device(**job)
+        monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")
+        on_again = wd.resolve_device(**job)
+    assert before.static_cache and on_again.static_cache and not off.static_cache
+    (line,) = _generation_lines(off)
+    assert "TORCH_COMPILE_DISABLE=1 turns torch.compile off" in line

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from whichdevice.core.dtypes import item_size, short_name
 from whichdevice.core.job import Job, new_tokens
 from whichdevice.core.records import TraceStep
+from whichdevice.resolve.compile_support import cannot_compile_here
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
@@ -115,7 +116,12 @@ def static_cache_step(
         # Measured on NVIDIA alone (a CPU's settings are measured by its calibration), and only
         # for a job that says its sequences: a resolution that knows nothing of one says nothing.
         return False, []
-    refusal = loaded.unusual() or _outside_measured(loaded.dtype, loaded.attention, model, job) or _tokens_needed(job)
+    refusal = (
+        loaded.unusual()
+        or _outside_measured(loaded.dtype, loaded.attention, model, job)
+        or _tokens_needed(job)
+        or cannot_compile_here(result)
+    )
     if refusal is not None:
         return False, [TraceStep("generation", f"generate's own cache, not a compiled static one: {refusal}")]
     size = (job.parameters or 0) * item_size(loaded.dtype or "bfloat16") / 1e9  # checked above: set
