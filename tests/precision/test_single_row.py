@@ -107,3 +107,29 @@ def test_prepare_hooks_the_model_only_where_the_resolution_measured_it(path: Pat
     assert one.prepare(model) is model and len(model._forward_pre_hooks) == 1
     other = AutoModelForCausalLM.from_pretrained(path, **four.model_kwargs()).eval()
     assert four.prepare(other) is other and not other._forward_pre_hooks
+
+
+def test_an_encoder_decoders_decode_steps_run_without_onednn(tmp_path: Path):
+    """generate runs a T5's encoder once, then each decode step's forward gets its outputs and one
+    decoder row: those steps are the single-row ones (the encoder's many rows keep oneDNN)."""
+    from transformers import AutoModelForSeq2SeqLM, T5Config
+
+    config = T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256, decoder_start_token_id=0)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(tmp_path)
+    plain, model = (AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval() for _ in range(2))
+    install_single_row(model)
+    seen: list[tuple[int, bool]] = []
+    model.decoder.block[0].register_forward_pre_hook(
+        lambda module, args: seen.append((args[0].shape[0] * args[0].shape[1], torch._C._get_mkldnn_enabled()))
+    )
+    encoder_seen: list[bool] = []
+    model.encoder.block[0].register_forward_pre_hook(lambda m, a: encoder_seen.append(torch._C._get_mkldnn_enabled()))
+    ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    kwargs = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False}
+    before = torch._C._get_mkldnn_enabled()
+    with torch.inference_mode():
+        tokens = model.generate(input_ids=ids, **kwargs)
+        assert torch.equal(tokens, plain.generate(input_ids=ids, **kwargs))
+    assert encoder_seen == [before]
+    assert len(seen) >= 3 and all(rows == 1 and not on for rows, on in seen)
+    assert torch._C._get_mkldnn_enabled() == before

@@ -45,7 +45,14 @@ def input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int
 
 
 def single_row_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The token rows a forward pass computes: batch x new tokens of its input_ids or inputs_embeds."""
+    """The token rows a forward pass computes: batch x new tokens of its input_ids or inputs_embeds,
+    or, where an encoder-decoder is given its encoder's outputs (generate's decode steps: the encoder
+    ran once, before them), of its decoder_input_ids or decoder_inputs_embeds."""
+    if kwargs.get("encoder_outputs") is not None:
+        decoder = {"input_ids": kwargs.get("decoder_input_ids"), "inputs_embeds": kwargs.get("decoder_inputs_embeds")}
+        shape = input_shape((), decoder)
+        if shape is not None:
+            return shape[0] * shape[1]
     shape = input_shape(args, kwargs)
     return None if shape is None else shape[0] * shape[1]
 
