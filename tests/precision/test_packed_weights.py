@@ -1,4 +1,4 @@
-"""Packed linear weights on real models (Llama and nine other architectures): the same outputs,
+"""Packed linear weights on real models (Llama and eleven other architectures): the same outputs,
 and every case the packed copy must not serve (gradients, a changed or moved weight, a deepcopy,
 another dtype) runs torch's own linear."""
 
@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import whichdevice as wd
-from tiny_models import save_tiny_llama
+from tiny_models import ARCHITECTURES, save_tiny, save_tiny_llama
 from whichdevice.hardware.probes.cpu_memory import packing_ops
 from whichdevice.precision import packed_weights
 from whichdevice.precision.packed_weights import _ATTRIBUTE, install_packed_weights, packable_layers, unpack
@@ -216,43 +216,12 @@ def test_the_price_takes_its_rate_after_the_first_weight_and_leaves_out_the_time
     assert clock.add(10) == pytest.approx(1000 * 4 / 25)  # the rate slows as it runs: priced again
 
 
-# Architectures whose layers differ from Llama's: tied embeddings (gemma), a dense MLP without gates
-# and partial rotary (phi), fused QKV (gpt_neox, bloom), learned positions (opt), GPT-2's Conv1D and
-# Falcon's nn.Linear subclass (not plain linears: left alone), and encoder-decoders (t5, bart).
-_SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}
-_ARCHITECTURES = {
-    "gemma": {**_SMALL, "intermediate_size": 128, "num_key_value_heads": 2, "head_dim": 16},
-    "phi": {**_SMALL, "intermediate_size": 128},
-    "gpt_neox": {**_SMALL, "intermediate_size": 128},
-    "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256},
-    "opt": {**_SMALL, "ffn_dim": 128, "word_embed_proj_dim": 64},
-    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256},
-    "falcon": dict(_SMALL),
-    "t5": {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4, "vocab_size": 256, "decoder_start_token_id": 0},
-    "bart": {
-        "d_model": 64,
-        "encoder_ffn_dim": 128,
-        "decoder_ffn_dim": 128,
-        "encoder_layers": 2,
-        "decoder_layers": 2,
-        "encoder_attention_heads": 4,
-        "decoder_attention_heads": 4,
-        "vocab_size": 256,
-    },
-}
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("model_type", list(_ARCHITECTURES))
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
 def test_other_architectures_pack_their_plain_linears_and_generate_the_same(
     tmp_path: Path, model_type: str, dtype: str
 ):
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
-    config = AutoConfig.for_model(model_type, **_ARCHITECTURES[model_type])
-    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    torch.manual_seed(0)
-    auto.from_config(config).save_pretrained(tmp_path)
+    auto = save_tiny(model_type, tmp_path)
     plain, packed = (auto.from_pretrained(tmp_path, dtype=getattr(torch, dtype)).eval() for _ in range(2))
     linears = [m for m in plain.modules() if type(m) is torch.nn.Linear]
     count, _ = install_packed_weights(packed, dtype, 4)
@@ -260,7 +229,7 @@ def test_other_architectures_pack_their_plain_linears_and_generate_the_same(
     # Subclasses of nn.Linear and GPT-2's Conv1D keep their own forward.
     assert all(_ATTRIBUTE not in vars(m) for m in packed.modules() if type(m) is not torch.nn.Linear)
     ids = _ids()
-    extra = {"decoder_input_ids": ids[:, :3]} if config.is_encoder_decoder else {}
+    extra = {"decoder_input_ids": ids[:, :3]} if plain.config.is_encoder_decoder else {}
     with torch.inference_mode():
         expected, got = plain(ids, **extra).logits.float(), packed(ids, **extra).logits.float()
         kwargs = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
