@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import whichdevice as wd
+from simulated_cpus import PACKS
 from whichdevice.attention.decode import ATTENTION_NAME
 from whichdevice.testing import simulate
 
@@ -48,16 +49,6 @@ def test_pipeline(checkpoint):
     assert text.startswith("t1 t2 t3") and len(text) > len("t1 t2 t3")
 
 
-# A simulated CPU whose calibration hands over the single-row hook at batch 1 and packed weights at
-# batch 4, with a 1 KiB cache so that a tiny model's weights stream from memory as a real model's do.
-HANDS_OVER = (
-    "cpu,flags=avx512_bf16,calib=bf16.b1:1.3/bf16.b2:3/bf16.b4:2.8/bf16.b8:2.4/bf16.prompt:2.5/bf16.s1:1.9/"
-    "bf16.s4:4.8/bf16.g1:3.5/bf16.p4:7/fp32.b1:0.0011/fp32.b2:0.0012/fp32.b4:0.0016/fp32.b8:0.002/"
-    "fp32.prompt:0.00009/fp32.s1:0.0085/fp32.s4:0.025/fp32.p4:0.0076/mem.pack:2/"
-    "mem.llc:1024/mem.cache:4194304/mem.stream:33554432"
-)
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("model_type", ["gemma", "gemma2", "phi", "gpt_neox", "bloom", "gpt2", "mixtral", "t5", "bart"])
 def test_other_architectures_generate_the_same_tokens_with_what_the_resolution_hands_over(tmp_path, model_type, batch):
@@ -67,7 +58,7 @@ def test_other_architectures_generate_the_same_tokens_with_what_the_resolution_h
 
     auto = save_tiny(model_type, tmp_path, torch.bfloat16)
     new = 40 if batch == 1 else 200  # packing repays its copy over enough new tokens
-    with simulate(HANDS_OVER):
+    with simulate(PACKS):
         res = wd.resolve_device(model=str(tmp_path), batch_size=batch, max_length=16 + new, max_new_tokens=new)
     assert (res.single_row, res.packed_for_batch) == ((True, None) if batch == 1 else (False, 4))
     model = auto.from_pretrained(tmp_path, **res.model_kwargs()).eval()

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import whichdevice as wd
+from simulated_cpus import PACKS
 from tiny_models import ARCHITECTURES, save_tiny, save_tiny_llama
 from whichdevice.hardware.probes.cpu_memory import packing_ops
 from whichdevice.precision import packed_weights
@@ -20,15 +21,6 @@ from whichdevice.precision.packed_weights import _ATTRIBUTE, install_packed_weig
 from whichdevice.testing import simulate
 
 pytestmark = pytest.mark.skipif(packing_ops(torch) is None, reason="this torch has no oneDNN packing ops")
-
-# A simulated CPU whose batch-4 steps run faster with packed weights, with a 1 KiB cache so that the
-# tiny model's weights stream from memory as a real model's do.
-PACKS = (
-    "cpu,flags=avx512_bf16,calib=bf16.b1:1.3/bf16.b2:3/bf16.b4:2.8/bf16.b8:2.4/bf16.prompt:2.5/bf16.s1:1.9/"
-    "bf16.s4:4.8/bf16.g1:3.5/bf16.p4:7/fp32.b1:0.0011/fp32.b2:0.0012/fp32.b4:0.0016/fp32.b8:0.002/"
-    "fp32.prompt:0.00009/fp32.s1:0.0085/fp32.s4:0.025/fp32.p4:0.0076/mem.pack:2/"
-    "mem.llc:1024/mem.cache:4194304/mem.stream:33554432"
-)
 
 
 @pytest.fixture(scope="module")
