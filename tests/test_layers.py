@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("precision", ("precision",)),
     ("attention", ("attention",)),
     ("memory", ("memory",)),
+    ("tuning", ("tuning",)),
     ("resolve", ("resolve",)),
     ("training", ("training",)),
     ("surfaces", ("testing", "report", "smoke", "cli", "cli_parser", "__main__", "pytest_plugin", "__init__")),

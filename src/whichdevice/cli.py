@@ -156,7 +156,8 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from whichdevice.hardware.calibration import calibration_enabled, render_calibration, run_calibration
+    from whichdevice.hardware.calibration import calibration_enabled, run_calibration
+    from whichdevice.report.calibration import render_calibration
 
     if args.simulate:
         raise DeviceError(

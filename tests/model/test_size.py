@@ -104,7 +104,7 @@ def test_a_decode_step_reads_the_head_of_its_own_or_the_tied_embedding():
     assert own is not None and tied is not None and positions is not None
     linear = 64 * 64 + 128 * 64
     assert (own.linear_params, own.linear_count) == (linear, 2)  # what bitsandbytes quantizes: no head
-    assert (own.step_params, own.step_matmuls) == (linear + 64_000, 3)
-    assert (tied.step_params, tied.step_matmuls) == (linear + 64_000, 3)  # the tied head reads the embedding
-    assert positions.step_params == linear + 900 * 64  # a position table is no head
-    assert stored_weights(_headers(layers)).step_params == linear  # type: ignore[union-attr]
+    assert own.step_weights() == (linear + 64_000, 3)
+    assert tied.step_weights() == (linear + 64_000, 3)  # the tied head reads the embedding
+    assert positions.step_weights().parameters == linear + 900 * 64  # a position table is no head
+    assert stored_weights(_headers(layers)).step_weights().parameters == linear  # type: ignore[union-attr]

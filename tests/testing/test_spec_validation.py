@@ -84,6 +84,8 @@ REFUSED = [
     ("cpu,isa=", ("not a oneDNN ISA",)),
     ("cpu,flags=avx512_bf16/rm", ("not a list of CPU flags",)),
     ("cpu,flags=avx-512", ("not a list of CPU flags",)),
+    ("cpu,packs=float16", ("not the weight dtypes oneDNN packs", "float32+bfloat16")),
+    ("cpu,packs=fp32", ("not the weight dtypes oneDNN packs",)),
     ("npu:1,bf16=maybe", ("yes/no",)),
     ("xpu:1,bf16=", ("yes/no",)),
     # compute capabilities a GPU of that build reports
@@ -182,6 +184,8 @@ def test_accepted_values_come_from_the_probes_tables() -> None:
     assert parse_spec(f"cuda:{MAX_COUNT}").count == MAX_COUNT
     assert parse_spec("cuda:0004").count == 4
     assert parse_spec("cpu,flags=AVX512_BF16+amx_bf16").flags == frozenset({"avx512_bf16", "amx_bf16"})
+    assert parse_spec("cpu,packs=Float32+bfloat16").packs == frozenset({"float32", "bfloat16"})
+    assert parse_spec("cpu,packs=").packs == frozenset()
     assert parse_spec("hpu:1,name=HL-325L").name == "HL-325L"  # a name without a generation is the runtime's
 
 

@@ -15,31 +15,15 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import whichdevice as wd
-from simulated_cpus import PACKS
+from simulated_cpus import PACKS_FP32
 from tiny_models import save_tiny_llama
 from whichdevice.hardware.probes.cpu_memory import packing_ops
-from whichdevice.precision import packed_weights
-from whichdevice.precision.packed_weights import packable_layers
-from whichdevice.precision.packing_plan import (
-    DEFAULT_NEW_TOKENS,
-    PACK_MARGIN,
-    PackingPlan,
-    call_tokens,
-    remove_packing_hook,
-)
 from whichdevice.testing import simulate
+from whichdevice.tuning import packed_weights
+from whichdevice.tuning.at_generate import DEFAULT_NEW_TOKENS, call_tokens, remove_generate_hook
+from whichdevice.tuning.packed_weights import packable_layers
 
-PLAN = PackingPlan(
-    batch=4,
-    step_s=1.0,
-    packed_step_s=0.5,
-    pack_s=10.0,
-    prompt_token_s=0.1,
-    packed_prompt_token_s=0.05,
-    prompt_tokens=10,
-    new_tokens=64,
-    told=False,
-)
+pytestmark = pytest.mark.skipif(packing_ops(torch) is None, reason="this torch has no oneDNN packing ops")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +36,8 @@ def unsaid(path: Path, monkeypatch: pytest.MonkeyPatch) -> wd.Resolution:
     # The simulated figures' budget for this tiny model is milliseconds, which a busy machine's
     # packing can pass: the budget has its own test (test_packed_weights), so here it never stops it.
     monkeypatch.setattr(packed_weights, "PROBE_MIN_S", float("inf"))
-    with simulate(PACKS):
+    # fp32 packing (PACKS_FP32), which oneDNN does on every CPU: what is packed is the same everywhere.
+    with simulate(PACKS_FP32):
         return wd.resolve_device(model=str(path), batch_size=4, max_length=1024)
 
 
@@ -68,32 +53,6 @@ def _ids(batch: int = 4, length: int = 8) -> torch.Tensor:
 def _generate(model: Any, new: int, **kwargs: Any) -> torch.Tensor:
     with torch.inference_mode():
         return model.generate(_ids(), max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **kwargs)
-
-
-def _plain(prompt: int, new: int) -> float:
-    return prompt * 0.1 + (new - 1) * 1.0  # the prompt's forward makes the first new token
-
-
-def _packed_run(prompt: int, new: int) -> float:
-    return prompt * 0.05 + (new - 1) * 0.5
-
-
-def test_the_budget_follows_the_estimates_rule():
-    # It is tried from the count on where the whole job, packing at the calibration's 10 s included,
-    # is PACK_MARGIN faster packed; its budget is what the packing may take and leave it that much faster.
-    assert PLAN.budget_s(10, 20) is None  # 20 against 19.5 + 10: no gain at all
-    needed = next(n for n in range(1, 1000) if PLAN.budget_s(10, n) is not None)
-    assert _plain(10, needed) >= (_packed_run(10, needed) + 10) * PACK_MARGIN
-    assert _plain(10, needed - 1) < (_packed_run(10, needed - 1) + 10) * PACK_MARGIN
-    assert PLAN.budget_s(10, 501) == pytest.approx(_plain(10, 501) / PACK_MARGIN - _packed_run(10, 501))
-    assert PLAN.budget_for_job == pytest.approx(_plain(10, 64) / PACK_MARGIN - _packed_run(10, 64))  # its counts
-
-
-def test_the_prompt_run_packed_counts_toward_the_packing():
-    # A long prompt and few new tokens: the prompt's packed speed alone repays the packing.
-    unpacked_prompt = PLAN._replace(packed_prompt_token_s=PLAN.prompt_token_s)
-    assert unpacked_prompt.budget_s(2000, 4) is None
-    assert PLAN.budget_s(2000, 4) == pytest.approx(_plain(2000, 4) / PACK_MARGIN - _packed_run(2000, 4))
 
 
 def test_a_calls_tokens_are_read_as_transformers_reads_them():
@@ -120,7 +79,9 @@ def test_a_calls_tokens_are_read_as_transformers_reads_them():
 def test_prepare_leaves_the_packing_to_the_first_generate_call_its_tokens_repay(
     path: Path, unsaid: wd.Resolution, caplog: pytest.LogCaptureFixture
 ):
-    assert unsaid.packing_at_generate and unsaid.packed_for_batch == 4 and unsaid.to_dict()["packing_at_generate"]
+    tuning = unsaid.tuning
+    assert tuning is not None and tuning.packing_at_generate and tuning.packed_for_batch == 4
+    assert unsaid.to_dict()["tuning"]["packing_at_generate"]
     assert "the first model.generate() call whose own prompt and new tokens repay it" in _line(unsaid, "generation")
     plain = AutoModelForCausalLM.from_pretrained(path, **unsaid.model_kwargs()).eval()
     model = unsaid.prepare(AutoModelForCausalLM.from_pretrained(path, **unsaid.model_kwargs()).eval())
@@ -140,9 +101,10 @@ def test_prepare_leaves_the_packing_to_the_first_generate_call_its_tokens_repay(
 
 def test_a_told_count_packs_at_prepare(path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(packed_weights, "PROBE_MIN_S", float("inf"))
-    with simulate(PACKS):
+    with simulate(PACKS_FP32):
         told = wd.resolve_device(model=str(path), batch_size=4, max_length=1024, max_new_tokens=512)
-    assert not told.packing_at_generate and told.to_dict()["packing_at_generate"] is False
+    assert told.tuning is not None and not told.tuning.packing_at_generate
+    assert told.to_dict()["tuning"]["packing_at_generate"] is False
     model = told.prepare(AutoModelForCausalLM.from_pretrained(path, **told.model_kwargs()).eval())
     assert _packed(model) > 0 and "generate" not in vars(model)
 
@@ -174,21 +136,29 @@ def test_a_copied_or_saved_model_carries_the_hook_bound_to_itself(path: Path, un
         assert vars(other)["generate"].model is other
         _generate(other, 200)
         assert _packed(other) > 0 and _packed(model) == 0  # the copy packed itself, not the original
-    remove_packing_hook(model)
+    remove_generate_hook(model)
     assert "generate" not in vars(model) and _packed(model) == 0
 
 
-def test_someone_elses_generate_is_left_alone(path: Path, unsaid: wd.Resolution):
+def test_someone_elses_generate_is_called_in_ours_and_comes_back(path: Path, unsaid: wd.Resolution):
     model = AutoModelForCausalLM.from_pretrained(path, **unsaid.model_kwargs()).eval()
-    theirs = model.generate
-    model.generate = theirs  # an instance-level generate of another library's
+    calls: list[int] = []
+    own = model.generate
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:  # an instance-level generate of another library's
+        calls.append(1)
+        return own(*args, **kwargs)
+
+    model.generate = theirs
     unsaid.prepare(model)
-    assert vars(model)["generate"] is theirs
+    assert vars(model)["generate"] is not theirs
+    _generate(model, 200)
+    assert calls == [1] and _packed(model) > 0
+    assert vars(model)["generate"] is theirs  # decided: ours is gone, theirs is back
 
 
-@pytest.mark.skipif(packing_ops(torch) is None, reason="this torch has no oneDNN packing ops")
 def test_a_packed_model_saves_and_loads_whole(path: Path):
-    from whichdevice.precision.packed_weights import install_packed_weights
+    from whichdevice.tuning.packed_weights import install_packed_weights
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert install_packed_weights(model, "float32", 4)[0] > 0

@@ -7,7 +7,7 @@ import pytest
 
 from whichdevice.core.packages import simulated_packages
 from whichdevice.core.records import DeviceInfo, ProbeResult
-from whichdevice.resolve.compile_support import cannot_compile_here
+from whichdevice.tuning.compile_support import cannot_compile_here
 
 
 def _gpus(*capabilities: tuple[int, int] | None) -> ProbeResult:

@@ -1,6 +1,7 @@
-"""Packed linear weights on real models (Llama and eleven other architectures): the same outputs,
-and every case the packed copy must not serve (gradients, a changed or moved weight, a deepcopy,
-another dtype) runs torch's own linear."""
+"""Packed linear weights on real models (Llama and eleven other architectures): the same outputs where
+this CPU's oneDNN packs the dtype (a real try decides what is expected), and every case the packed
+copy must not serve (gradients, a changed or moved weight, a deepcopy, another dtype) runs torch's
+own linear. Every way users change weights has its own test in test_weight_changes.py."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ from transformers import AutoModelForCausalLM
 import whichdevice as wd
 from simulated_cpus import PACKS
 from tiny_models import ARCHITECTURES, save_tiny, save_tiny_llama
-from whichdevice.hardware.probes.cpu_memory import packing_ops
-from whichdevice.precision import packed_weights
-from whichdevice.precision.packed_weights import _ATTRIBUTE, install_packed_weights, packable_layers, unpack
+from whichdevice.hardware.probes.cpu_memory import packable_dtypes, packing_ops
 from whichdevice.testing import simulate
+from whichdevice.tuning import packed_weights
+from whichdevice.tuning.packed_weights import _ATTRIBUTE, install_packed_weights, is_packed, packable_layers, unpack
 
 pytestmark = pytest.mark.skipif(packing_ops(torch) is None, reason="this torch has no oneDNN packing ops")
+
+# What this CPU's oneDNN packs, read as torch decides it and confirmed by a real packing (not a
+# simulation): bf16 needs AVX-512BW/VL/DQ or AVX-NE-CONVERT, which an AVX2-only CPU lacks.
+PACKS_HERE = packable_dtypes()
+REFUSED = "not packed: oneDNN cannot pack bfloat16 weights on this CPU"
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +42,25 @@ def _ids(batch: int = 4) -> torch.Tensor:
     return torch.randint(5, 200, (batch, 12), generator=torch.Generator().manual_seed(0))
 
 
+def test_fp32_packs_wherever_torch_has_the_ops_and_bf16_as_a_real_try_says():
+    assert "float32" in PACKS_HERE
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=torch.bfloat16), 4)
+        packs_bf16 = True
+    except RuntimeError:
+        packs_bf16 = False
+    assert ("bfloat16" in PACKS_HERE) == packs_bf16
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_packed_model_computes_what_the_plain_one_does(path: Path, dtype: torch.dtype):
+    name = str(dtype).removeprefix("torch.")
     plain, packed = _load(path, dtype), _load(path, dtype)
-    count, done = install_packed_weights(packed, str(dtype).removeprefix("torch."), 4)
-    assert count == len(packable_layers(plain, str(dtype).removeprefix("torch."))) > 0 and "packed for batch 4" in done
+    count, done = install_packed_weights(packed, name, 4)
+    if name in PACKS_HERE:
+        assert count == len(packable_layers(plain, name)) > 0 and "packed for batch 4" in done
+    else:  # packs where this torch can, runs unpacked with the same tokens where it cannot
+        assert count == 0 and done.startswith(REFUSED) and not any(hasattr(m, _ATTRIBUTE) for m in packed.modules())
     with torch.inference_mode():
         expected, got = plain(_ids()).logits.float(), packed(_ids()).logits.float()
         tokens = packed.generate(_ids(), max_new_tokens=6, do_sample=False, pad_token_id=0)
@@ -53,7 +73,7 @@ def test_the_packed_model_computes_what_the_plain_one_does(path: Path, dtype: to
 
 def _used_packed(model: torch.nn.Module, x: torch.Tensor) -> bool:
     """Whether the first packed layer served ``x`` from its packed copy (spied on the linear op)."""
-    layer = packable_layers(model, str(next(model.parameters()).dtype).removeprefix("torch."))[0]
+    layer = next(m for m in model.modules() if hasattr(m, _ATTRIBUTE))
     calls: list[int] = []
     state = layer._whichdevice_packed
     original = state.linear
@@ -77,8 +97,9 @@ def test_gradients_a_changed_weight_and_another_dtype_run_torchs_own_linear(path
     assert layer.weight.grad is not None
     with torch.no_grad():
         layer.weight.mul_(2.0)  # changed in place since packing
-        assert not _used_packed(model, x)
+        assert not _used_packed(model, x) and not is_packed(layer)
         assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert layer._whichdevice_packed.tensor is None  # a stale copy is dropped, its memory freed
 
 
 def test_a_deepcopy_runs_unpacked_and_unpack_takes_it_all_back(path: Path):
@@ -100,6 +121,19 @@ def test_nothing_is_packed_where_the_copy_would_crowd_the_memory(path: Path, mon
     assert install_packed_weights(_load(path, torch.float16), "float16", 4)[0] == 0  # fp16 is not packed
 
 
+def test_a_simulated_cpu_that_cannot_pack_refuses_on_every_machine(path: Path):
+    """No variable makes an AVX-512 CPU refuse bf16 packing; a simulated CPU does, on every machine:
+    the resolution does not hand bf16 packing over, and says why."""
+    with simulate(PACKS + ",packs=float32"):
+        res = wd.resolve_device(model=str(path), batch_size=4, max_length=1024, max_new_tokens=768, dtype="bfloat16")
+        assert install_packed_weights(_load(path, torch.bfloat16), "bfloat16", 4) == (0, REFUSED + _REASON)
+    assert res.tuning is None or res.tuning.packing is None
+    assert any(s.topic == "generation" and "oneDNN cannot pack bfloat16" in s.message for s in res.trace)
+
+
+_REASON = " (torch's check asks for AVX-512BW/VL/DQ or AVX-NE-CONVERT, or Arm BF16)"
+
+
 def test_available_memory_reads_meminfo(tmp_path: Path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   12000000 kB\n")
@@ -116,13 +150,19 @@ def test_prepare_packs_only_where_the_resolution_chose_it(path: Path, monkeypatc
     with simulate(PACKS):
         four = wd.resolve_device(model=str(path), batch_size=4, max_length=1024, max_new_tokens=768)
         one = wd.resolve_device(model=str(path), batch_size=1, max_length=1024)
-    assert four.packed_for_batch == 4 and one.packed_for_batch is None
+    assert four.tuning is not None and four.tuning.packed_for_batch == 4
+    assert one.tuning is None or one.tuning.packing is None
     model = AutoModelForCausalLM.from_pretrained(path, **four.model_kwargs()).eval()
     assert four.prepare(model) is model
-    assert all(m._whichdevice_packed is not None for m in packable_layers(model, four.dtype_name or ""))
+    layers = packable_layers(model, four.dtype_name or "")
+    if (four.dtype_name or "") in PACKS_HERE:
+        assert layers and all(is_packed(m) for m in layers)
+    else:  # the simulated CPU packs bf16; this one does not: prepare's real try refuses, nothing changes
+        assert not any(hasattr(m, _ATTRIBUTE) for m in model.modules())
     other = AutoModelForCausalLM.from_pretrained(path, **one.model_kwargs()).eval()
     one.prepare(other)
     assert not any(hasattr(m, "_whichdevice_packed") for m in other.modules())
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters()) or (four.dtype_name or "") in PACKS_HERE
 
 
 def test_torch_compile_of_a_packed_model_traces_torchs_own_linear(path: Path):
@@ -135,8 +175,6 @@ def test_torch_compile_of_a_packed_model_traces_torchs_own_linear(path: Path):
 
 
 def test_a_onednn_that_cannot_pack_leaves_the_model_as_it_was(path: Path, monkeypatch: pytest.MonkeyPatch):
-    from whichdevice.hardware.probes import cpu_memory
-
     real = packing_ops(torch)
     assert real is not None
     calls: list[int] = []
@@ -147,7 +185,7 @@ def test_a_onednn_that_cannot_pack_leaves_the_model_as_it_was(path: Path, monkey
             raise RuntimeError("could not create a primitive descriptor\nmore")
         return real[0](weight, batch)
 
-    monkeypatch.setattr(cpu_memory, "packing_ops", lambda torch: (pack, real[1]))
+    monkeypatch.setattr(packed_weights, "packing_ops", lambda torch: (pack, real[1]))
     model = _load(path, torch.float32)
     count, why = install_packed_weights(model, "float32", 4)
     assert count == 0 and "oneDNN could not pack float32 weights (could not create a primitive descriptor)" in why
@@ -155,7 +193,7 @@ def test_a_onednn_that_cannot_pack_leaves_the_model_as_it_was(path: Path, monkey
 
 
 def test_a_packing_priced_past_its_budget_stops_and_keeps_what_it_packed(path: Path, monkeypatch):
-    from whichdevice.precision.packed_weights import PROBE_SHARE
+    from whichdevice.tuning.packed_weights import PROBE_SHARE
 
     model = _load(path, torch.float32)
     layers = packable_layers(model, "float32")
@@ -189,9 +227,11 @@ def test_a_resolution_that_packs_carries_the_estimates_budget(path: Path):
     with simulate(PACKS):
         four = wd.resolve_device(model=str(path), batch_size=4, max_length=1024, max_new_tokens=768)
         one = wd.resolve_device(model=str(path), batch_size=1, max_length=1024)
-    assert four.packed_for_batch == 4 and four.packing_budget_s is not None and four.packing_budget_s > 0
-    assert four.to_dict()["packing_budget_s"] == round(four.packing_budget_s, 3)
-    assert one.packing_budget_s is None and one.to_dict()["packing_budget_s"] is None
+    tuning = four.tuning
+    assert tuning is not None and tuning.packed_for_batch == 4
+    assert tuning.packing_budget_s is not None and tuning.packing_budget_s > 0
+    assert four.to_dict()["tuning"]["packing_budget_s"] == round(tuning.packing_budget_s, 3)
+    assert one.tuning is None or one.tuning.packing is None
 
 
 def test_the_price_takes_its_rate_after_the_first_weight_and_leaves_out_the_time_spent(monkeypatch):
@@ -217,7 +257,7 @@ def test_other_architectures_pack_their_plain_linears_and_generate_the_same(
     plain, packed = (auto.from_pretrained(tmp_path, dtype=getattr(torch, dtype)).eval() for _ in range(2))
     linears = [m for m in plain.modules() if type(m) is torch.nn.Linear]
     count, _ = install_packed_weights(packed, dtype, 4)
-    assert count == len(linears) > 0
+    assert count == (len(linears) if dtype in PACKS_HERE else 0) and linears
     # Subclasses of nn.Linear and GPT-2's Conv1D keep their own forward.
     assert all(_ATTRIBUTE not in vars(m) for m in packed.modules() if type(m) is not torch.nn.Linear)
     ids = _ids()

@@ -1,6 +1,7 @@
-"""The single-row hook on a real model: oneDNN off exactly for forward passes of one token row,
-put back after each (also when one raises), the same tokens from generate(), and prepare() adding
-it only where the resolution says so."""
+"""The single-row tuning on a real model: oneDNN off exactly for forward passes of one token row,
+put back after each (also when one raises or is interrupted), the same tokens from generate(), and
+prepare() adding it only where the resolution says so. The switch's owner has its own tests
+(test_onednn.py: threads)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from transformers import AutoModelForCausalLM
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama
-from whichdevice.precision.single_row import install_single_row, onednn_held_off
 from whichdevice.testing import simulate
+from whichdevice.tuning.onednn import holders
+from whichdevice.tuning.single_row import install_single_row, remove_single_row
 
 # A simulated CPU whose batch-1 bf16 steps run 1.8x faster through torch's GEMV kernel (s1 over g1),
 # with a 1 KiB cache so that the tiny model's weights stream from memory as a real model's do.
@@ -67,23 +69,83 @@ def test_the_flag_comes_back_when_the_forward_raises(path: Path):
     assert torch._C._get_mkldnn_enabled() == before
 
 
-def test_the_hook_says_when_it_holds_onednn_off_and_never_for_a_users_switch(path: Path):
+def test_the_switch_is_held_only_for_one_row_and_never_from_a_users_off(path: Path):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     install_single_row(model)
-    seen: list[tuple[int, bool]] = []
+    seen: list[tuple[int, int, bool]] = []
     model.model.layers[0].register_forward_pre_hook(
-        lambda module, args: seen.append((args[0].shape[1], onednn_held_off()))
+        lambda module, args: seen.append((args[0].shape[1], holders(), torch._C._get_mkldnn_enabled()))
     )
     with torch.inference_mode():
         model(input_ids=torch.tensor([[5, 6, 7]]))
         model(input_ids=torch.tensor([[5]]))
-        torch.backends.mkldnn.enabled = False  # the user's own switch: not the hook's
+        torch.backends.mkldnn.enabled = False  # the user's own switch: kept off, and not held
         try:
             model(input_ids=torch.tensor([[5]]))
+            assert torch._C._get_mkldnn_enabled() is False
         finally:
             torch.backends.mkldnn.enabled = True
-    assert seen == [(3, False), (1, True), (1, False)]
-    assert not onednn_held_off()
+    assert seen == [(3, 0, True), (1, 1, False), (1, 0, False)]
+    assert holders() == 0
+
+
+def test_ctrl_c_inside_a_decode_step_leaves_the_switch_as_the_user_set_it(path: Path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    install_single_row(model)
+    calls: list[int] = []
+
+    def interrupt(module: Any, args: tuple[Any, ...]) -> None:
+        calls.append(args[0].shape[1])
+        if len(calls) == 3:  # the second one-row step: in the middle of generate's decode loop
+            raise KeyboardInterrupt
+
+    model.model.layers[1].register_forward_pre_hook(interrupt)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for users in (True, False):
+        calls.clear()
+        torch.backends.mkldnn.enabled = users
+        try:
+            with pytest.raises(KeyboardInterrupt), torch.inference_mode():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+            assert torch._C._get_mkldnn_enabled() is users and holders() == 0
+        finally:
+            torch.backends.mkldnn.enabled = True
+    assert calls == [4, 1, 1]
+
+
+def test_a_prepared_model_pickles_deepcopies_and_compiles_and_unprepare_takes_it_back(path: Path):
+    import copy
+    import io
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    install_single_row(model)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        expected = model(input_ids=ids).logits
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # the closure hooks of before could not be pickled
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    twin = copy.deepcopy(model)
+    for other in (loaded, twin):
+        assert vars(other)["forward"].model is other  # bound to the copy, not the original
+        with torch.inference_mode():
+            torch.testing.assert_close(other(input_ids=ids).logits, expected)
+    compiled = torch.compile(model, backend="eager")
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, expected)
+    assert torch._C._get_mkldnn_enabled() and holders() == 0
+    assert remove_single_row(model) and "forward" not in vars(model) and not remove_single_row(model)
+
+
+def test_the_model_forwards_signature_is_what_generate_reads(path: Path):
+    """transformers decides what generate passes (logits_to_keep, attention_mask) from forward's signature."""
+    import inspect
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    before = inspect.signature(model.forward)
+    install_single_row(model)
+    assert inspect.signature(model.forward) == before and model._supports_logits_to_keep()
 
 
 def test_the_hooked_model_generates_what_the_plain_one_does(path: Path):
@@ -102,11 +164,12 @@ def test_prepare_hooks_the_model_only_where_the_resolution_measured_it(path: Pat
     with simulate(STREAMS):
         one = wd.resolve_device(model=str(path), batch_size=1, max_length=64)
         four = wd.resolve_device(model=str(path), batch_size=4, max_length=64)
-    assert one.single_row and not four.single_row
+    assert one.tuning is not None and one.tuning.single_row
+    assert four.tuning is None or not four.tuning.single_row
     model = AutoModelForCausalLM.from_pretrained(path, **one.model_kwargs()).eval()
-    assert one.prepare(model) is model and len(model._forward_pre_hooks) == 1
+    assert one.prepare(model) is model and "forward" in vars(model)
     other = AutoModelForCausalLM.from_pretrained(path, **four.model_kwargs()).eval()
-    assert four.prepare(other) is other and not other._forward_pre_hooks
+    assert four.prepare(other) is other and "forward" not in vars(other)
 
 
 def test_an_encoder_decoders_decode_steps_run_without_onednn(tmp_path: Path):

@@ -1,5 +1,6 @@
-"""The generation settings a Resolution hands over: a compiled static cache on an NVIDIA GPU, for a
-job long enough to repay the compile and inside what was measured; nothing anywhere else."""
+"""generate's compiled static cache: handed over on an NVIDIA GPU, for a job long enough to repay the
+compile and inside what was measured; nothing anywhere else. prepare() passes it to generate calls
+that set no cache of their own, and writes nothing into the model's generation_config."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.core.job import Job, new_tokens
 from whichdevice.model.support import support_of_config
-from whichdevice.resolve.generation import COMPILE_MARGIN, COMPILE_PAYS_AFTER_STEPS, MEASURED_WEIGHT_BYTES
 from whichdevice.testing import simulate
+from whichdevice.tuning.static_cache import COMPILE_MARGIN, COMPILE_PAYS_AFTER_STEPS, MEASURED_WEIGHT_BYTES
 
 H200 = "cuda:1,cc=9.0,mem=141GiB,name=NVIDIA H200"
 # A CUDA host's torch brings triton, which torch.compile builds its GPU kernels with; this CPU's does not.
@@ -30,6 +31,10 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("generation") / "llama", dtype=torch.bfloat16, tokenizer=False)
 
 
+def _static(res: wd.Resolution) -> bool:
+    return res.tuning is not None and res.tuning.static_cache
+
+
 def _generation_lines(res: wd.Resolution) -> list[str]:
     return [step.message for step in res.trace if step.topic == "generation"]
 
@@ -37,7 +42,7 @@ def _generation_lines(res: wd.Resolution) -> list[str]:
 def test_a_long_job_on_an_nvidia_gpu_gets_the_static_cache(llama: Path) -> None:
     with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED, max_length=NEEDED + 32)
-    assert res.static_cache
+    assert _static(res)
     assert res.generate_kwargs() == {"cache_implementation": "static"}
     assert res.to_dict()["generate_kwargs"] == {"cache_implementation": "static"}
     (line,) = _generation_lines(res)
@@ -48,7 +53,7 @@ def test_a_long_job_on_an_nvidia_gpu_gets_the_static_cache(llama: Path) -> None:
 def test_a_short_job_keeps_generates_own_cache_and_says_how_long_would_pay(llama: Path) -> None:
     with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=NEEDED - 1, max_length=NEEDED + 31)
-    assert not res.static_cache
+    assert not _static(res)
     assert res.generate_kwargs() == {}
     (line,) = _generation_lines(res)
     assert f"{NEEDED - 1} new tokens a sequence do not repay the compile" in line
@@ -59,7 +64,7 @@ def test_unsaid_new_tokens_are_half_of_max_length(llama: Path) -> None:
     with simulate(H200, packages=TRITON):
         long = wd.resolve_device(model=str(llama), max_length=2 * NEEDED)
         short = wd.resolve_device(model=str(llama), max_length=2 * NEEDED - 2)
-    assert long.static_cache and not short.static_cache
+    assert _static(long) and not _static(short)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +82,7 @@ def test_outside_what_was_measured_generate_keeps_its_own_cache(
 ) -> None:
     with simulate(spec, packages=TRITON):
         res = wd.resolve_device(model=str(llama), max_new_tokens=10 * NEEDED, max_length=10 * NEEDED + 32, **kwargs)
-    assert not res.static_cache and res.generate_kwargs() == {}
+    assert not _static(res) and res.generate_kwargs() == {}
     (line,) = _generation_lines(res)
     assert line.startswith("generate's own cache, not a compiled static one: ")
     assert reason in line
@@ -91,7 +96,7 @@ def test_amd_gpus_the_cpu_and_training_get_nothing_and_say_nothing(llama: Path) 
         training = wd.resolve_device(task="training", model=str(llama), batch_size=1, max_length=64)
     cpu = wd.resolve_device("cpu", **job)
     for res in (rocm, training, cpu):
-        assert not res.static_cache and res.generate_kwargs() == {}
+        assert not _static(res) and res.generate_kwargs() == {}
         assert not any("static" in line for line in _generation_lines(res))
 
 
@@ -106,15 +111,18 @@ def test_without_model_the_trace_asks_for_it() -> None:
     with simulate(H200, packages=TRITON):
         res = wd.resolve_device(max_new_tokens=10 * NEEDED)
     (line,) = _generation_lines(res)
-    assert "pass model=" in line and not res.static_cache
+    assert "pass model=" in line and not _static(res)
 
 
 def test_a_model_larger_than_measured_is_left_to_transformers() -> None:
     # The weights a decode step reads, past the largest measured (the 1.1B's): bf16, 2 bytes each.
-    from whichdevice.resolve.generation import _outside_measured
+    from whichdevice.model.size import StepWeights
+    from whichdevice.tuning.static_cache import _outside_measured
 
-    job = Job(batch_size=1, max_new_tokens=10 * NEEDED, parameters=int(MEASURED_WEIGHT_BYTES / 2) + 1)
-    facts = SimpleNamespace(adapter=None, config={"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    job = Job(batch_size=1, max_new_tokens=10 * NEEDED)
+    stored = SimpleNamespace(step_weights=lambda: StepWeights(int(MEASURED_WEIGHT_BYTES / 2) + 1, 155))
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    facts = SimpleNamespace(adapter=None, config=config, stored=stored)
     reason = _outside_measured("bfloat16", "sdpa", facts, job)  # type: ignore[arg-type]
     assert reason is not None and "more than the 2.1 GB measured" in reason
 
@@ -146,13 +154,17 @@ def test_the_keywords_run_in_the_installed_generate_and_prepare_keeps_the_users_
     static = model.generate(ids, **kwargs, **res.generate_kwargs())
     assert torch.equal(plain, static)
 
-    assert model.generation_config.cache_implementation is None
     res.prepare(model)
-    assert model.generation_config.cache_implementation == "static"
-    assert torch.equal(model.generate(ids, **kwargs), plain)
-    model.generation_config.cache_implementation = "dynamic"
-    res.prepare(model)
-    assert model.generation_config.cache_implementation == "dynamic"  # the user's own, kept
+    assert model.generation_config.cache_implementation is None  # nothing written that save_pretrained keeps
+    out = model.generate(ids, **kwargs, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain) and type(out.past_key_values).__name__ == "StaticCache"
+    model.generation_config.cache_implementation = "dynamic"  # the user's own setting is kept
+    assert type(model.generate(ids, **kwargs, return_dict_in_generate=True).past_key_values).__name__ != "StaticCache"
+    model.generation_config.cache_implementation = None
+    own = model.generate(ids, **kwargs, return_dict_in_generate=True, cache_implementation="dynamic")
+    assert type(own.past_key_values).__name__ != "StaticCache"  # and the call's own
+    res.unprepare(model)
+    assert "generate" not in vars(model)
 
 
 def test_the_report_carries_the_keywords_through_json(llama: Path) -> None:
@@ -174,8 +186,7 @@ def test_a_text_generation_pipeline_runs_with_the_prepared_model(
     pipe = pipeline("text-generation", model=str(path), dtype=torch.float32, device="cpu")
     kwargs = {"max_new_tokens": 5, "do_sample": False}
     plain = pipe("hello world", **kwargs)[0]["generated_text"]
-    res.prepare(pipe.model)
-    assert pipe.model.generation_config.cache_implementation == "static"
+    res.prepare(pipe)
     made = []  # generate builds a static cache for the call: the pipeline took the model's setting
     build = pipe.model._prepare_static_cache
     monkeypatch.setattr(pipe.model, "_prepare_static_cache", lambda **kw: made.append(kw) or build(**kw))
@@ -192,7 +203,7 @@ def test_a_peft_adapter_is_left_to_transformers(tmp_path: Path) -> None:
     )
     with simulate(H200, packages=TRITON):
         res = wd.resolve_device(model=str(tmp_path / "adapter"), max_new_tokens=NEEDED, max_length=NEEDED + 32)
-    assert not res.static_cache
+    assert not _static(res)
     (line,) = _generation_lines(res)
     assert "PEFT adapter" in line
 
@@ -216,7 +227,7 @@ def test_where_torch_compile_cannot_build_the_step_generate_keeps_its_own_cache(
         res = wd.resolve_device(
             model=str(llama), dtype="float16", max_new_tokens=10 * NEEDED, max_length=10 * NEEDED + 32
         )
-    assert not res.static_cache and res.generate_kwargs() == {}
+    assert not _static(res) and res.generate_kwargs() == {}
     (line,) = _generation_lines(res)
     assert reason in line
 
@@ -231,6 +242,6 @@ def test_torch_compile_turned_off_keeps_generates_own_cache_and_is_part_of_the_m
         off = wd.resolve_device(**job)
         monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")
         on_again = wd.resolve_device(**job)
-    assert before.static_cache and on_again.static_cache and not off.static_cache
+    assert _static(before) and _static(on_again) and not _static(off)
     (line,) = _generation_lines(off)
     assert "TORCH_COMPILE_DISABLE=1 turns torch.compile off" in line

@@ -16,10 +16,9 @@ steps, and is kept throughout.
 
 The resolver passes this name on its own only for grouped-query models: the plain matmuls compute
 bf16 scores, as eager attention does, and their logits measured further from eager fp32 than sdpa's
-(``benchmarks/decode_accuracy.py``); a user may still ask for them. The plain matmuls run through
-oneDNN: where the single-row hook (``whichdevice.precision.single_row``) turned oneDNN off for a
-batch-1 step, they turn it back on for their own two calls (torch's own bf16 batched matmul is the
-slower: 12 heads over 4,096 tokens, eager took 2,902 us with oneDNN off, this path 380 us).
+(``benchmarks/decode_accuracy.py``); a user may still ask for them. They never touch torch's global
+oneDNN switch: under the single-row tuning (``whichdevice.tuning.single_row``) a batch-1 step's
+matmuls run with it off, as every other matmul of that step does.
 
 transformers calls attention through a registry (``AttentionInterface``), so this is registered
 under its own name, ``ATTENTION_NAME``, with sdpa's mask function: "sdpa" itself stays as
@@ -147,24 +146,13 @@ def decode_attention_forward(
 
 
 def _by_matmuls(torch: Any, q: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
-    """Eager attention's three ops for grouped rows q (B, Hkv, G, D): (B, Hkv, G, Dv), through oneDNN."""
-    from whichdevice.precision.single_row import onednn_held_off
-
-    # Only the single-row hook's own switch is undone, never a user's: its state says whose it is.
-    switch: Any = torch.backends.mkldnn
-    restore = onednn_held_off() and not switch.enabled
-    if restore:
-        switch.enabled = True
-    try:
-        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-        scores = torch.matmul(q, key.transpose(2, 3)) * scale
-        if mask is not None:
-            # transformers' sdpa masks are boolean (True: attend); a mask a caller built may be additive.
-            is_bool = mask.dtype == torch.bool
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if is_bool else scores + mask
-        # Softmax in fp32, as transformers' eager attention does.
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(weights, value)  # heads in the order repeat_kv gives them
-    finally:
-        if restore:
-            switch.enabled = False
+    """Eager attention's three ops for grouped rows q (B, Hkv, G, D): (B, Hkv, G, Dv)."""
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, key.transpose(2, 3)) * scale
+    if mask is not None:
+        # transformers' sdpa masks are boolean (True: attend); a mask a caller built may be additive.
+        is_bool = mask.dtype == torch.bool
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if is_bool else scores + mask
+    # Softmax in fp32, as transformers' eager attention does.
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, value)  # heads in the order repeat_kv gives them

@@ -25,12 +25,6 @@ class Job:
     attention: str | None = None
     # A pre-quantized checkpoint that transformers loads dequantized here (FP8 below cc 8.9, ...).
     dequantize: bool = False
-    # The weights a decode step reads (the checkpoint's linear layers and output head, from its safetensors headers);
-    # None: no model= or no headers. The CPU's measured dtype weighs memory against cache by it.
-    parameters: int | None = None
-    # The matmuls a decode step runs (the checkpoint's linear weight matrices, from the same headers):
-    # each call costs a fixed overhead beside its bytes. None: as for parameters.
-    matmuls: int | None = None
     # Tokens each sequence generates (generate's max_new_tokens): what a one-time setup is counted
     # against. None: not said (then half of max_length).
     max_new_tokens: int | None = None

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from whichdevice.core.dtypes import FLOAT_CODES, NAMES, SAFETENSORS_BITS, code_name, item_size
 from whichdevice.core.errors import DeviceError
@@ -28,6 +28,7 @@ from whichdevice.model.quantized import CAST_CODES, CheckpointQuantization, esti
 __all__ = [
     "CheckpointDtype",
     "ModelSize",
+    "StepWeights",
     "StoredWeights",
     "auto_config",
     "config_object_dtype",
@@ -101,6 +102,14 @@ def _is_token_embedding(name: str, shape: list[int]) -> bool:
     )
 
 
+class StepWeights(NamedTuple):
+    """What one decode step reads: ``parameters`` weights in ``matmuls`` matrix multiplications (0:
+    not counted). The CPU's estimate prices a step by them, the GPU's static cache sizes its compile."""
+
+    parameters: int
+    matmuls: int = 0
+
+
 @dataclass(frozen=True)
 class StoredWeights:
     """What a checkpoint's safetensors headers say: parameters and bytes per safetensors dtype."""
@@ -118,14 +127,9 @@ class StoredWeights:
     head_params: int = 0
     head_count: int = 0
 
-    @property
-    def step_params(self) -> int:
-        """The weights one decode step reads: the linear layers' and the head's."""
-        return self.linear_params + self.head_params
-
-    @property
-    def step_matmuls(self) -> int:
-        return self.linear_count + self.head_count
+    def step_weights(self) -> StepWeights:
+        """The weights one decode step reads (the linear layers' and the head's) and its matmuls."""
+        return StepWeights(self.linear_params + self.head_params, self.linear_count + self.head_count)
 
     def model_size(self) -> ModelSize:
         return ModelSize(self.source, self.float_params, self.linear_params, self.other_bytes)

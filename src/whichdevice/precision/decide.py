@@ -17,18 +17,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
+from whichdevice.precision.estimate import lost_figures
 from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
-from whichdevice.precision.measured import MeasuredChoice, lost_figures, measured_dtype, measured_training
+from whichdevice.precision.measured import MeasuredChoice, measured_dtype, measured_training
 from whichdevice.precision.training import training_precision
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
-    from whichdevice.hardware.calibration import Calibration
     from whichdevice.model.size import CheckpointDtype
-    from whichdevice.precision.packing_plan import PackingPlan
+    from whichdevice.precision.estimate import CpuJob
 
 __all__ = ["EXPLICIT_TRAINING_DTYPE", "Precision", "decide_precision"]
 
@@ -43,15 +42,10 @@ PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (
 
 class Precision(NamedTuple):
     """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
-    ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none);
-    ``single_row``: the CPU's batch-1 decode steps measured faster through torch's own GEMV kernel;
-    ``packing``: the CPU's decode steps at the job's batch measured faster with weights packed
-    ahead, and the estimate's figures for when the packing pays (measured_dtype); None: not packed."""
+    ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none)."""
 
     weights: str | None
     mixed: str | None
-    single_row: bool = False
-    packing: PackingPlan | None = None
 
 
 def decide_precision(
@@ -60,19 +54,19 @@ def decide_precision(
     requested: Any,
     task: str,
     checkpoint: CheckpointDtype | None,
-    measured: tuple[Calibration, Job] | None = None,
+    measured: CpuJob | None = None,
 ) -> tuple[Precision, list[TraceStep]]:
     """The weights' dtype and the training flag that agrees with it, with the trace of why.
 
     ``measured``: the CPU's calibration and the job, which decide the CPU's dtype for dtype="auto"
-    in place of its flags (see measured_precision)."""
+    in place of its flags (see precision.measured)."""
     steps = [TraceStep("dtype", f"checkpoint: {_read(checkpoint)}")] if checkpoint is not None else []
     if requested is None:
         precision, more = _left_to_transformers(backend, result, task, checkpoint)
     elif isinstance(requested, str) and requested == "auto":
         if task == "training":
             precision, more = _training(backend, result, checkpoint, measured)
-        elif measured is not None and (lost := lost_figures(measured[0], measured[1], _candidates(checkpoint))):
+        elif measured is not None and (lost := lost_figures(*measured, _candidates(checkpoint))):
             weights, more = _inference(backend, result, checkpoint)
             them = "it" if len(lost) == 1 else "them"
             moved = f"the calibration's {', '.join(lost)} could not be timed steadily and this job needs {them}"
@@ -81,7 +75,7 @@ def decide_precision(
         elif measured is not None:
             choice, more = _measured_inference(backend, result, measured, checkpoint)
             flag = _flag_for(backend, result, choice.dtype)
-            precision = Precision(choice.dtype, flag, choice.single_row, choice.packing)
+            precision = Precision(choice.dtype, flag)
         else:
             weights, more = _inference(backend, result, checkpoint)
             precision = Precision(weights, _flag_for(backend, result, weights))
@@ -145,14 +139,15 @@ def _inference(
 
 
 def _measured_inference(
-    backend: Backend, result: ProbeResult, measured: tuple[Calibration, Job], checkpoint: CheckpointDtype | None
+    backend: Backend, result: ProbeResult, measured: CpuJob, checkpoint: CheckpointDtype | None
 ) -> tuple[MeasuredChoice, list[TraceStep]]:
     stored = checkpoint.dtype if checkpoint is not None else None
     fp16 = _candidates(checkpoint)[2:]
     # The default, kept unless another dtype is measured faster: a half-precision checkpoint's own
     # dtype where this CPU runs it natively (upcasting it is a choice a figure must justify), else fp32.
     native = stored in ("bfloat16", *fp16) and stored is not None and supports(backend, result, stored)[0]
-    choice = measured_dtype(measured[0], measured[1], ("bfloat16", *fp16), stored if native else "float32")  # type: ignore[arg-type]
+    default = stored if native and stored is not None else "float32"
+    choice = measured_dtype(measured.calibration, measured.job, ("bfloat16", *fp16), default, measured.weights)
     cast = f" (the checkpoint is {stored})" if stored is not None and stored != choice.dtype else ""
     return choice, [TraceStep("dtype", f"{choice.dtype}{cast}: {choice.why}")]
 
@@ -169,11 +164,11 @@ def _training(
     backend: Backend,
     result: ProbeResult,
     checkpoint: CheckpointDtype | None,
-    measured: tuple[Calibration, Job] | None = None,
+    measured: CpuJob | None = None,
 ) -> tuple[Precision, list[TraceStep]]:
     mixed, why = training_precision(backend, result, None)
     if measured is not None:
-        ok, said = measured_training(measured[0])
+        ok, said = measured_training(measured.calibration)
         mixed, why = (mixed, f"{why} ({said})") if ok is None else ("bf16" if ok else None, said)
     unsafe = _unsafe(checkpoint)
     steps: list[TraceStep] = []

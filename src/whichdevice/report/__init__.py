@@ -11,6 +11,7 @@ answers ``whichdevice check``. One module per part:
 - ``findings``: the WARNINGS section
 - ``render``: text, colour and wrapping
 - ``check``: the ``check`` subcommand's answer
+- ``calibration``: the ``calibrate`` subcommand's table
 """
 
 from __future__ import annotations

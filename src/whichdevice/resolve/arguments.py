@@ -18,7 +18,6 @@ from whichdevice.hardware.registry import backends
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
-    from whichdevice.model.size import StoredWeights
 
 __all__ = [
     "DEVICE_MAP_WORDS",
@@ -222,20 +221,11 @@ class Arguments(NamedTuple):
     offload: str | None = None
     offload_folder: Any = None
 
-    def job(self, stored: StoredWeights | None = None) -> Job:
-        """The job these arguments describe (checked first: check_arguments), with the weights a
-        decode step reads and its matmuls from the checkpoint's ``stored`` weights where given."""
+    def job(self) -> Job:
+        """The job these arguments describe (checked first: check_arguments)."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
-        parameters, matmuls = (stored.step_params, stored.step_matmuls) if stored else (None, None)
         return Job(
-            self.task,
-            self.batch_size,
-            self.max_length,
-            self.offload,
-            folder,
-            parameters=parameters,
-            matmuls=matmuls,
-            max_new_tokens=self.max_new_tokens,
+            self.task, self.batch_size, self.max_length, self.offload, folder, max_new_tokens=self.max_new_tokens
         )
 
 

@@ -20,8 +20,8 @@ from whichdevice.device import request
 from whichdevice.hardware import calibration
 from whichdevice.hardware.registry import backends, on_change
 from whichdevice.launch import accelerate_settings, distributed
-from whichdevice.resolve import compile_support
 from whichdevice.resolve.arguments import Arguments
+from whichdevice.tuning import compile_support
 
 __all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variables", "read_environment"]
 

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
-    from whichdevice.precision.packing_plan import PackingPlan
+    from whichdevice.tuning.record import Tuning
 
 __all__ = ["Resolution", "check_device_map"]
 
@@ -51,23 +50,9 @@ class Resolution:
     use_kernels: bool = False
     kernels_key: str | None = None
     torch_compile: bool = False
-    # A CPU bf16 load whose batch-1 decode steps were measured faster through torch's own GEMV kernel:
-    # prepare(model) hooks them (whichdevice.precision.single_row).
-    single_row: bool = False
-    # A CPU load whose decode steps at the job's batch (2 or more) were measured faster with the linear
-    # weights packed ahead in oneDNN's layout, packing counted against the job's length: the batch
-    # prepare(model) packs them for (whichdevice.precision.packed_weights); None: not packed.
-    packed_for_batch: int | None = None
-    # The seconds that packing may take and leave the job PACK_MARGIN faster (the estimate's budget):
-    # prepare(model) stops a packing whose own rate prices the whole copy past it (keeping the layers
-    # packed by then). None: no limit.
-    packing_budget_s: float | None = None
-    # The estimate's figures behind the packing; where the job's new tokens were not told, prepare(model)
-    # hooks generate to decide by each call's own (whichdevice.precision.packing_plan).
-    packing: PackingPlan | None = field(default=None, repr=False)
-    # An inference job on an NVIDIA GPU long enough to repay generate's compile of a static cache's
-    # decode step (whichdevice.resolve.generation): generate_kwargs() passes cache_implementation="static".
-    static_cache: bool = False
+    # What prepare(model) installs (whichdevice.tuning): measured CPU settings, generate's static cache
+    # on a GPU; None where nothing is tuned.
+    tuning: Tuning | None = None
     # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
     attn_passed: bool = False
     # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
@@ -173,49 +158,28 @@ class Resolution:
             parse_device(device, "device")  # pipeline(device=): -1 (CPU), an index, a device string or torch.device
 
     def prepare(self, model: Any) -> Any:
-        """Apply to a loaded ``model`` the runtime settings this resolution measured, and return it.
+        """Install on ``model`` the runtime settings this resolution measured worth it (``tuning``), and
+        return it. ``model``: a transformers model, a PEFT model or a pipeline (its model); anything
+        else is a DeviceError. What each setting changes, and what is guaranteed (the prepared model
+        computes what the model computes with its current weights, however they are changed; the
+        process is left as found), is in docs/tuning.md. Calling it twice is harmless;
+        ``unprepare(model)`` takes it all back."""
+        from whichdevice.tuning.prepare import prepare
 
-        On a CPU whose batch-1 bf16 decode steps were measured faster through torch's own GEMV kernel
-        (``single_row``), forward passes of one token row run with oneDNN off, restored after each.
-        Where decode steps at the job's batch were measured faster with the weights packed ahead
-        (``packed_for_batch``), the linear weights get a packed copy beside them, made only while it
-        fits in half the memory available, and stopped (the layers packed by then kept) once its own rate
-        prices the whole copy above what the job's tokens repay (``packing_budget_s``; the INFO log says what
-        was packed, or why not). Where the job's new tokens were not told (``packing_at_generate``),
-        nothing is packed yet: ``model.generate`` is hooked, and the first call whose own prompt and
-        new tokens repay the packing packs. Where a compiled static cache pays for the job (``static_cache``),
-        the model's ``generation_config.cache_implementation`` becomes ``"static"`` unless it is set
-        already, so that generate and pipelines use it. The trace's "generation" lines quote why.
-        Otherwise nothing changes. Calling it twice is harmless; a pipeline's model is ``pipe.model``."""
-        if self.single_row:
-            from whichdevice.precision.single_row import install_single_row
+        return prepare(self.tuning, model)
 
-            install_single_row(model)
-        if self.packing_at_generate and self.packing is not None and self.dtype_name is not None:
-            from whichdevice.precision.packing_plan import install_packing_at_generate
+    def unprepare(self, model: Any) -> Any:
+        """Take back everything ``prepare`` installed on ``model`` (see docs/tuning.md), and return it."""
+        from whichdevice.tuning.prepare import unprepare
 
-            if install_packing_at_generate(model, self.dtype_name, self.packing):
-                logging.getLogger("whichdevice").info("prepare: generate packs at the first call its tokens repay")
-        elif self.packed_for_batch is not None and self.dtype_name is not None:
-            from whichdevice.precision.packed_weights import install_packed_weights
-
-            _, done = install_packed_weights(model, self.dtype_name, self.packed_for_batch, self.packing_budget_s)
-            logging.getLogger("whichdevice").info("prepare: %s", done)
-        config = getattr(model, "generation_config", None) if self.static_cache else None
-        if config is not None and getattr(config, "cache_implementation", None) is None:
-            config.cache_implementation = "static"
-        return model
-
-    @property
-    def packing_at_generate(self) -> bool:
-        """Whether prepare(model) leaves the packing to model.generate's calls (new tokens not told)."""
-        return self.packing is not None and not self.packing.told and self.packed_for_batch is not None
+        return unprepare(model)
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``model.generate`` (or a text-generation pipeline's call) that this
         resolution measured faster for the job: ``cache_implementation="static"`` on an NVIDIA GPU for a
-        job long enough to repay the compile generate then makes (``static_cache``); else none."""
-        return {"cache_implementation": "static"} if self.static_cache else {}
+        job long enough to repay the compile generate then makes; else none (``prepare`` passes them
+        to generate calls that set no cache of their own)."""
+        return self.tuning.generate_kwargs() if self.tuning is not None else {}
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``transformers.pipeline``."""
@@ -289,6 +253,7 @@ class Resolution:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``whichdevice --json`` embeds it)."""
+        tuning = self.tuning.to_dict() if self.tuning is not None else None
         return {
             "device": self.device,
             "backend": self.backend.name,
@@ -308,10 +273,9 @@ class Resolution:
             "quantization": self.quantization.to_dict() if self.quantization else None,
             "use_kernels": self.use_kernels,
             "kernels_key": self.kernels_key,
-            "single_row": self.single_row,
-            "packed_for_batch": self.packed_for_batch,
-            "packing_budget_s": None if self.packing_budget_s is None else round(self.packing_budget_s, 3),
-            "packing_at_generate": self.packing_at_generate,
+            "tuning": tuning,
+            # The schema's 1.3-1.6 fields, the same as tuning's (kept for 1.x readers).
+            **{key: tuning[key] if tuning else default for key, default in _FLAT_TUNING.items()},
             "generate_kwargs": self.generate_kwargs(),
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
@@ -319,6 +283,15 @@ class Resolution:
             "simulated": self.simulated,
             "trace": [s.to_dict() for s in self.trace],
         }
+
+
+# Report fields from before the tuning record, and their value where nothing is tuned.
+_FLAT_TUNING: dict[str, Any] = {
+    "single_row": False,
+    "packed_for_batch": None,
+    "packing_budget_s": None,
+    "packing_at_generate": False,
+}
 
 
 def _json_safe(value: Any) -> Any:

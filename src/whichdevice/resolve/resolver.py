@@ -41,6 +41,7 @@ from whichdevice.launch.distributed import DistributedContext
 from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.precision.decide import Precision, decide_precision
+from whichdevice.precision.estimate import CpuJob
 from whichdevice.resolve.arguments import (
     Arguments,
     check_arguments,
@@ -49,9 +50,9 @@ from whichdevice.resolve.arguments import (
     check_memory_devices,
     check_shapes,
 )
-from whichdevice.resolve.generation import Loaded, packed_step, single_row_step, static_cache_step
 from whichdevice.resolve.memo import environment_mapping, memo_key, read_environment
 from whichdevice.resolve.resolution import Resolution, check_device_map
+from whichdevice.tuning.decide import Loaded, decide_tuning
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
@@ -154,7 +155,7 @@ def _resolve(args: Arguments) -> Resolution:
     # model= is read here, once, and checked for damage before anything is decided from it.
     model = _read_model(args.model)
     check_shapes(args)
-    job = args.job(model.stored if model else None)
+    job = args.job()
     trace = Trace()
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
@@ -168,7 +169,8 @@ def _resolve(args: Arguments) -> Resolution:
     env_set = trace.take(_environment(backend, result))
     calibration = trace.take(_calibration(backend, args))
     checkpoint = model.checkpoint if model is not None else None
-    measured = (calibration, job) if calibration is not None else None
+    weights = model.stored.step_weights() if model is not None and model.stored is not None else None
+    measured = CpuJob(calibration, job, weights) if calibration is not None else None
     precision = trace.take(decide_precision(backend, result, args.dtype, args.task, checkpoint, measured))
     if quant is not None and not dequantize:
         precision = precision._replace(
@@ -190,11 +192,9 @@ def _resolve(args: Arguments) -> Resolution:
         )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
-    single_row = trace.take(single_row_step(precision.single_row, dtype, quantization, placed.device_map))
-    packing = trace.take(packed_step(precision.packing, dtype, quantization, placed.device_map, job))
     quantized = quantization or (None if dequantize else quant)
     loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
-    static_cache = trace.take(static_cache_step(backend, result, args.task, model, job, loaded=loaded))
+    tuning = trace.take(decide_tuning(backend, result, args.task, measured, model, job, loaded))
     trace.extend(launch_steps(backend, dist))
     trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
     return Resolution(
@@ -218,11 +218,7 @@ def _resolve(args: Arguments) -> Resolution:
         use_kernels=use_kernels,
         kernels_key=kernels_key,
         torch_compile=args.torch_compile,
-        single_row=single_row,
-        packed_for_batch=packing.batch if packing else None,
-        static_cache=static_cache,
-        packing_budget_s=packing.budget_for_job if packing else None,
-        packing=packing,
+        tuning=tuning,
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,

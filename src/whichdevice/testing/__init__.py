@@ -11,6 +11,7 @@ backend), the env hooks and the whole resolver run for real. Spec strings::
     "hpu:8,gen=gaudi3"   "npu:8,bf16=no"   "neuron:2"   "tpu:4"   "mps,macos=13.6"
     "cpu,flags=avx512_bf16"   "cpu,flags="    the CPU with (or without) native bf16
     "cpu,calib=bf16.b1:1.15/bf16.b4:0.72/bf16.prompt:0.3"   the CPU's calibration figures
+    "cpu,flags=avx512_bf16,packs=float32"     a CPU whose oneDNN packs fp32 weights only
     "npu,broken"   "npu,hangs"   "npu,missing"   "cuda:0"  installed-but-broken, a hanging probe,
                                               not installed, installed with no device
 
@@ -43,6 +44,7 @@ from whichdevice.hardware import store as _probe
 from whichdevice.hardware.calibration import calibration_enabled, parse_figures, pin
 from whichdevice.hardware.envhooks import _forget
 from whichdevice.hardware.probes import interpret, not_installed
+from whichdevice.hardware.probes.cpu_facts import BF16_CPU_FLAGS
 from whichdevice.hardware.registry import backend_names, get_backend
 from whichdevice.testing.readings import simulated_readings
 from whichdevice.testing.replay import RecordedMachine, load_report, replay_environment, replaying
@@ -77,6 +79,11 @@ class _SimulatedStore(_probe._Store):
         self.release = release
         self.recorded = recorded
         cpu = specs.get("cpu")
+        # What oneDNN packs on the simulated CPU (hardware.probes.cpu_memory.packable_dtypes); None:
+        # this machine's answer (no CPU spec, or one that keeps the real flags).
+        self.packs: frozenset[str] | None = None
+        if cpu is not None and recorded is None:
+            self.packs = cpu.packs if cpu.packs is not None else _packs_of(cpu.flags)
         if recorded is not None:
             # A replayed CPU keeps the figures its machine used, never this machine's.
             pin(self, parse_figures(recorded.calibration) if recorded.calibration else None, recorded.calibration_why)
@@ -106,6 +113,14 @@ class _SimulatedStore(_probe._Store):
             raise TimeoutError("simulated hang released")
         readings = simulated_readings(spec, self.packages)
         return replace(interpret(backend, readings), simulated=True)
+
+
+def _packs_of(flags: frozenset[str] | None) -> frozenset[str] | None:
+    """What a simulated CPU with these flags packs: bf16 too where it has native bf16 (every such CPU
+    also has AVX-512BW/VL/DQ, which torch's oneDNN bf16 check asks for)."""
+    if flags is None:
+        return None
+    return frozenset({"float32", "bfloat16"} if flags & BF16_CPU_FLAGS else {"float32"})
 
 
 def _absent(backend: Backend) -> ProbeResult:

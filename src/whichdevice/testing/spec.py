@@ -64,6 +64,8 @@ _DETAIL_KEYS = {
     "cuda": ("cuda", {"cuda"}),
     "arch": ("arch", {"cuda"}),
     "calib": ("calibration", {"cpu"}),
+    # the weight dtypes oneDNN packs there ("float32+bfloat16", or nothing); default: from the flags
+    "packs": ("packs", {"cpu"}),
 }
 # Keys every backend takes: spec key -> field of SimulatedDevice
 _COMMON_KEYS = {"name": "name", "mem": "memory", "free": "free"}
@@ -97,6 +99,8 @@ class SimulatedDevice:
     arch: tuple[str, ...] | None = None
     # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.hardware.calibration)
     calibration: str | None = None
+    # the weight dtypes oneDNN packs on the simulated CPU (None: as its flags imply)
+    packs: frozenset[str] | None = None
     mode: str | None = None
     # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
     # applies to every device, and devices past the list are idle (free = total).
@@ -125,6 +129,16 @@ def _parse_calibration(key: str, text: str) -> str:
     return text.strip()
 
 
+def _parse_packs(key: str, text: str) -> frozenset[str]:
+    from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES
+
+    names = frozenset(n for n in re.split(r"[+ ]", text.strip().lower()) if n)
+    if not names <= set(PACKED_DTYPES):
+        accepted = "+".join(PACKED_DTYPES)
+        raise _bad(key, text, "the weight dtypes oneDNN packs", f"{accepted}, one of them, or nothing")
+    return names
+
+
 # spec key -> its parser: (key, text) -> value, raising DeviceError that names what is accepted
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "name": _parse_name,
@@ -141,6 +155,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "cuda": _parse_cuda_version,
     "arch": _parse_arch,
     "calib": _parse_calibration,
+    "packs": _parse_packs,
 }
 
 

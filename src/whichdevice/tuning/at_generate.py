@@ -1,79 +1,35 @@
-"""When packing a CPU model's weights pays for a generation: the estimate's figures, and the generate() hook.
+"""``model.generate`` with what was measured for generation: packing decided by each call's tokens, the static cache.
 
-Packing the linear weights ahead (``whichdevice.precision.packed_weights``) costs seconds once and
-saves a fraction of every decode step, so whether it pays depends on how many tokens the job
-generates. Where ``max_new_tokens=`` was passed to ``resolve_device``, the count is known and
-``Resolution.prepare(model)`` packs at once. Where it was not, the resolver could only guess (half
-of ``max_length``), and the guess decided wrongly both ways: 21 tokens counted where a job made 9
-(a capped CPU, batch 4: the resolved load ran 0.85x and 0.94x the best), 128 counted where a job
-made thousands. So there ``prepare`` packs nothing yet and hooks ``model.generate``: each call reads
-its own prompt and new tokens (its ``max_new_tokens``, else ``max_length`` less the prompt, from the
-call or the model's ``generation_config``), and the first call they repay packs, with the
-packing's time limit (its budget: the call still ``PACK_MARGIN`` faster) counted for that call.
-Pipelines and PEFT models call the model's ``generate`` and meet the same hook; a decode loop of
-its own calling ``forward`` runs unpacked (pass ``max_new_tokens=`` to resolve_device to have it packed at ``prepare``).
+Packing the linear weights (``tuning.packed_weights``) costs seconds once and saves a fraction of
+every decode step, so whether it pays depends on how many tokens the job generates. Where
+``max_new_tokens=`` was told, ``prepare`` packs at once. Where it was not, a guess (half of
+``max_length``) decided wrongly both ways (docs/backends/cpu.md), so ``prepare`` packs nothing yet
+and wraps ``model.generate``: each call reads its own prompt and new tokens (as transformers merges
+them), and the first call they repay packs, within that call's budget. Pipelines and PEFT models
+call the transformers model's ``generate`` and meet the same wrapper; a decode loop of its own
+calling ``forward`` runs unpacked. The wrapper also passes ``cache_implementation="static"`` where the
+resolution chose it, to calls that set no cache of their own: unlike a value written into the
+model's ``generation_config``, it is not saved with the model.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple
+import threading
+from typing import TYPE_CHECKING, Any
 
-from whichdevice.precision.single_row import input_shape
+from whichdevice.tuning.single_row import input_shape
 
-__all__ = [
-    "DEFAULT_NEW_TOKENS",
-    "PACK_MARGIN",
-    "PackingPlan",
-    "call_tokens",
-    "install_packing_at_generate",
-    "remove_packing_hook",
-]
+if TYPE_CHECKING:
+    from whichdevice.core.packing_plan import PackingPlan
 
-# Packed weights must make the whole job this much faster: the copy takes the weights' memory again,
-# and the packed step's figure moves between quiet calibrations (bf16.p4 over bf16.s4 from 1.16 to
-# 2.07 in six runs). The packing's own price is not in this margin: it is checked as it runs.
-PACK_MARGIN = 1.1
-
-
-class PackingPlan(NamedTuple):
-    """The estimate's figures for packing at ``batch`` rows, in seconds (the calibration's, scaled to
-    the model): one decode step unpacked and packed, the packing itself at the calibration's rate (the
-    fastest a model's packing ran here; a slower one is stopped by its own clock), one prompt token of
-    every sequence unpacked and packed; ``prompt_tokens``/``new_tokens``: the counts the resolve
-    counted against; ``told``: whether the caller said them (max_new_tokens=), else they are decided
-    again at each generate call."""
-
-    batch: int
-    step_s: float
-    packed_step_s: float
-    pack_s: float
-    prompt_token_s: float
-    packed_prompt_token_s: float
-    prompt_tokens: int
-    new_tokens: int
-    told: bool
-
-    def budget_s(self, prompt_tokens: int, new_tokens: int) -> float | None:
-        """The seconds the packing may take for a job of ``prompt_tokens`` + ``new_tokens`` a
-        sequence and leave the whole job ``PACK_MARGIN`` faster packed; None where that is less than
-        the packing takes at the calibration's rate (then it is not tried). The prompt's forward
-        makes the first new token, so ``new_tokens - 1`` decode steps follow it."""
-        steps = max(new_tokens - 1, 0)
-        plain = prompt_tokens * self.prompt_token_s + steps * self.step_s
-        packed = prompt_tokens * self.packed_prompt_token_s + steps * self.packed_step_s
-        budget = plain / PACK_MARGIN - packed
-        return budget if budget >= self.pack_s else None
-
-    @property
-    def budget_for_job(self) -> float:
-        """The packing's budget for the counts the resolve counted against (it chose packing: it paid)."""
-        return self.budget_s(self.prompt_tokens, self.new_tokens) or 0.0
-
+__all__ = ["DEFAULT_NEW_TOKENS", "call_tokens", "install_generate_hook", "remove_generate_hook"]
 
 # The new tokens generate makes where no length is set anywhere (transformers 5 reads its default
 # max_length of 20 as new tokens; 4.x sets max_length=20 in GenerationConfig, which is read below).
 DEFAULT_NEW_TOKENS = 20
+# One decision at a time: two threads calling generate on one model pack it once.
+_deciding = threading.Lock()
 
 
 def _merged(name: str, kwargs: dict[str, Any], configs: tuple[Any, ...]) -> Any:
@@ -103,46 +59,83 @@ def call_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
     return rows, prompt, new
 
 
-class _PackAtGenerate:
-    """``model.generate`` that first packs the weights at the first call whose tokens repay it.
+def _sets_a_cache(model: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether the call or the model's generation config already says which cache generate uses."""
+    if kwargs.get("past_key_values") is not None or kwargs.get("cache_implementation") is not None:
+        return True
+    configs = (kwargs.get("generation_config"), getattr(model, "generation_config", None))
+    return any(getattr(c, "cache_implementation", None) is not None for c in configs)
 
-    A callable object, not a closure: a deepcopy or pickle of the model carries it bound to the copy."""
 
-    __slots__ = ("dtype", "model", "plan")
+class _TunedGenerate:
+    """``model.generate`` that packs at the first call whose tokens repay it (``plan``) and passes the
+    static cache (``static_cache``). ``inner``: an instance-level generate that was there first.
 
-    def __init__(self, model: Any, dtype: str, plan: PackingPlan) -> None:
-        self.model, self.dtype, self.plan = model, dtype, plan
+    A callable object bound to its model, not a closure: a deepcopy or pickle of the model carries it
+    bound to the copy."""
+
+    __slots__ = ("inner", "model", "plan", "static_cache")
+
+    def __init__(self, model: Any, plan: PackingPlan | None, static_cache: bool, inner: Any = None) -> None:
+        self.model, self.plan, self.static_cache, self.inner = model, plan, static_cache, inner
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_PackAtGenerate, (self.model, self.dtype, self.plan))
+        return (_TunedGenerate, (self.model, self.plan, self.static_cache, self.inner))
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self._generate()
+
+    def _generate(self) -> Any:
+        return self.inner if self.inner is not None else type(self.model).generate.__get__(self.model)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        model = self.model
-        shape = call_tokens(model, args, kwargs)
-        budget = None if shape is None or shape[0] < 2 else self.plan.budget_s(shape[1], shape[2])
-        if budget is not None and shape is not None:
-            from whichdevice.precision.packed_weights import install_packed_weights
+        if self.plan is not None:
+            self._pack_if_it_pays(args, kwargs)
+        if self.static_cache and not _sets_a_cache(self.model, kwargs):
+            kwargs["cache_implementation"] = "static"
+        return self._generate()(*args, **kwargs)
 
-            _, done = install_packed_weights(model, self.dtype, self.plan.batch, budget)
-            # Packed, or stopped as slower than the estimate (in part): either way decided, and the hook goes.
-            remove_packing_hook(model)
-            logging.getLogger("whichdevice").info(
-                "generate (%d rows, %d + %d tokens a sequence): %s", shape[0], shape[1], shape[2], done
-            )
-        return type(model).generate(model, *args, **kwargs)
+    def _pack_if_it_pays(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        plan = self.plan
+        shape = call_tokens(self.model, args, kwargs)
+        budget = None if plan is None or shape is None or shape[0] < 2 else plan.budget_s(shape[1], shape[2])
+        if budget is None or shape is None or plan is None:
+            return
+        from whichdevice.tuning.packed_weights import install_packed_weights
+
+        with _deciding:
+            if self.plan is None:  # another thread decided while this one waited
+                return
+            _, done = install_packed_weights(self.model, plan.dtype, plan.batch, budget)
+            # Packed, or stopped as slower than the estimate (in part): either way decided.
+            self.plan = None
+            if not self.static_cache:
+                remove_generate_hook(self.model)
+        logging.getLogger("whichdevice").info(
+            "generate (%d rows, %d + %d tokens a sequence): %s", shape[0], shape[1], shape[2], done
+        )
 
 
-def install_packing_at_generate(model: Any, dtype: str, plan: PackingPlan) -> bool:
-    """Hook ``model.generate`` to pack its ``dtype`` weights at the first call whose prompt and new
-    tokens repay the packing by ``plan``. False: the model has no ``generate``, an instance-level
-    ``generate`` of someone else's (left alone), or the hook already."""
-    if not callable(getattr(type(model), "generate", None)) or "generate" in vars(model):
+def install_generate_hook(model: Any, plan: PackingPlan | None, static_cache: bool) -> bool:
+    """Wrap ``model.generate`` to pack by ``plan`` at the first call its tokens repay, and to pass the
+    static cache where ``static_cache``. False: nothing to wrap (no plan and no static cache, or no
+    ``generate``). A wrapper of ours already there is replaced (the latest resolution's)."""
+    if (plan is None and not static_cache) or not callable(getattr(type(model), "generate", None)):
         return False
-    model.generate = _PackAtGenerate(model, dtype, plan)
+    current = vars(model).get("generate")
+    inner = current.inner if isinstance(current, _TunedGenerate) else current
+    model.generate = _TunedGenerate(model, plan, static_cache, inner)
     return True
 
 
-def remove_packing_hook(model: Any) -> None:
-    """Take ``install_packing_at_generate``'s hook off ``model`` (nothing where there is none)."""
-    if isinstance(vars(model).get("generate"), _PackAtGenerate):
+def remove_generate_hook(model: Any) -> bool:
+    """Take ``install_generate_hook``'s wrapper off ``model`` (an inner generate it wrapped goes back)."""
+    current = vars(model).get("generate")
+    if not isinstance(current, _TunedGenerate):
+        return False
+    if current.inner is not None:
+        model.generate = current.inner
+    else:
         del model.generate
+    return True

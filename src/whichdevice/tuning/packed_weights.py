@@ -1,117 +1,163 @@
 """A CPU model's linear weights packed ahead in oneDNN's blocked layout, for decode steps of several rows.
 
-A decode step at batch 4 multiplies four rows by every weight. With the weights in torch's plain
-layout, each matmul reorders them for oneDNN (bf16) or runs a kernel made for larger shapes (fp32),
-and reads them at a fraction of the memory bandwidth; packed once in oneDNN's layout (the op
-torch's inductor uses when it freezes a model), they are read near all of it. Measured here (AMD
-EPYC, 2 cores, torch 2.13, 1.1B Llama, batch 4, 32-token prompt): fp32 decode 7.1 -> 25.4 tokens/s,
-bf16 25.6 -> 45.1, the same tokens; packing took 3.0 s (bf16) and 8.2 s (fp32). The calibration
-times it ("p4", "pack"), the estimate counts the packing against the job's new tokens, and
-``Resolution.prepare(model)`` packs where the resolver chose it.
+A decode step at batch 4 multiplies four rows by every weight; in torch's plain layout each matmul
+reorders the weights for oneDNN (bf16) or runs a kernel made for larger shapes (fp32), and reads
+them at a fraction of the memory bandwidth. Packed once in oneDNN's layout (the op torch's inductor
+uses when it freezes a model) they are read near all of it. The figures, and the packing's own
+clock (``_Clock``: priced at its own rate as it runs, stopped past the job's budget, what it packed
+kept), are in docs/backends/cpu.md ("Packed weights").
 
-The packing's own speed is measured as it runs: the calibration's rate is a guess for a model's
-fresh memory (a 0.4B model's packing took 0.4-1.3 s from an fp32 checkpoint and up to 1.8 s after an
-upcast from bf16 on this VM, against 0.4 s at the calibration's rate), so once ``PROBE_SHARE`` of the
-copy is made, a packing whose rate prices the whole copy above what the job repays (``budget_s``:
-the whole job still ``PACK_MARGIN`` faster) is stopped. The time already spent is not in that price:
-each weight packed speeds its share of every step, so the rest of the copy repays its share of the
-budget exactly when the whole would at that rate, and what was spent (the first calls' one-time
-costs included) is spent either way. The layers packed by then are kept: each runs faster for the
-whole job, which repays part of the time spent (undoing them wasted all of it: a 0.4B model's
-stopped packing cost 0.28 s of a 1.5 s job here).
-
-Do no harm: the packed copy sits beside the weights (state_dict, saving and training see the
-weights as they were), so it is made only while it takes at most ``HEADROOM`` of the memory
-available. A layer runs its packed copy only for inference on the CPU in the packed dtype with its
-weight unchanged since packing; anything else (gradients, another dtype, a weight loaded or moved
-since, a deepcopy, a torch.compile trace) runs ``torch.nn.functional.linear`` as before. ``unpack`` takes it all back.
+A prepared model is the model: the packed copy sits beside each weight and serves a forward only
+while it is certain to hold that weight's current values. Every way torch lets a weight change is
+seen: in place through autograd's view of it (an optimizer step, ``load_state_dict``,
+``torch.nn.init``, ``weight.mul_()``: its version counter), replaced (``.to()``, ``assign=True``,
+a device move: its object and address), and through ``.data`` (peft's merge and unmerge,
+``weight.data.copy_()``, ``.half()``), which keeps neither: a packed layer's weight is made a
+``_WatchedWeight``, whose ``data`` drops the copies made from it before handing the storage out.
+Gradients, another dtype, ``torch.compile`` tracing and inference tensors (no version counter)
+always run torch's own linear. Writes that bypass torch (a NumPy array or raw pointer aliasing the
+weight) are not seen: ``unpack`` first. docs/tuning.md says what is guaranteed.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from whichdevice.core import progress
 from whichdevice.core.errors import printable
+from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES, packable_dtypes, packing_ops
 
 __all__ = [
     "HEADROOM",
-    "PACKED_DTYPES",
     "PROBE_MIN_S",
     "PROBE_SHARE",
     "available_memory",
     "install_packed_weights",
+    "is_packed",
     "packable_layers",
     "unpack",
 ]
 
-# The packed copy may take at most this share of the memory available when prepare() runs.
+# The packed copy may take at most this share of the memory available when it is made.
 HEADROOM = 0.5
-# The share of the copy, after its first weight, whose rate prices the whole copy (checked after every
-# weight from then on). The first weight is timed but not taken as the rate: it carries the first
-# call's one-time costs. A try is priced at the calibration's rate, and a model's fresh memory
-# faulted in page by page ran up to 4x slower on this VM (1.1B fp32 after an upcast from bf16:
-# 3.9-5.5 s against 1.6 s), so a wrong try must stop early. Replayed on the per-weight times of 20
-# fresh 0.1-1.1B packings here (quiet and at load 2) against the 1.1B job's budget (3.07 s, scaled
-# by size for the smaller models): reading the rate from 1% of the copy after the first weight,
-# packings slow from the start stopped at 2% (0.06-0.09 s), those that slowed part-way (bf16 upcasts)
-# at 29-40% with the part packed fast repaying its time, and none within its budget stopped; from
-# 3% of the copy after the first weight of each shape (a whole layer, 176 MB at 1.1B, though a
-# shape's first call ran no slower than its later ones: 7 against 6 ms for 16 MB), the slow ones
-# stopped at 6% (0.21-0.26 s), and a packing of 2.05 s stopped at 20%, on a slow stretch early on.
+# The share of the copy, after its first weight (which carries the first call's one-time costs),
+# whose rate prices the whole copy; and the least time that rate must have run. Why these values:
+# docs/backends/cpu.md, "The packing's clock".
 PROBE_SHARE = 0.01
-# Nor before that rate has run this long: a packing this short costs too little to be worth
-# stopping, and a shorter time is one hiccup's (with 0.02 s, one of three fresh 0.1B packings
-# stopped 0.03 s in, at 14 of 57 layers, where the other two packed whole in 0.12-0.13 s).
 PROBE_MIN_S = 0.05
-PACKED_DTYPES = ("float32", "bfloat16")
 _ATTRIBUTE = "_whichdevice_packed"
+# torch's own storage accessor, reached past _WatchedWeight's.
+_RAW_DATA: Any = torch.Tensor.data
+_PLAIN: Any = torch.nn.Parameter
+# A watched weight's attribute holding the packed copies made from it. In the weight's own __dict__,
+# not a table of weak references: torch.utils.swap_tensors refuses a tensor that has weak references.
+_COPIES = "_whichdevice_copies"
 
 
 class _Packed:
-    """One layer's packed weight and the weight it was packed from (its version and address)."""
+    """One layer's packed weight and the weight it was packed from (the object, its version, its address)."""
 
-    __slots__ = ("linear", "pointer", "tensor", "version")
+    __slots__ = ("linear", "pointer", "source", "tensor", "version")
 
-    def __init__(self, tensor: Any, linear: Any, version: int | None, pointer: int) -> None:
-        self.tensor, self.linear, self.version, self.pointer = tensor, linear, version, pointer
+    def __init__(self, tensor: Any, linear: Any, weight: Any) -> None:
+        # The weight itself, not a weak reference (swap_tensors refuses those); released with the copy.
+        self.tensor, self.linear, self.source = tensor, linear, weight
+        self.version = None if weight is None else _version(weight)
+        self.pointer: int = -1 if weight is None else weight.data_ptr()
+
+    def holds(self, weight: Any) -> bool:
+        """Whether the copy is certain to hold ``weight``'s current values."""
+        return (
+            self.tensor is not None
+            and self.source is weight
+            and weight.data_ptr() == self.pointer
+            and _version(weight) == self.version
+        )
+
+    def drop(self) -> None:
+        self.tensor = self.source = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Packed:
         # A copy's weights are other tensors: it runs unpacked rather than share this copy.
-        return _Packed(None, None, None, -1)
+        return _Packed(None, None, None)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_Packed, (None, None, None, -1))
+        return (_Packed, (None, None, None))
+
+
+class _WatchedWeight(torch.nn.Parameter):
+    """A packed layer's weight. ``.data`` hands out its storage without autograd's version counter
+    (peft merges through it, ``.to()`` and ``.half()`` convert through it): reached, in either
+    direction, it first drops the packed copies made from this weight and becomes a plain Parameter
+    again. A copy or a pickle of it is a plain Parameter."""
+
+    @property  # type: ignore[override]
+    def data(self) -> Any:
+        _drop_copies(self)
+        return _RAW_DATA.__get__(self)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        _drop_copies(self)
+        _RAW_DATA.__set__(self, value)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if id(self) not in memo:
+            raw = _RAW_DATA.__get__(self)
+            memo[id(self)] = torch.nn.Parameter(raw.clone(memory_format=torch.preserve_format), self.requires_grad)
+        return memo[id(self)]
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        # Parameter's own, without reaching .data (which would unpack the model being saved).
+        utils: Any = torch._utils
+        state = {k: v for k, v in (utils._get_obj_state(self) or {}).items() if k != _COPIES} or None
+        raw, hooks = _RAW_DATA.__get__(self), OrderedDict[Any, Any]()  # hooks are never serialized (torch's note)
+        if not state:
+            return (utils._rebuild_parameter, (raw, self.requires_grad, hooks))
+        return (utils._rebuild_parameter_with_state, (raw, self.requires_grad, hooks, state))
+
+
+def _watch(weight: Any, packed: _Packed) -> None:
+    if type(weight) is torch.nn.Parameter:
+        weight.__class__ = _WatchedWeight
+    vars(weight).setdefault(_COPIES, []).append(packed)
+
+
+def _drop_copies(weight: Any) -> None:
+    for packed in vars(weight).pop(_COPIES, ()):
+        packed.drop()
+    if type(weight) is _WatchedWeight:
+        weight.__class__ = _PLAIN
 
 
 def _version(tensor: Any) -> int | None:
     try:
         return int(tensor._version)
-    except RuntimeError:  # an inference tensor keeps no version counter: its address is checked
+    except RuntimeError:  # an inference tensor keeps no version counter (such weights are not packed)
         return None
 
 
 def _forward(self: Any, x: Any) -> Any:
-    import torch
-
     packed: _Packed | None = getattr(self, _ATTRIBUTE, None)
     weight = self.weight
-    usable = (
+    if (
         packed is not None
-        and packed.tensor is not None
         and x.dtype == weight.dtype
         and x.device.type == "cpu"
-        and weight.data_ptr() == packed.pointer
-        and _version(weight) == packed.version
         and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
         # torch.compile traces torch's own linear (its inductor packs weights itself when freezing):
         # an opaque oneDNN tensor is not something its tracer can hold.
         and not torch.compiler.is_compiling()
-    )
-    if usable:
-        return packed.linear(x, packed.tensor, self.bias)  # type: ignore[union-attr]
+    ):
+        tensor = packed.tensor
+        if tensor is not None and packed.holds(weight):
+            return packed.linear(x, tensor, self.bias)
+        packed.drop()  # the weight changed since: the copy is stale for good, its memory freed
     return torch.nn.functional.linear(x, weight, self.bias)
 
 
@@ -133,16 +179,22 @@ class _PackedForward:
 
 def packable_layers(model: Any, dtype: str) -> list[Any]:
     """``model``'s plain ``torch.nn.Linear`` layers (not subclasses: quantized layers are those) whose
-    weights are on the CPU in ``dtype``."""
-    import torch
-
+    weights are plain Parameters on the CPU in ``dtype``, with a version counter (not inference tensors)."""
     return [
         m
         for m in model.modules()
         if type(m) is torch.nn.Linear
+        and type(m.weight) in (torch.nn.Parameter, _WatchedWeight)
         and m.weight.device.type == "cpu"
         and str(m.weight.dtype).removeprefix("torch.") == dtype
+        and not m.weight.is_inference()
     ]
+
+
+def is_packed(module: Any) -> bool:
+    """Whether ``module`` runs a packed copy now (its weight unchanged since it was packed)."""
+    packed = getattr(module, _ATTRIBUTE, None)
+    return isinstance(packed, _Packed) and packed.holds(getattr(module, "weight", None))
 
 
 def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -181,21 +233,28 @@ class _Clock:
         return self.size * seconds / packed
 
 
+def _refusal(dtype: str) -> str | None:
+    if dtype not in PACKED_DTYPES:
+        return f"not packed: {dtype} weights are not packed (only {' and '.join(PACKED_DTYPES)})"
+    if packing_ops(torch) is None:
+        return "not packed: this torch has no oneDNN packing ops"
+    if dtype not in packable_dtypes():
+        return (
+            f"not packed: oneDNN cannot pack {dtype} weights on this CPU (torch's check asks for AVX-512BW/VL/DQ "
+            "or AVX-NE-CONVERT, or Arm BF16)"
+        )
+    return None
+
+
 def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float | None = None) -> tuple[int, str]:
     """Pack ``model``'s ``dtype`` linear weights for ``batch`` rows; (layers packed, what was done).
     ``budget_s``: the seconds the whole packing may take (priced at its own rate once ``PROBE_SHARE``
     of it is done); priced past it, the packing stops, and the layers packed by then stay so."""
-    import torch
-
-    from whichdevice.hardware.probes.cpu_memory import packing_ops
-
-    if dtype not in PACKED_DTYPES:
-        return 0, f"not packed: {dtype} weights are not packed (only {' and '.join(PACKED_DTYPES)})"
-    ops = packing_ops(torch)
-    if ops is None:
-        return 0, "not packed: this torch has no oneDNN packing ops"
-    # A layer packed already is left; one whose copy came from a deepcopy or pickle (no tensor) packs again.
-    layers = [m for m in packable_layers(model, dtype) if getattr(getattr(m, _ATTRIBUTE, None), "tensor", None) is None]
+    refusal = _refusal(dtype)
+    if refusal is not None:
+        return 0, refusal
+    # A layer packed already is left; one whose copy was dropped, copied or unpickled packs again.
+    layers = [m for m in packable_layers(model, dtype) if not is_packed(m)]
     size = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     available = available_memory()
     if available is not None and size > HEADROOM * available:
@@ -203,13 +262,14 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
             f"not packed: the packed copy ({size / 1024**3:.2f} GiB) would take more than "
             f"{HEADROOM:.0%} of the {available / 1024**3:.2f} GiB available"
         )
-    pack, linear = ops
+    pack, linear = packing_ops(torch)  # type: ignore[misc]
     clock = _Clock(size)
     with progress.working("packing the model's weights"), torch.no_grad():
         try:
             for count, module in enumerate(layers, start=1):
                 weight = module.weight
-                packed = _Packed(pack(weight.detach(), batch), linear, _version(weight), weight.data_ptr())
+                packed = _Packed(pack(weight.detach(), batch), linear, weight)
+                _watch(weight, packed)
                 setattr(module, _ATTRIBUTE, packed)
                 module.forward = _PackedForward(module)
                 price = clock.add(weight.numel() * weight.element_size())
@@ -220,7 +280,7 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
                         f"ran, the whole copy would take {price:.2g} s, more than the {budget_s:.2g} s the "
                         "job's tokens repay, so the rest would cost more than it saves"
                     )
-        except RuntimeError as exc:  # a oneDNN that cannot pack this dtype: the model stays as it was
+        except RuntimeError as exc:  # a oneDNN that cannot pack this dtype after all: the model stays as it was
             unpack(model)
             first = (str(exc).splitlines() or [""])[0][:200]
             return 0, f"not packed: oneDNN could not pack {dtype} weights ({printable(first)})"
@@ -229,12 +289,22 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
 
 
 def unpack(model: Any) -> int:
-    """Drop every packed copy ``install_packed_weights`` made in ``model``; the layers run as before."""
+    """Drop every packed copy ``install_packed_weights`` made in ``model``: the layers run torch's own
+    linear and their weights are plain Parameters again. The number of layers unpacked."""
     count = 0
     for module in model.modules():
-        if getattr(module, _ATTRIBUTE, None) is not None:
-            delattr(module, _ATTRIBUTE)
-            if "forward" in vars(module):
-                del module.forward
-            count += 1
+        packed = vars(module).get(_ATTRIBUTE)
+        if packed is None:
+            continue
+        delattr(module, _ATTRIBUTE)
+        if isinstance(vars(module).get("forward"), _PackedForward):
+            del module.forward
+        weight = getattr(module, "weight", None)
+        copies = vars(weight).get(_COPIES) if weight is not None else None
+        if copies is not None and packed in copies:
+            copies.remove(packed)
+            if not copies:
+                _drop_copies(weight)
+        packed.drop()
+        count += 1
     return count

@@ -1,36 +1,21 @@
 """Batch-1 decode steps through torch's own GEMV kernel: oneDNN off for a model's forward passes of one token row.
 
-On CPUs where torch sends bf16 matmuls to oneDNN, a decode step at batch 1 multiplies one row by
-every weight, and oneDNN's kernel for that shape read bf16 weights at about half the memory
-bandwidth here, where torch's own GEMV kernel read them near all of it (AMD EPYC, torch 2.13:
-``benchmarks/real_sizes.py``); at two rows and more oneDNN was the faster. torch has one switch
-for it, global: ``torch.backends.mkldnn`` enabled or not. So the switch is flipped only around the
-forward passes that carry one row (a batch-1 decode step) and put back after each, prompts and
-larger batches keep oneDNN.
-
-The calibration measures both kernels ("bf16.g1" and "bf16.s1"); the resolver hands this over only
-where the first is measured ``MARGIN`` faster, for a bf16 inference load on the CPU
-(``Resolution.prepare(model)``). While such a forward runs, another thread's matmuls also run
-without oneDNN: slower perhaps, never wrong.
+On CPUs where torch sends bf16 matmuls to oneDNN, oneDNN's kernel for one row read bf16 weights at
+about half the memory bandwidth where torch's own GEMV kernel read near all of it; at two rows and
+more oneDNN was the faster (docs/backends/cpu.md, "The single-row switch"). torch's only switch
+for it is global, so the model's ``forward`` is wrapped: a call that computes one token row runs
+inside ``onednn.onednn_off()`` (the process-wide owner of the switch), every other call as before.
+A wrapper rather than forward hooks: torch skips ``always_call`` hooks on KeyboardInterrupt, which
+left the switch off for the whole process.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HOOKED", "input_shape", "install_single_row", "onednn_held_off", "single_row_rows"]
+from whichdevice.tuning.onednn import onednn_off
 
-# Set on a model that has the hooks, so installing twice adds nothing.
-HOOKED = "_whichdevice_single_row"
-# How many hooked forwards have turned oneDNN off and not yet put it back (nested models: one each).
-# The decode attention's plain matmuls read it to turn oneDNN on for their own calls, never where a
-# user turned it off: torch's own bf16 batched matmul is the slower there (whichdevice.attention.decode).
-_HELD_OFF: list[int] = [0]
-
-
-def onednn_held_off() -> bool:
-    """Whether a single-row hook has turned oneDNN off for the forward pass now running."""
-    return _HELD_OFF[0] > 0
+__all__ = ["input_shape", "install_single_row", "remove_single_row", "single_row_rows"]
 
 
 def input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
@@ -57,34 +42,62 @@ def single_row_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None
     return None if shape is None else shape[0] * shape[1]
 
 
-def install_single_row(model: Any) -> bool:
-    """Hook ``model`` so that its forward passes of one token row run with oneDNN off, restored after
-    each (also when the forward raises). False: it was hooked already."""
+class _OneRowForward:
+    """``model.forward`` with oneDNN off for calls of one token row.
+
+    A callable object bound to its model, not a closure: a deepcopy or pickle of the model carries it
+    bound to the copy. ``inner`` is an instance-level forward that was there first (accelerate's hooks
+    put one there), called in its place; None: the class's own."""
+
+    __slots__ = ("inner", "model")
+
+    def __init__(self, model: Any, inner: Any = None) -> None:
+        self.model, self.inner = model, inner
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_OneRowForward, (self.model, self.inner))
+
+    @property
+    def __wrapped__(self) -> Any:
+        # transformers reads forward's signature (inspect follows __wrapped__) to decide what generate
+        # passes (logits_to_keep, attention_mask): it must see the model's own.
+        return self._forward()
+
+    def _forward(self) -> Any:
+        return self.inner if self.inner is not None else type(self.model).forward.__get__(self.model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward = self._forward()
+        if single_row_rows(args, kwargs) != 1 or _compiling():
+            return forward(*args, **kwargs)
+        with onednn_off():
+            return forward(*args, **kwargs)
+
+
+def _compiling() -> bool:
+    # torch.compile traces the forward: its graph's kernels are chosen when it compiles, not by the switch.
     import torch
 
-    if getattr(model, HOOKED, False):
+    return bool(torch.compiler.is_compiling())
+
+
+def install_single_row(model: Any) -> bool:
+    """Wrap ``model.forward`` so that its calls of one token row run with oneDNN off. False: it was
+    wrapped already."""
+    current = vars(model).get("forward")
+    if isinstance(current, _OneRowForward):
         return False
-    saved: list[tuple[bool, bool]] = []
+    model.forward = _OneRowForward(model, current)
+    return True
 
-    # torch.backends.mkldnn.enabled is torch's public, global switch (about 0.3 us to read or set);
-    # torch types it as the descriptor it is, so it is reached through Any.
-    switch: Any = torch.backends.mkldnn
 
-    def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        turned_off = switch.enabled and single_row_rows(args, kwargs) == 1
-        saved.append((switch.enabled, turned_off))
-        if turned_off:
-            switch.enabled = False
-            _HELD_OFF[0] += 1
-
-    def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if saved:
-            enabled, turned_off = saved.pop()
-            switch.enabled = enabled
-            if turned_off:
-                _HELD_OFF[0] -= 1
-
-    model.register_forward_pre_hook(before, with_kwargs=True)
-    model.register_forward_hook(after, with_kwargs=True, always_call=True)
-    setattr(model, HOOKED, True)
+def remove_single_row(model: Any) -> bool:
+    """Take ``install_single_row``'s wrapper off ``model`` (an inner forward it wrapped goes back)."""
+    current = vars(model).get("forward")
+    if not isinstance(current, _OneRowForward):
+        return False
+    if current.inner is not None:
+        model.forward = current.inner
+    else:
+        del model.forward
     return True

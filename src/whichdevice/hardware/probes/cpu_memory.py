@@ -10,14 +10,14 @@ bf16 at one row is timed twice: through oneDNN (torch's default for bf16 matmuls
 AVX-512) and through torch's own GEMV kernel (oneDNN off). Measured here (AMD EPYC, avx512_bf16,
 torch 2.13), oneDNN read bf16 weights at about half the bandwidth and torch's kernel near all of it,
 while at four rows and more oneDNN was the faster: the figure decides whether generate() gets the
-single-row switch (``whichdevice.precision.single_row``).
+single-row switch (``whichdevice.tuning.single_row``).
 
 A step's time is not only its bytes: each matmul call costs a fixed overhead too (oneDNN's bf16 path
 about 40 us a call here, torch's GEMV kernel 15, fp32 20), and a 0.1-0.4B model makes 7 calls a layer
 on matrices as small as its 256-row key and value projections. So at one row the same bytes are
 timed again as ``NARROW`` matrices ("sn1", "gn1"): 42 times as many calls. From the two sets the
 estimate separates each path's cost per call from its cost per weight, and a model's step is its
-calls times the one plus its weights times the other (``whichdevice.precision.measured``). Measured
+calls times the one plus its weights times the other (``whichdevice.precision.estimate``). Measured
 here with oneDNN capped below bf16: torch's GEMV kernel over oneDNN read 1.22x on the large set
 and 1.75x on a 0.1B Llama's own matrices, which the two-set estimate put at 1.40x.
 
@@ -25,7 +25,7 @@ At four rows fp32 and bf16 are also timed with their weights packed once, ahead 
 oneDNN's blocked layout (the op torch's inductor uses when it freezes a model's weights): measured
 here, 3.6x fp32's default decode at batch 4 for fp32 weights and 1.8x for bf16 on a 1.1B Llama. The
 packing's rate ("pack", GB/s of weights) is timed too, since the packing is paid once per load and
-counted against the job's length (``whichdevice.precision.packed_weights``).
+counted against the job's length (``whichdevice.tuning.packed_weights``).
 
 The weights are one random tile cloned: a matmul's time does not depend on the values it reads,
 and filling hundreds of MB with random numbers would cost more than the timing.
@@ -48,6 +48,7 @@ __all__ = [
     "STREAM_LLCS",
     "last_level_cache",
     "measure_streamed",
+    "packable_dtypes",
     "packing_ops",
 ]
 
@@ -119,6 +120,37 @@ def packing_ops(torch: Any) -> tuple[Callable[..., Any], Callable[..., Any]] | N
         lambda weight, batch: pack(weight, batch),
         lambda x, packed, bias: linear(x, packed, bias, "none", [], ""),
     )
+
+
+_REAL_PACKABLE: list[frozenset[str]] = []
+
+
+def packable_dtypes() -> frozenset[str]:
+    """The weight dtypes oneDNN packs on this CPU (of ``PACKED_DTYPES``), as torch itself decides.
+
+    A simulated CPU answers from its spec (``packs=``, else its flags: native bf16 flags come with
+    AVX-512BW/VL/DQ on every such CPU). The real one is asked once per process: fp32 wherever torch
+    has the packing ops, bf16 where torch's own oneDNN check passes (the check the packing op raises
+    on: AVX-512BW/VL/DQ or AVX-NE-CONVERT, Arm BF16; it reads the CPU's flags, so
+    ``ONEDNN_MAX_CPU_ISA`` does not change it), confirmed by packing one small matrix."""
+    from whichdevice.hardware.store import current_store
+
+    simulated: frozenset[str] | None = getattr(current_store(), "packs", None)
+    if simulated is not None:
+        return simulated
+    if not _REAL_PACKABLE:
+        import torch
+
+        ops = packing_ops(torch)
+        found = set()
+        for name in PACKED_DTYPES if ops is not None else ():
+            try:
+                ops[0](torch.ones(16, 16, dtype=getattr(torch, name)), PACKED_BATCH)  # type: ignore[index]
+            except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
+                continue
+            found.add(name)
+        _REAL_PACKABLE.append(frozenset(found))
+    return _REAL_PACKABLE[0]
 
 
 BestOf = Callable[[Mapping[str, Callable[[], Any]], float], tuple[dict[str, float], bool]]

@@ -1,0 +1,89 @@
+"""``prepare()`` and ``unprepare()``: a ``Tuning`` installed on the objects users pass, and taken back.
+
+Accepted: a transformers model (``PreTrainedModel``), a PEFT model (its base model is tuned: peft
+calls its forward and generate) and a transformers pipeline (its model). Anything else is a
+``DeviceError`` naming these, whether or not there is anything to install, so a wrong object is
+never silently left as it was. docs/tuning.md says what each setting changes and what is guaranteed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from whichdevice.core.errors import DeviceError, printable
+
+if TYPE_CHECKING:
+    from whichdevice.tuning.record import Tuning
+
+__all__ = ["model_of", "prepare", "unprepare"]
+
+ACCEPTED = (
+    "a transformers model (PreTrainedModel, as from_pretrained returns), a PEFT model (PeftModel) "
+    "or a transformers pipeline"
+)
+
+
+def _class(module: str, name: str) -> Any:
+    # Only classes already imported: an object of theirs exists only where the module is loaded.
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name, None) if loaded is not None else None
+
+
+def model_of(obj: Any) -> Any:
+    """The transformers model that ``obj`` (a model, a PEFT model or a pipeline) runs."""
+    pipeline = _class("transformers.pipelines.base", "Pipeline")
+    inner = obj.model if pipeline is not None and isinstance(obj, pipeline) else obj
+    peft_model = _class("peft.peft_model", "PeftModel")
+    if peft_model is not None and isinstance(inner, peft_model):
+        inner = inner.get_base_model()
+    pretrained = _class("transformers.modeling_utils", "PreTrainedModel")
+    if pretrained is not None and isinstance(inner, pretrained):
+        return inner
+    got = type(inner).__module__ + "." + type(inner).__qualname__
+    hint = "; pass the transformers model inside it" if hasattr(inner, "modules") else ""
+    raise DeviceError(f"prepare() takes {ACCEPTED}; got {printable(got)}{hint}")
+
+
+def prepare(tuning: Tuning | None, obj: Any) -> Any:
+    """Install ``tuning`` on the model ``obj`` runs and return ``obj``; nothing where ``tuning`` is None."""
+    model = model_of(obj)
+    if tuning is None:
+        return obj
+    log = logging.getLogger("whichdevice")
+    if tuning.single_row:
+        from whichdevice.tuning.single_row import install_single_row
+
+        install_single_row(model)
+    plan = tuning.packing
+    if plan is not None and plan.told:
+        from whichdevice.tuning.packed_weights import install_packed_weights
+
+        _, done = install_packed_weights(model, plan.dtype, plan.batch, plan.budget_for_job)
+        log.info("prepare: %s", done)
+    at_generate = plan if tuning.packing_at_generate else None
+    if at_generate is not None or tuning.static_cache:
+        from whichdevice.tuning.at_generate import install_generate_hook
+
+        if install_generate_hook(model, at_generate, tuning.static_cache) and at_generate is not None:
+            log.info("prepare: generate packs at the first call its tokens repay")
+    return obj
+
+
+def unprepare(obj: Any) -> Any:
+    """Take back everything ``prepare`` installed on the model ``obj`` runs (any resolution's), and
+    return ``obj``: its forward and generate are the class's again (or what was there before), no
+    layer keeps a packed copy, every weight is a plain Parameter."""
+    model = model_of(obj)
+    if "forward" in vars(model) or "generate" in vars(model):
+        from whichdevice.tuning.at_generate import remove_generate_hook
+        from whichdevice.tuning.single_row import remove_single_row
+
+        remove_single_row(model)
+        remove_generate_hook(model)
+    if "torch" in sys.modules:
+        from whichdevice.tuning.packed_weights import unpack
+
+        unpack(model)
+    return obj

@@ -1,0 +1,55 @@
+"""The one record a Resolution carries for what ``prepare()`` installs: ``Tuning``, or None where nothing is tuned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from whichdevice.core.packing_plan import PackingPlan
+
+__all__ = ["Tuning"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What ``prepare(model)`` installs, each decided in ``tuning.decide`` with a trace line.
+
+    ``single_row``: batch-1 decode steps (one token row) run with oneDNN off, through torch's own GEMV
+    kernel (CPU, bf16 weights streamed from memory, measured faster). ``packing``: the linear weights
+    get a copy packed ahead in oneDNN's layout for ``packing.batch`` rows (CPU, measured faster for the
+    job, packing counted); at ``prepare`` where the job's new tokens were told, else at the first
+    ``generate`` call whose own tokens repay it. ``static_cache``: generate gets
+    ``cache_implementation="static"``, which it compiles (NVIDIA GPU, a job long enough to repay it)."""
+
+    single_row: bool = False
+    packing: PackingPlan | None = None
+    static_cache: bool = False
+
+    @property
+    def packed_for_batch(self) -> int | None:
+        return self.packing.batch if self.packing is not None else None
+
+    @property
+    def packing_at_generate(self) -> bool:
+        """Whether the packing waits for a generate call (the job's new tokens were not told)."""
+        return self.packing is not None and not self.packing.told
+
+    @property
+    def packing_budget_s(self) -> float | None:
+        """The seconds a packing at prepare() may take (priced at its own rate as it runs); None: no packing."""
+        return self.packing.budget_for_job if self.packing is not None else None
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keywords for ``model.generate`` (or a text-generation pipeline's call)."""
+        return {"cache_implementation": "static"} if self.static_cache else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        budget = self.packing_budget_s
+        return {
+            "single_row": self.single_row,
+            "packed_for_batch": self.packed_for_batch,
+            "packing_budget_s": None if budget is None or self.packing_at_generate else round(budget, 3),
+            "packing_at_generate": self.packing_at_generate,
+            "static_cache": self.static_cache,
+        }
