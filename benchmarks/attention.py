@@ -78,8 +78,6 @@ def time_one_shape(
 def part_calls(quick: bool) -> None:
     import torch
 
-    from whichdevice.precision import single_row
-
     repeats = 3 if quick else 7
     print("Part 1: one attention call, heads of 64 (median us per call; ratio to transformers' sdpa)")
     print(f"{'':38} {'query':>6} {'keys':>6} | {'sdpa':>6} | {'eager':>14} | {'whichdevice':>14}")
@@ -93,11 +91,11 @@ def part_calls(quick: bool) -> None:
                 for run in runs:
                     switch: Any = torch.backends.mkldnn
                     if run:
-                        switch.enabled, single_row._HELD_OFF[0] = False, 1
+                        switch.enabled = False
                     try:
                         sdpa, eager, ours = time_one_shape(dtype, layout, batch, q_len, kv_len, repeats)
                     finally:
-                        switch.enabled, single_row._HELD_OFF[0] = True, 0
+                        switch.enabled = True
                     name = f"{layout} {str(dtype).removeprefix('torch.')} b{batch} {run}"
                     print(
                         f"{name:<38} {q_len:>6} {kv_len:>6} | {sdpa:>6.0f} | {eager:>7.0f} {eager / sdpa:>5.2f}x"

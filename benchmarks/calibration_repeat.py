@@ -40,8 +40,12 @@ def child(models: list[str]) -> None:
         # A long batch-4 job too: packed weights pay only over enough new tokens.
         for batch, length in ((1, 64), (4, 64), (4, 1024)):
             res = wd.resolve_device(model=model, batch_size=batch, max_length=length)
-            label = f"{res.dtype_name}/{res.attn_implementation}" + ("+single_row" if res.single_row else "")
-            cells[f"{os.path.basename(model)} b{batch} x{length}"] = label + ("+packed" if res.packed_for_batch else "")
+            label = f"{res.dtype_name}/{res.attn_implementation}" + (
+                "+single_row" if (res.tuning is not None and res.tuning.single_row) else ""
+            )
+            cells[f"{os.path.basename(model)} b{batch} x{length}"] = label + (
+                "+packed" if (res.tuning is not None and res.tuning.packed_for_batch) else ""
+            )
             calibration = next(s.message for s in res.trace if s.topic == "calibration")
     print(
         json.dumps(

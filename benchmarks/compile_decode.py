@@ -100,8 +100,8 @@ def main() -> int:
                 "size": args.size,
                 "batch": batch,
                 "resolved": f"{res.dtype_name}/{res.attn_implementation}"
-                + ("+single_row" if res.single_row else "")
-                + ("+packed" if res.packed_for_batch else ""),
+                + ("+single_row" if (res.tuning is not None and res.tuning.single_row) else "")
+                + ("+packed" if (res.tuning is not None and res.tuning.packed_for_batch) else ""),
                 "first_call_s": {k: round(v, 2) for k, v in first.items()},
                 "decode_tok_s": {k: round(v, 2) for k, v in decode.items()},
                 "compile_s": round(compile_s, 1),

@@ -44,7 +44,9 @@ def child(path: str, prompt: int, new: int, which: str) -> None:
     if which == "resolved":
         res.prepare(model)
     else:
-        model.generation_config.cache_implementation = None if res.static_cache else "static"
+        model.generation_config.cache_implementation = (
+            None if (res.tuning is not None and res.tuning.static_cache) else "static"
+        )
     ids = torch.randint(3, COMMON["vocab_size"], (1, prompt), generator=torch.Generator().manual_seed(0))
     ids = ids.to(model.device)
     with torch.inference_mode():
@@ -98,7 +100,7 @@ def main() -> int:
                     "size": size,
                     "new_tokens": new,
                     "device": res.device,
-                    "static_cache": res.static_cache,
+                    "static_cache": (res.tuning is not None and res.tuning.static_cache),
                     "runs": runs,
                     "resolved_over_other_speed": round(seconds[1] / seconds[0], 2) if all(seconds) else None,
                     "why": [s.message for s in res.trace if s.topic == "generation"],

@@ -27,7 +27,7 @@ from typing import Any
 RECORD = """
 import json, sys, torch, transformers
 transformers.utils.logging.set_verbosity_error()
-from whichdevice.precision import packed_weights as pw
+from whichdevice.tuning import packed_weights as pw
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
 ids = torch.randint(3, 1000, (4, 32), generator=torch.Generator().manual_seed(0))
 with torch.inference_mode():
@@ -57,7 +57,7 @@ def built(log: list[list[Any]]) -> list[float | None]:
     """The clock as built: ``packed_weights._Clock`` itself, its clock read from the recorded times."""
     import types
 
-    from whichdevice.precision import packed_weights
+    from whichdevice.tuning import packed_weights
 
     times = iter([0.0] + [row[2] for row in log])
     real = packed_weights.time

@@ -124,8 +124,10 @@ class Config:
 
 def label_of(res: Any) -> str:
     dtype = SHORT.get(res.dtype_name or "", "stored")
-    label = f"{dtype}/{res.attn_implementation or 'sdpa'}" + ("+single_row" if res.single_row else "")
-    return label + ("+packed" if res.packed_for_batch else "")
+    label = f"{dtype}/{res.attn_implementation or 'sdpa'}" + (
+        "+single_row" if (res.tuning is not None and res.tuning.single_row) else ""
+    )
+    return label + ("+packed" if (res.tuning is not None and res.tuning.packed_for_batch) else "")
 
 
 def setup_in_fresh_process(
@@ -146,8 +148,7 @@ def setup_in_fresh_process(
         "import json, sys, time, torch, transformers\n"
         "transformers.utils.logging.set_verbosity_error()\n"
         "from transformers import AutoModelForCausalLM\n"
-        "from whichdevice.precision.packed_weights import install_packed_weights\n"
-        "from whichdevice.precision.single_row import HOOKED\n"
+        "from whichdevice.tuning.packed_weights import install_packed_weights\n"
         "path, load, batch, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
         "prompt = int(sys.argv[6])\n"
         "new = int(sys.argv[5]) if sys.argv[5] != 'None' else None\n"
@@ -158,7 +159,7 @@ def setup_in_fresh_process(
         "    start = time.perf_counter(); res.prepare(model)\n"
         "    setup = time.perf_counter() - start\n"
         "    if 'generate' in vars(model):  # packing left to the job's generate call: the packing it makes is setup\n"
-        "        from whichdevice.precision import packed_weights\n"
+        "        from whichdevice.tuning import packed_weights\n"
         "        spent, real = [], packed_weights.install_packed_weights\n"
         "        def timed(*a, **k):\n"
         "            t = time.perf_counter(); out = real(*a, **k); spent.append(time.perf_counter() - t); return out\n"
@@ -173,11 +174,11 @@ def setup_in_fresh_process(
         "    start = time.perf_counter(); install_packed_weights(model, load, batch)\n"
         "    setup = time.perf_counter() - start\n"
         "packed = sum(getattr(m, '_whichdevice_packed', None) is not None for m in model.modules())\n"
-        "from whichdevice.precision.packed_weights import packable_layers\n"
+        "from whichdevice.tuning.packed_weights import packable_layers\n"
         "packable = len(packable_layers(model, str(next(model.parameters()).dtype).split('.')[-1]))\n"
         "print(json.dumps({'setup_s': setup, 'dtype': str(next(model.parameters()).dtype).split('.')[-1],\n"
         "    'attention': model.config._attn_implementation, 'packed_layers': packed, 'packable': packable,\n"
-        "    'single_row': bool(getattr(model, HOOKED, False))}))\n"
+        "    'single_row': 'forward' in vars(model)}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(path), load, str(batch), str(max_length), str(max_new_tokens), str(prompt)],
@@ -197,7 +198,7 @@ def pack_first(model: Any, dtype: str, batch: int, count: int) -> None:
     and a whole copy would be refused for want of memory (``HEADROOM``), leaving the load unpacked
     and timed as such (1.1B: a load with 47 of 155 layers packed read 7.77 tokens/s here, as
     unpacked, where it runs 1.26x unpacked's decode)."""
-    from whichdevice.precision import packed_weights
+    from whichdevice.tuning import packed_weights
 
     first = packed_weights.packable_layers(model, dtype)[:count]
     real = packed_weights.packable_layers
@@ -226,8 +227,8 @@ def fresh_label(got: dict[str, Any]) -> str:
 
 
 def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str]) -> list[Config]:
-    from whichdevice.precision.packed_weights import install_packed_weights
-    from whichdevice.precision.single_row import install_single_row
+    from whichdevice.tuning.packed_weights import install_packed_weights
+    from whichdevice.tuning.single_row import install_single_row
 
     configs = []
     for dtype in dtypes:
@@ -281,8 +282,8 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
     length = args.prompt + args.new
     told = args.new if args.tell_new else None  # max_new_tokens= as resolve_device gets it
-    from whichdevice.precision.packed_weights import PACKED_DTYPES
-    from whichdevice.precision.single_row import install_single_row
+    from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES
+    from whichdevice.tuning.single_row import install_single_row
 
     resolved = {}
     alias: dict[str, tuple[str, float]] = {}  # resolved label: (the candidate it is, its own setup)

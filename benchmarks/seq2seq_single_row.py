@@ -20,7 +20,7 @@ import torch
 import transformers
 from transformers import AutoModelForSeq2SeqLM, T5Config
 
-from whichdevice.precision.single_row import install_single_row
+from whichdevice.tuning.single_row import install_single_row
 
 CONFIG = {
     "d_model": 1024,
