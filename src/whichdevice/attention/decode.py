@@ -1,18 +1,11 @@
 """Attention for CPU generation in bf16/fp16: torch's fused sdpa for prompts, one-token steps laid out to be fast.
 
-Why it exists: torch's fused CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``)
-is built for blocks of queries, and a decode step's query is one token per head. transformers
-calls it that way: with no mask (a batch without padding) grouped-query models go through
-``enable_gqa``, one query row per head, and multi-head models do too. ``benchmarks/attention.py``
-(torch 2.13, transformers 5.25, AMD EPYC, 2 cores, heads of 64, one bf16 step; the figures in
-docs/backends/cpu.md): for grouped-query models the fix is to lay the query heads that share a
-key/value head out as that head's rows, (B, H, 1, D) -> (B, Hkv, H/Hkv, D), and keep the fused
-kernel: 32 heads over 4 key/value heads, batch 1, 1,024 cached tokens, took 130 us against 1,788 us
-as transformers calls it and 544 us by eager's plain matmuls; for multi-head models, where there is
-nothing to group, those three plain ops are the faster: 12 heads, batch 4, 4,096 cached tokens,
-2,073 us against 11,758 us fused. Prompts keep the fused kernel: it never builds the L x L score
-matrix that makes eager slow on long prompts. In fp32 the fused kernel is on par for one-token
-steps, and is kept throughout.
+Why it exists: torch's fused CPU attention kernel is built for blocks of queries, and transformers
+calls it with a decode step's one query row per head. For grouped-query models the query heads
+that share a key/value head are laid out as that head's rows, (B, H, 1, D) -> (B, Hkv, H/Hkv, D),
+and the fused kernel kept; for multi-head models, with nothing to group, eager's three plain ops are
+the faster. Prompts, and fp32 throughout, keep the fused kernel. The figures (``benchmarks/attention.py``)
+are in docs/backends/cpu.md, "What whichdevice decides".
 
 The resolver passes this name on its own only for grouped-query models: the plain matmuls compute
 bf16 scores, as eager attention does, and their logits measured further from eager fp32 than sdpa's
