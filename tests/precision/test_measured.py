@@ -61,7 +61,8 @@ def test_without_a_model_the_assumed_size_is_said_and_used():
 def test_a_bf16_checkpoint_keeps_its_dtype_unless_fp32_is_measured_faster_by_the_margin(fp32_speed, kept):
     figures = "/".join(f"bf16.{s}:{fp32_speed:.4f}" for s in ("b1", "b2", "b4", "b8", "prompt", "s1", "s4"))
     calib = parse_figures(f"{figures}/{FP32}/{MEMORY}")
-    choice = measured_dtype(calib, Job(batch_size=1, max_length=64), ("bfloat16",), "bfloat16", BILLION)
+    told = Job(batch_size=1, max_length=64, max_new_tokens=32)
+    choice = measured_dtype(calib, told, ("bfloat16",), "bfloat16", BILLION)
     assert choice.dtype == kept
     if kept == "float32":  # the upcast is justified by its figure
         assert "fp32, the default" not in choice.why and "as fast as bf16, the default" in choice.why
@@ -73,9 +74,9 @@ def test_near_a_tie_the_default_wins_from_either_side():
     # bf16 3% faster: an fp32 checkpoint stays fp32 and a bf16 one stays bf16, whichever run measured it.
     figures = "/".join(f"bf16.{s}:1.03" for s in ("b1", "b2", "b4", "b8", "prompt", "s1", "s4"))
     calib = parse_figures(f"{figures}/{FP32}/{MEMORY}")
-    job = Job(batch_size=4, max_length=64)
-    assert measured_dtype(calib, job, ("bfloat16",), "float32", BILLION).dtype == "float32"
-    assert measured_dtype(calib, job, ("bfloat16",), "bfloat16", BILLION).dtype == "bfloat16"
+    for job in (Job(batch_size=4, max_length=64, max_new_tokens=32), Job(batch_size=4, max_length=64)):
+        assert measured_dtype(calib, job, ("bfloat16",), "float32", BILLION).dtype == "float32"
+        assert measured_dtype(calib, job, ("bfloat16",), "bfloat16", BILLION).dtype == "bfloat16"
 
 
 def test_a_resolution_counts_the_checkpoints_matmuls_from_its_headers(tmp_path: Path):
@@ -86,3 +87,40 @@ def test_a_resolution_counts_the_checkpoints_matmuls_from_its_headers(tmp_path: 
     with simulate(f"cpu,flags=avx512_bf16,calib={EPYC}"):
         res = wd.resolve_device(model=path, batch_size=1, max_length=64)
     assert f"parameters read per step in {len(linears)} matmuls" in _line(res, "dtype")
+
+
+# An AVX2-only EPYC (no AVX-512, no native bf16; issue 48's figures): bf16 decode reads half the bytes
+# and runs 1.7x fp32 with the weights streamed, but its prompt (emulated arithmetic) runs at 0.17x.
+AVX2 = (
+    "bf16.b1:0.6/bf16.b2:0.3/bf16.b4:0.2/bf16.b8:0.18/bf16.prompt:0.17/bf16.s1:1.7/bf16.s4:0.9/"
+    f"{FP32}/{MEMORY}"
+)
+
+
+@pytest.mark.parametrize(
+    ("new", "expected"),
+    [(16, "float32"), (256, "bfloat16"), (None, "float32")],
+    ids=["prompt-heavy 64+16", "decode-heavy 8+256", "split not told"],
+)
+def test_the_split_told_decides_and_an_untold_one_takes_the_least_worst_case(new, expected):
+    """issue 48: with max_length=80 and nothing said of the new tokens, half of them were assumed new,
+    which made bf16 win on a CPU whose bf16 prompt is 6x slower; a 64 + 16 job then ran 0.44-0.75x the
+    best. Untold, the dtype is the one whose worst split loses least."""
+    calib = parse_figures(AVX2)
+    length = 80 if new in (16, None) else 264
+    job = Job(batch_size=1, max_length=length, max_new_tokens=new)
+    choice = measured_dtype(calib, job, ("bfloat16",), "float32", StepWeights(800_000_000, 169))
+    assert choice.dtype == expected
+    if new is None:
+        assert "how the 80 tokens split into prompt and new tokens was not told (pass max_new_tokens=" in choice.why
+        assert "from a pure prompt (79 + 1) to a pure decode (1 + 79)" in choice.why
+        assert "bf16 at most " in choice.why and "x for a pure decode" in choice.why
+    else:
+        assert "was not told" not in choice.why
+
+
+def test_an_untold_split_on_a_cpu_whose_bf16_wins_everywhere_keeps_bf16():
+    calib = parse_figures(EPYC)
+    job = Job(batch_size=1, max_length=256)
+    choice = measured_dtype(calib, job, ("bfloat16",), "float32", BILLION)
+    assert choice.dtype == "bfloat16" and "its worst case" in choice.why and "smaller than fp32's" in choice.why

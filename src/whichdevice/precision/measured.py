@@ -14,6 +14,7 @@ not fp16-unsafe; bf16 (fp32's range) always is; the measurement never turns on w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import short_name
@@ -83,20 +84,18 @@ def measured_dtype(
     unpacked = estimate_seconds(calib, "float32", job, weights, packing=False)
     fp32 = unpacked[0] if unpacked else estimates["float32"][0]
     tokens = f"{job.batch_size or 1} x {job.max_length or DEFAULT_LENGTH} tokens"
+    if job.max_new_tokens is None:
+        tokens += ", half of them new"
     quoted = [
         f"{short_name(d)} {step.figure}{_prompt(calib, d)}: {fp32 / seconds:.2f}x fp32 estimated for {tokens}"
         for d, (seconds, step) in estimates.items()
         if d != "float32" or "packed ahead" in step.figure
     ]
     default = default if default in estimates else "float32"
-    best = min(estimates, key=lambda d: estimates[d][0])
-    gain = estimates[default][0] / estimates[best][0]
-    if best == default or gain < MARGIN:
-        kept = f"the checkpoint's {short_name(default)} kept" if default != "float32" else "fp32 is exact"
-        verdict = f"no other dtype estimated {MARGIN:.2f}x faster, {kept}"
-        best = default
+    if job.max_new_tokens is None:
+        best, verdict = _over_splits(calib, job, weights, tuple(estimates), default)
     else:
-        verdict = f"{short_name(best)}: estimated {gain:.2f}x as fast as {short_name(default)}, the default"
+        best, verdict = _for_the_split({d: e[0] for d, e in estimates.items()}, default)
     chosen = estimates[best][1]
     why = f"measured, {'; '.join(quoted)}; {verdict}{job_text}"
     if chosen.packed:
@@ -110,6 +109,56 @@ def measured_dtype(
                 "generate() call whose own tokens repay it (pass max_new_tokens= to have prepare() pack)"
             )
     return MeasuredChoice(best, why)
+
+
+def _kept(default: str) -> str:
+    return f"the checkpoint's {short_name(default)} kept" if default != "float32" else "fp32 is exact"
+
+
+def _for_the_split(seconds: dict[str, float], default: str) -> tuple[str, str]:
+    """The dtype estimated fastest for the told split (``MARGIN`` over the default), and the verdict."""
+    best = min(seconds, key=lambda d: seconds[d])
+    gain = seconds[default] / seconds[best]
+    if best == default or gain < MARGIN:
+        return default, f"no other dtype estimated {MARGIN:.2f}x faster, {_kept(default)}"
+    return best, f"{short_name(best)}: estimated {gain:.2f}x as fast as {short_name(default)}, the default"
+
+
+def _over_splits(
+    calib: Calibration, job: Job, weights: StepWeights | None, dtypes: tuple[str, ...], default: str
+) -> tuple[str, str]:
+    """Where the new tokens were not told: the dtype whose worst case over the splits of the job's
+    tokens (a pure prompt, a pure decode and three between) loses least against the best dtype of
+    each split (``MARGIN`` over the default's), and the verdict with each dtype's ends."""
+    length = job.max_length or DEFAULT_LENGTH
+    splits = sorted({max(1, new) for new in (1, length // 4, length // 2, 3 * length // 4, length - 1)})
+    times: dict[int, dict[str, float]] = {}
+    for new in splits:
+        told = replace(job, max_length=length, max_new_tokens=new)
+        priced = {d: e[0] for d in dtypes if (e := estimate_seconds(calib, d, told, weights)) is not None}
+        if len(priced) == len(dtypes):
+            times[new] = priced
+    worst = {d: max((t[d] / min(t.values()), new) for new, t in times.items()) for d in dtypes}
+    best = min(dtypes, key=lambda d: worst[d][0])
+    ends = "; ".join(
+        f"{short_name(d)} at most {worst[d][0]:.2f}x the best dtype's time (at {worst[d][1]} new)"
+        + (
+            ""
+            if d == "float32"
+            else f", {times[splits[0]]['float32'] / times[splits[0]][d]:.2f}x fp32 for a pure prompt and "
+            f"{times[splits[-1]]['float32'] / times[splits[-1]][d]:.2f}x for a pure decode"
+        )
+        for d in dtypes
+    )
+    assumed = (
+        f"how the {length} tokens split into prompt and new tokens was not told (pass max_new_tokens= for the "
+        f"exact answer), so each dtype is priced from a pure prompt ({length - 1} + 1) to a pure decode "
+        f"(1 + {length - 1}): {ends}"
+    )
+    gain = worst[default][0] / worst[best][0]
+    if best == default or gain < MARGIN:
+        return default, f"{assumed}; no other dtype's worst case {MARGIN:.2f}x smaller, {_kept(default)}"
+    return best, f"{assumed}; {short_name(best)}: its worst case {gain:.2f}x smaller than {short_name(default)}'s"
 
 
 def measured_training(calib: Calibration) -> tuple[bool | None, str]:
