@@ -76,10 +76,20 @@ def _tasks(task: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
     return (task,)
 
 
+def _check_model(model: str | None) -> None:
+    """A --model that cannot be read is the request's fault, said once before any report: the
+    report's headline is about devices, and each task's resolution would repeat the same error."""
+    if model is not None:
+        from whichdevice.model.facts import read_model_facts
+
+        read_model_facts(model, weights=False)
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from whichdevice.report.gather import gather
     from whichdevice.report.render import render_text, terminal_width, use_color
 
+    _check_model(args.model)
     report = gather(
         tasks=_tasks(args.task, ("inference", "training")),
         device=args.device,

@@ -419,3 +419,20 @@ def test_a_count_below_one_names_its_option_and_what_it_takes(flag: str, capsys:
     assert f"argument {flag}: '0': give a whole number of 1 or more" in err
     # Only --min-devices counts devices: the others must not say so.
     assert "devices" not in err.split("\n")[0].replace("--min-devices", "")
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_a_model_path_that_does_not_exist_is_one_line_and_no_false_headline(tmp_path: Path, json_out: bool) -> None:
+    """Issue 46: the report printed "no usable device" (the CPU was usable) and the error three times."""
+    missing = tmp_path / "no such model"
+    proc = run("--model", str(missing), *(["--json"] if json_out else []))
+    assert proc.returncode == 2
+    assert "no usable device" not in proc.stdout + proc.stderr
+    if json_out:
+        error = json.loads(proc.stdout)
+        validate(error)
+        assert error["kind"] == "error" and str(missing) in error["error"]["message"]
+    else:
+        assert proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(missing) in lines[0]
