@@ -37,6 +37,7 @@ from whichdevice.hardware.store import current_store
 __all__ = [
     "ENV_CALIBRATION",
     "ENV_VARIABLES",
+    "UNSTEADY",
     "Calibration",
     "cache_path",
     "calibration",
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 ENV_CALIBRATION = "WHICHDEVICE_CALIBRATION"
+# The reason a calibration is not used at all on a busy machine (the report names it once).
+UNSTEADY = "other work on this machine kept this CPU from being timed steadily"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
 # 3: the narrow set's figures (sn1, gn1); 4: the grouped-query attention's (gqa); 5: the packed
@@ -275,12 +278,11 @@ def _answer(calib: Calibration) -> tuple[Calibration | None, str]:
     single-row switch from jobs that never read the shape that moved."""
     if not calib.unsteady:
         return calib, calib.source
-    again = "run `whichdevice calibrate` when it is quieter"
+    # Nothing to ask of the user (a shared node stays busy): it is measured again on its own (_retry).
     if calib.whole_unsteady():
-        return None, f"this CPU could not be timed steadily ({calib.source}); {again}"
+        return None, f"{UNSTEADY}; it is measured again once the machine is quieter"
     # The source names the figures that moved (measured now or read from the cache).
-    why = f"{calib.source}; those are not used, and jobs that need them follow the flags ({again})"
-    return calib.steady_part(), why
+    return calib.steady_part(), f"{calib.source}; those are not used, and jobs that need them follow the flags"
 
 
 def _remember(calib: Calibration) -> None:

@@ -168,7 +168,7 @@ def gather(
         "versions": versions,
         "backends": rows,
         "environment": entries,
-        "warnings": env_warnings + other_warnings(env, results, resolutions, versions),
+        "warnings": env_warnings + other_warnings(env, results, resolutions, versions) + _unsteady(calibration_entry),
         "resolutions": resolutions,
         "calibration": calibration_entry,
         "exit_code": max((r["error"]["exit_code"] for r in resolutions if r["error"]), default=0),
@@ -182,6 +182,24 @@ def _calibration() -> dict[str, Any]:
 
     calib, why = calibration(measure=False)
     return {"figures": calib.to_dict() if calib else None, "spec": calib.spec() if calib else None, "why": why}
+
+
+def _unsteady(entry: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A calibration a busy machine kept from being steady, named once for the whole report (each
+    resolution's trace says only that the CPU's flags decide)."""
+    from whichdevice.hardware.calibration import UNSTEADY
+
+    figures = entry["figures"]
+    moved = figures["unsteady"] if figures else []
+    if figures is None and str(entry["why"]).startswith(UNSTEADY):
+        return [{"source": "calibration", "message": f"the CPU calibration was not used: {entry['why']}"}]
+    if moved:
+        message = (
+            f"the CPU calibration's {', '.join(moved)} could not be timed steadily: jobs that need them "
+            "follow the CPU's flags"
+        )
+        return [{"source": "calibration", "message": message}]
+    return []
 
 
 def _resolve(task: str, device: str | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
