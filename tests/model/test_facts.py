@@ -172,3 +172,23 @@ def test_the_dtype_vocabulary_is_one_table() -> None:
     for code in ("F32", "BF16", "F16"):
         name = dtypes.code_name(code)
         assert name is not None and dtypes.SAFETENSORS_BITS[code] == 8 * dtypes.item_size(name)
+
+
+def test_reading_a_config_object_causes_no_deprecation_warning(monkeypatch) -> None:
+    """Issue 46: reading a config's torch_dtype (transformers 5's deprecated alias of dtype) made
+    transformers say "`torch_dtype` is deprecated! Use `dtype` instead!" to a user who never wrote it."""
+    import warnings
+
+    from transformers import LlamaConfig, configuration_utils
+
+    import whichdevice as wd
+
+    said: list[str] = []
+    # warning_once remembers what it said in this process: a spy sees every call.
+    monkeypatch.setattr(configuration_utils.logger, "warning_once", lambda message, *a, **k: said.append(message))
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecation raised as a Python warning fails here
+        res = wd.resolve_device(model=config)
+    assert "the config, which states no dtype" in res.explain()
+    assert not [m for m in said if "deprecated" in m]

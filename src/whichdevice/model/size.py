@@ -331,8 +331,10 @@ def stored_dtype(config: Mapping[str, Any] | None, stored: StoredWeights | None)
 
 
 def config_object_dtype(config: Any) -> CheckpointDtype:
-    """What a transformers config object states about its dtype (its ``dtype`` or ``torch_dtype``)."""
-    stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    """What a transformers config object states about its dtype (its ``dtype``; ``torch_dtype`` only as
+    an attribute of its own, since reading transformers 5's deprecated alias prints a warning the user
+    did not cause)."""
+    stated = getattr(config, "dtype", None) or vars(config).get("torch_dtype")
     where = f"the config's dtype {stated}" if stated is not None else "the config, which states no dtype"
     return CheckpointDtype(_canonical(stated), getattr(config, "model_type", None) or None, where)
 
