@@ -102,3 +102,15 @@ def test_the_api_logs_probing_and_calibration_at_info(caplog: pytest.LogCaptureF
     said = [r.getMessage() for r in caplog.records if r.name == "whichdevice" and r.levelno == logging.INFO]
     assert any(m.startswith("probing cpu: done in ") for m in said), said
     assert any(m.startswith("timing the CPU's dtype speeds: done in ") for m in said), said
+
+
+def test_a_step_known_to_be_slow_shows_at_once() -> None:
+    """Issue 46: importing torch is most of a first call's seconds; it shows from its start, not after
+    SHOW_AFTER_S, so the terminal is never silent while it runs."""
+    told: list[str | None] = []
+    with showing(told.append), working("importing torch", at_once=True):
+        deadline = time.monotonic() + progress.SHOW_AFTER_S / 2
+        while not told and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert told == ["importing torch"]
+    assert told == ["importing torch", None]

@@ -39,11 +39,11 @@ class _State:
 
 
 class _Step:
-    def __init__(self, what: str, state: _State) -> None:
+    def __init__(self, what: str, state: _State, after: float) -> None:
         self.what = what
         self.pid = os.getpid()
-        self.due = False  # ran past SHOW_AFTER_S
-        self.timer = threading.Timer(SHOW_AFTER_S, _due, (state, self))
+        self.due = False  # ran past ``after`` seconds
+        self.timer = threading.Timer(after, _due, (state, self))
         self.timer.daemon = True  # a step left running by an abandoned thread must not hold the exit
 
 
@@ -63,11 +63,13 @@ if hasattr(os, "register_at_fork"):
 
 
 @contextlib.contextmanager
-def working(what: str) -> Iterator[None]:
-    """The block is a step that may be slow: logged at INFO when done, shown on a sink after a second."""
+def working(what: str, *, at_once: bool = False) -> Iterator[None]:
+    """The block is a step that may be slow: logged at INFO when done, shown on a sink after a second,
+    or at once for a step known to take seconds (importing torch or transformers: most of a first
+    call's time, before anything else could be shown)."""
     start = time.perf_counter()
     state = _state
-    step = _begin(state, what) if state.sink is not None else None
+    step = _begin(state, what, 0.0 if at_once else SHOW_AFTER_S) if state.sink is not None else None
     try:
         yield
     finally:
@@ -76,8 +78,8 @@ def working(what: str) -> Iterator[None]:
         LOGGER.info("%s: done in %.2f s", what, time.perf_counter() - start)
 
 
-def _begin(state: _State, what: str) -> _Step:
-    step = _Step(what, state)
+def _begin(state: _State, what: str, after: float) -> _Step:
+    step = _Step(what, state, after)
     with state.lock:
         state.active.append(step)
     step.timer.start()

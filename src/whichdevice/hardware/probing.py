@@ -210,7 +210,7 @@ def _import_torch_first(backend: Backend, timeout: float) -> list[str]:
         return []
     import whichdevice.hardware.probes.plugins as plugins
 
-    with working("importing torch"):
+    with working("importing torch", at_once=True):
         return plugins.import_torch(timeout)
 
 

@@ -16,6 +16,7 @@ when ``model=`` is given: the classes are the ones ``from_pretrained`` loads nex
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -157,7 +158,10 @@ def _read_classes(
 ) -> AttentionSupport:
     if metadata_version is None:
         return AttentionSupport(model_type, unknown="transformers is not installed")
-    with _classes_lock[0], working("reading which attention the model's classes support"):
+    # The first such read imports transformers and the architecture's module: seconds, shown at once.
+    slow = "transformers" not in sys.modules
+    what = "importing transformers to read the model's classes" if slow else "reading the model's classes"
+    with _classes_lock[0], working(what, at_once=slow):
         return _import_classes(metadata_version, model_type, architectures, parts)
 
 
