@@ -85,10 +85,68 @@ def gaudi3_report() -> str:
 
 
 def smoke_output() -> str:
-    """``whichdevice smoke``: its progress (stderr) and summary (stdout); figures vary per run and machine."""
+    """``whichdevice smoke``: its progress (stderr) and summary (stdout), headed by the machine that
+    printed it; figures vary per run and machine."""
     out, err = _command("smoke")
     progress = [line for line in err.splitlines() if line.startswith("[")]
-    return "```text\n" + "\n".join([*progress, *out.splitlines()]) + "\n```\n"
+    machine = f"$ whichdevice smoke    # printed on: {_machine()}"
+    return "```text\n" + "\n".join([machine, *progress, *out.splitlines()]) + "\n```\n"
+
+
+def _machine() -> str:
+    """This machine as its output depends on it: the CPU, its bf16 flags, its cores and torch."""
+    import os
+
+    import torch
+
+    from whichdevice.hardware.probes.cpu_facts import BF16_CPU_FLAGS, cpu_facts
+
+    name, flags, _ = cpu_facts()
+    bf16 = sorted(flags & BF16_CPU_FLAGS)
+    native = f"native bf16 ({', '.join(bf16)})" if bf16 else "no native bf16"
+    return f"{name or 'a CPU'}, {os.cpu_count()} cores, {native}, torch {torch.__version__}"
+
+
+def readme_explain() -> str:
+    """``res.explain()`` for a 1.1B Llama (a config: nothing to download) on a simulated CPU with native
+    bf16, as the README shows it; numbers and versions vary with the installed stack."""
+    code = (
+        "import whichdevice as wd\n"
+        "from transformers import LlamaConfig\n"
+        "from whichdevice.testing import simulate\n"
+        "config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,\n"
+        "    num_attention_heads=32, num_key_value_heads=4, vocab_size=32000, dtype='bfloat16')\n"
+        "with simulate('cpu,flags=avx512_bf16,name=a CPU with native bf16,mem=64GiB,free=60GiB'):\n"
+        "    print(wd.resolve_device(model=config).explain())\n"
+    )
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHICHDEVICE_", "ACCELERATE_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    # The backends not chosen say only that they are absent on the simulated machine: one line for them.
+    lines = [line for line in out.splitlines() if "not present on the simulated machine" not in line]
+    lines.insert(2, "  - ...          (the other backends: not present on the simulated machine)")
+    return "```text\n" + "\n".join(lines) + "\n```\n"
+
+
+def nox_sessions() -> str:
+    """The nox sessions, as ``nox -l`` lists them: each session's name and its docstring's first line."""
+    import ast
+
+    tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
+    rows = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "nox.session":
+                names = [k.value for k in decorator.keywords if k.arg == "name"]
+                name = names[0].value if names and isinstance(names[0], ast.Constant) else node.name
+                doc = (ast.get_docstring(node) or "").splitlines()[0]
+                rows.append(f"| `{name}` | {doc} |")
+    return "| session | what it runs |\n|---|---|\n" + "\n".join(rows) + "\n"
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
@@ -96,12 +154,14 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "simulate-grammar": simulate_grammar,
     "gaudi3-report": gaudi3_report,
     "smoke-output": smoke_output,
+    "readme-explain": readme_explain,
+    "nox-sessions": nox_sessions,
 }
 # Parts whose figures (timings, speeds) change from run to run, and whose decisions (dtype, attention,
 # precision flags) change from machine to machine (a CPU with or without native bf16, its measured
 # calibration): compared with every number and every such decision masked, so that what is checked
 # is the output's form.
-VARYING = frozenset({"smoke-output"})
+VARYING = frozenset({"smoke-output", "readme-explain"})
 _DECISIONS = (
     r"(?<!\w)(?:attention left to transformers|bfloat#|float#|whichdevice_sdpa|sdpa|eager|flash_attention_#"
     r"|True|False)(?!\w)"
@@ -109,6 +169,7 @@ _DECISIONS = (
 
 
 def mask(text: str) -> str:
+    text = re.sub(r"# printed on: .*", "# printed on: ?", text)  # the machine, which the block names
     return re.sub(_DECISIONS, "?", re.sub(r"[0-9]+(?:[.,][0-9]+)*", "#", text))
 
 

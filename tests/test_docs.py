@@ -136,3 +136,31 @@ def test_json_schema_page_covers_every_field() -> None:
     fields = _schema_properties(json.loads(schema_file.read_text(encoding="utf-8")))
     missing = sorted(f for f in fields if f"`{f}`" not in text and f'"{f}"' not in text)
     assert not missing, f"docs/json-schema.md does not describe {missing} (fields of report_schema.json)"
+
+
+def test_the_command_synopsis_names_every_option() -> None:
+    """Issue 46: the synopsis in docs/cli.md left out the report's model options. Every option the
+    parser takes, of every subcommand, is named there."""
+    import argparse
+    import re
+
+    from whichdevice.cli_parser import build_parser
+
+    options: set[str] = set()
+    commands: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                commands.update(action.choices)
+                for sub in action.choices.values():
+                    walk(sub)
+            options.update(o for o in action.option_strings if o.startswith("--") and o != "--help")
+
+    walk(build_parser())
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    synopsis = re.search(r"```text\n(whichdevice .*?)```", text, re.S)
+    assert synopsis is not None
+    named = set(re.findall(r"--[a-z][a-z-]*", synopsis.group(1)))
+    assert sorted(options - named) == []
+    assert all(re.search(rf"^whichdevice \[?{c}\b", synopsis.group(1), re.M) for c in commands)
