@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
-from whichdevice.model.adapter import adapter_base_name, missing_base
+from whichdevice.model.adapter import ADAPTER_CONFIG, adapter_base_name, missing_base
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
@@ -274,13 +274,14 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
         raise _damaged(path, f"tensor {name!r}: shape {shape} does not match its {offsets[1] - offsets[0]} bytes")
 
 
-def resolve_model_path(model: str | os.PathLike[str]) -> Path:
-    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads)."""
+def resolve_model_path(model: str | os.PathLike[str], *, adapter: bool = True) -> Path:
+    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads);
+    a PEFT adapter folder resolves to its base model's unless ``adapter`` is False."""
     text = str(model)
     if not text.strip():
         raise DeviceError(f"model={model!r} is empty; pass a local folder, a cached model id or a config")
     try:
-        return _local_or_cached(model, text)
+        return _local_or_cached(model, text, adapter=adapter)
     except DeviceError:
         raise
     except (OSError, ValueError) as exc:  # ENAMETOOLONG, EACCES on a parent folder, a NUL in the name
@@ -291,18 +292,13 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
         ) from None
 
 
-def _local_or_cached(model: str | os.PathLike[str], text: str) -> Path:
+def _local_or_cached(model: str | os.PathLike[str], text: str, *, adapter: bool = True) -> Path:
     path = Path(model).expanduser()
     check_link(path, file=path.suffix == ".safetensors")
     if path.exists():
         # A PEFT adapter folder is sized, placed and loaded as the base model it names.
-        base = adapter_base_name(path)
-        if base is None:
-            return path
-        try:
-            return resolve_model_path(base)
-        except DeviceError:
-            raise missing_base(path, base) from None
+        base = adapter_base_name(path) if adapter else None
+        return path if base is None else _adapter_base(path, base)
     hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) is not None and not text.startswith((".", "/"))
     if hub_id:
         try:
@@ -319,6 +315,39 @@ def _local_or_cached(model: str | os.PathLike[str], text: str) -> Path:
         f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
         f"whichdevice never downloads, so pass a local path{fetch} or a config (transformers.AutoConfig)"
     )
+
+
+def _adapter_base(adapter: Path, base: str) -> Path:
+    """The base model folder an adapter's ``base_model_name_or_path`` names, checked to be a model.
+
+    transformers follows one adapter to its base and loads that as a model (AutoModel*.from_pretrained,
+    models/auto/auto_factory.py, "base_model_name_or_path", 5.25): a base that is an adapter in turn
+    (a chain, or a cycle back) cannot load, and a folder without config.json or weights is not a model,
+    whatever the adapter claims. Both are the adapter config's fault, so the error names that file.
+    """
+    claim = f"{adapter / ADAPTER_CONFIG} names {base!r} as its base model (base_model_name_or_path)"
+    try:
+        found = resolve_model_path(base, adapter=False)
+    except DeviceError:
+        raise missing_base(adapter, base) from None
+    fix = (
+        f"set base_model_name_or_path in {adapter / ADAPTER_CONFIG} to the base model's folder or Hub id, "
+        "or pass model=<the base model's folder>"
+    )
+    if found.is_dir():
+        onward = adapter_base_name(found)
+        if onward is not None:
+            back = Path(onward).expanduser().resolve() == adapter.resolve()
+            raise DamagedModelError(
+                f"{claim}, which is a PEFT adapter too: {found / ADAPTER_CONFIG} names {onward!r}"
+                + (" back, a cycle" if back else "")
+                + f". transformers loads an adapter's base as a model and follows no second adapter; {fix}"
+            )
+        if not any(e.name == "config.json" or e.name.endswith((".safetensors", ".bin")) for e in found.iterdir()):
+            raise DamagedModelError(
+                f"{claim}, which is {found}: a folder with no config.json and no weights, not a model; {fix}"
+            )
+    return found
 
 
 def _inside_snapshots(found: Path) -> Path:
