@@ -20,7 +20,7 @@ from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 from whichdevice.attention.kernels import decide_kernels
 from whichdevice.core.dtypes import from_short
-from whichdevice.core.envview import pinned
+from whichdevice.core.envview import import_side_effects_undone, pinned
 from whichdevice.core.job import Job
 from whichdevice.core.packages import transformers_problem
 from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
@@ -132,7 +132,8 @@ def resolve_device(
         if cached is not None:
             return _attention_registered(cast(Resolution, cached))
     # Resolved under the reading the key was made from: another thread's change lands in the next key.
-    with pinned(environment_mapping(environment)):
+    # Reading model= may import the architecture's module, which sets TORCHINDUCTOR_CACHE_DIR: undone.
+    with pinned(environment_mapping(environment)), import_side_effects_undone():
         res = _resolve(args)
     if key is not None:
         store.resolutions[key] = res

@@ -7,6 +7,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.core.envview import IMPORT_SIDE_EFFECTS, import_side_effects_undone
 from whichdevice.core.errors import (
     ArgumentsClassError,
     ConfigConflictError,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from whichdevice.resolve.resolver import Resolution
 
 __all__ = [
+    "IMPORT_SIDE_EFFECTS",
     "MIN_TRANSFORMERS",
     "ArgumentsClassError",
     "check_resolution",
@@ -226,20 +228,10 @@ def _check_switches(cls: type[TrainingArguments], kwargs: dict[str, Any]) -> Non
             check_flag(value, field.name)
 
 
-# Variables an import of transformers' TrainingArguments sets as a side effect: it imports peft,
-# which imports bitsandbytes, whose torch.compile decorators make torch._inductor write its cache
-# folder into os.environ (torch/_inductor/runtime/cache_dir_utils.py, cache_dir()). The value is a
-# default torch derives again whenever it needs one, so whichdevice leaves the variable as it was.
-IMPORT_SIDE_EFFECTS = ("TORCHINDUCTOR_CACHE_DIR",)
-
-
 def training_arguments_type() -> type[TrainingArguments]:
     """``transformers.TrainingArguments``, imported without leaving :data:`IMPORT_SIDE_EFFECTS` set."""
-    unset = [name for name in IMPORT_SIDE_EFFECTS if name not in os.environ]
-    from transformers import TrainingArguments
-
-    for name in unset:
-        os.environ.pop(name, None)
+    with import_side_effects_undone():
+        from transformers import TrainingArguments
     return TrainingArguments
 
 
