@@ -371,6 +371,22 @@ def test_use_cpu_false_on_a_cpu_only_machine_is_accepted_and_said(tmp_path):
         wd.training_arguments(str(tmp_path), device="cpu", use_cpu=False)
 
 
+@pytest.mark.usefixtures("restore_accelerate_variables")
+@pytest.mark.parametrize("spec", ["cpu,flags=", "cuda:1"])
+def test_use_cpu_false_under_accelerate_use_cpu_trains_on_the_cpu_as_plain_training_arguments_does(
+    tmp_path, monkeypatch, spec
+):
+    # TrainingArguments trains on the CPU when use_cpu or ACCELERATE_USE_CPU says so (training_args.py,
+    # _setup_devices): use_cpu=False does not contradict the variable, which whichdevice followed.
+    from transformers import TrainingArguments
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    plain = TrainingArguments(str(tmp_path), use_cpu=False, report_to=[])
+    with simulate(spec), pytest.warns(UserWarning, match="use_cpu=False kept: ACCELERATE_USE_CPU='1' makes"):
+        args = wd.training_arguments(str(tmp_path), use_cpu=False, report_to=[])
+    assert args.device.type == plain.device.type == "cpu" and args.use_cpu is False
+
+
 def test_fp16_weights_under_fp16_mixed_precision_are_warned(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -16,7 +16,12 @@ from whichdevice.core.errors import (
 )
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
-from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
+from whichdevice.launch.accelerate_settings import (
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    AccelerateSettings,
+    read_accelerate_settings,
+)
 from whichdevice.launch.checks import check_training_launch, checked_when_resolved
 from whichdevice.launch.leftovers import launch_leftovers, refuse_accelerate_device, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
@@ -90,7 +95,9 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     check_compile_backend(backend, user.get("torch_compile_backend"))
     check_compile_mode(backend, res.probe.features, user.get("torch_compile"))
     # use_cpu is TrainingArguments' switch for the CPU itself; use_cpu=False on the CPU: cpu_switch_off.
-    if user.get("use_cpu") is False and name == "cpu" and res.source != "detection":
+    # ACCELERATE_USE_CPU is not a choice of device that use_cpu=False contradicts: TrainingArguments
+    # trains on the CPU when either says so (training_args.py, _setup_devices).
+    if user.get("use_cpu") is False and name == "cpu" and res.source not in ("detection", ENV_USE_CPU):
         raise ConfigConflictError(
             f"use_cpu=False contradicts the device {res.device} ({res.source}); leave one of them out"
         )
@@ -173,7 +180,12 @@ def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSetting
     else:
         filled.update(_precision_flags(res, filled, settings))
     if kwargs.get("use_cpu") is False and res.backend.name == "cpu":
-        filled, note = cpu_switch_off(res.backend, kwargs, filled)
+        why = (
+            f"{ENV_USE_CPU}={settings.use_cpu!r} makes TrainingArguments train on the CPU whatever use_cpu says"
+            if settings.cpu_forced
+            else "this machine has no usable accelerator"
+        )
+        filled, note = cpu_switch_off(res.backend, kwargs, filled, why)
         warnings.warn(note, stacklevel=3)
     return filled
 
