@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import whichdevice as wd
@@ -32,10 +34,16 @@ def test_user_kwargs_are_never_overridden(tmp_path):
 
 
 def test_bf16_on_a_cpu_without_native_bf16_runs_with_a_warning(tmp_path):
-    """It works, slowly: the user's choice is kept and the measured cost is said, not refused."""
-    with simulate("cpu,flags="), pytest.warns(UserWarning, match="runs, slowly.*0.30x"):
+    """It works, slowly: the user's choice is kept and this CPU's own measured cost is said, not refused."""
+    measured = r"measured on this CPU \(whichdevice's calibration\): a prompt-sized bf16 matmul runs at 0.03x"
+    with simulate("cpu,flags=,calib=bf16.prompt:0.0306"), pytest.warns(UserWarning, match=measured) as caught:
         args = wd.training_arguments(output_dir=str(tmp_path), bf16=True, report_to=[])
     assert args.bf16 is True and args.fp16 is False
+    assert "(32.7x the time)" in str(caught[0].message)
+    # Not calibrated: no figure from another machine, but where to measure one.
+    with simulate("cpu,flags="), pytest.warns(UserWarning, match="not measured on this CPU") as caught:
+        wd.training_arguments(output_dir=str(tmp_path), bf16=True, report_to=[])
+    assert not re.search(r"\d\.\d+x", str(caught[0].message))
 
 
 @pytest.mark.parametrize(

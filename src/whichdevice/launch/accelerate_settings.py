@@ -89,9 +89,11 @@ class AccelerateSettings:
         """The mixed precision accelerate was told to use: "bf16", "fp16", "fp8", or None.
 
         "no" counts as not told: ``accelerate launch`` exports it whenever neither its flag nor
-        the config file names a precision, so it is accelerate's default, not a choice.
+        the config file names a precision, so it is accelerate's default, not a choice. A value is
+        taken exactly as accelerate's Accelerator takes it (``mixed_precision not in PrecisionType``
+        raises for "BF16" or " bf16 "): such a value is one of :meth:`problems`, never followed.
         """
-        value = (self.mixed_precision or "").strip().lower()
+        value = self.mixed_precision
         return value if value in PRECISIONS and value != "no" else None
 
     def launch_exports(self, key: str) -> str:
@@ -108,11 +110,11 @@ class AccelerateSettings:
                 f"{ENV_USE_CPU}={self.use_cpu!r} is not a truth value: TrainingArguments and accelerate "
                 f"raise ValueError on it; set it to 1 or 0, or unset it"
             )
-        value = (self.mixed_precision or "").strip().lower()
-        if self.mixed_precision is not None and value not in PRECISIONS:
+        if self.mixed_precision is not None and self.mixed_precision not in PRECISIONS:
             out.append(
-                f"{ENV_MIXED_PRECISION}={self.mixed_precision!r} is not one of {', '.join(PRECISIONS)}: "
-                "accelerate's Accelerator raises on it; fix or unset it"
+                f"{ENV_MIXED_PRECISION}={self.mixed_precision!r} is not one of {', '.join(PRECISIONS)}, spelled "
+                "exactly so: accelerate's Accelerator raises 'Unknown mixed_precision mode' on it (accelerate "
+                "launch exports the lower-case word); fix or unset it"
             )
         return out
 

@@ -73,7 +73,7 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     name = backend.name
     # A flag that cannot run here is refused; one that runs at a cost (bf16 emulated on this CPU) is
     # the user's to take, with the measured cost said.
-    for message in precision_conflicts(backend, res.probe, res.device, user):
+    for message in precision_conflicts(backend, res.probe, res.device, user, _cpu_calibration(res, user)):
         warnings.warn(message, stacklevel=_caller_stacklevel())
     ddp = user.get("ddp_backend")
     if ddp is not None:
@@ -106,6 +106,16 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
             f"use_cpu=True contradicts the device {res.device} ({res.source}); leave device out "
             "(use_cpu=True then resolves to the CPU) or pass device='cpu'"
         )
+
+
+def _cpu_calibration(res: Resolution, user: dict[str, Any]) -> Any:
+    """This CPU's cached calibration, for a warning about the user's bf16/fp16 flag to quote (None: not
+    calibrated, or not the CPU); never measured for a warning."""
+    if res.backend.name != "cpu" or not any(user.get(f) for f in ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval")):
+        return None
+    from whichdevice.hardware.calibration import calibration
+
+    return calibration(measure=False)[0]
 
 
 def training_arguments(
