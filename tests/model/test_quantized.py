@@ -294,3 +294,33 @@ def test_an_adapter_whose_base_is_no_model_folder_is_named_as_the_adapters_claim
     said = str(err.value)
     assert "names '../../etc' as its base model" in said and "not a model" in said
     assert "incomplete download" not in said and "--force-download" not in said
+
+
+@pytest.mark.parametrize("spec", [None, "cpu,flags=avx512_bf16", "cpu,flags="])
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_a_4bit_checkpoint_announces_the_compute_dtype_and_weights_it_loads_with(tmp_path, spec, stored):
+    """A pre-quantized bitsandbytes checkpoint keeps its saved bnb_4bit_compute_dtype and its stored float
+    weights whatever dtype= says: what the trace announces is read back from the loaded model."""
+    import contextlib
+
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    base = save_tiny_llama(tmp_path / "base", dtype=stored, tokenizer=False)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    AutoModelForCausalLM.from_pretrained(base, dtype=stored, quantization_config=config, device_map="cpu") \
+        .save_pretrained(tmp_path / "bnb4")  # fmt: skip
+    with simulate(spec) if spec else contextlib.nullcontext():
+        res = wd.resolve_device(model=str(tmp_path / "bnb4"))
+    said = _messages(res)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bnb4", **res.model_kwargs())
+    layer = next(m for m in loaded.modules() if isinstance(m, bnb.nn.Linear4bit))
+    assert f"its 4-bit layers compute in {str(layer.compute_dtype).removeprefix('torch.')}" in said
+    assert res.dtype == loaded.model.embed_tokens.weight.dtype == loaded.model.norm.weight.dtype == stored
+    assert "downcast" not in said
+    if not wd.probe("cpu").devices[0].bf16 if spec is None else spec.endswith("="):
+        assert "the 4-bit layers compute in bfloat16, which is slow here" in said
+    if spec is None:
+        # dtype= asked for is not what loads: said, and what is handed over is what loads.
+        asked = wd.resolve_device(model=str(tmp_path / "bnb4"), dtype="float16")
+        assert "dtype='float16' does not apply here" in _messages(asked) and asked.dtype == stored

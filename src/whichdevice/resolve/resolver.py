@@ -170,10 +170,14 @@ def _resolve(args: Arguments) -> Resolution:
     calibration = trace.take(_calibration(backend, args))
     checkpoint = model.checkpoint if model is not None else None
     measured = (calibration, job) if calibration is not None else None
-    precision = trace.take(decide_precision(backend, result, args.dtype, args.task, checkpoint, measured))
+    # A checkpoint from_pretrained loads as stored whatever dtype= says (bitsandbytes) is decided as
+    # dtype=None, "left to transformers", which is what runs; _follow_compute_dtype says what that is.
+    kept = quant is not None and not dequantize and quant.loads_as_stored
+    asked = None if kept else args.dtype
+    precision = trace.take(decide_precision(backend, result, asked, args.task, checkpoint, measured))
     if quant is not None and not dequantize:
         precision = precision._replace(
-            weights=trace.take(_follow_compute_dtype(quant, backend, result, precision.weights, args.dtype))
+            weights=trace.take(_follow_compute_dtype(quant, backend, result, precision.weights, args.dtype, model))
         )
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
@@ -261,11 +265,17 @@ def _prequantized(
 
 
 def _follow_compute_dtype(
-    quant: CheckpointQuantization, backend: Backend, result: ProbeResult, dtype: str | None, asked: Any
+    quant: CheckpointQuantization,
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    asked: Any,
+    model: ModelFacts | None,
 ) -> tuple[str | None, list[TraceStep]]:
     from whichdevice.memory.prequantized import follow_compute_dtype
 
-    return follow_compute_dtype(quant, backend, result, dtype, asked)
+    stored = model.checkpoint.dtype if model is not None else None
+    return follow_compute_dtype(quant, backend, result, dtype, asked, stored)
 
 
 def _read_model(model: Any) -> ModelFacts | None:
