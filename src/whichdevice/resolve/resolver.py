@@ -55,6 +55,7 @@ from whichdevice.resolve.resolution import Resolution, check_device_map
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
+    from whichdevice.launch.launch_strategy import LaunchStrategy
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
@@ -185,7 +186,9 @@ def _resolve(args: Arguments) -> Resolution:
         choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
-    placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job))
+    placed = trace.take(
+        _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy)
+    )
     dtype = placed.dtype or dtype
     if parallel or placed.plan is not None:
         from whichdevice.memory.training_placement import trainer_parallel_steps
@@ -201,7 +204,8 @@ def _resolve(args: Arguments) -> Resolution:
     loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
     static_cache = trace.take(static_cache_step(backend, result, args.task, model, job, loaded=loaded))
     trace.extend(launch_steps(backend, dist))
-    trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
+    mixed = precision.mixed if args.task == "training" else None
+    trace.extend(settings_steps(accelerate, args.task, backend, mixed, dist.launcher if dist else None))
     return Resolution(
         device=device,
         backend=backend,
@@ -355,8 +359,10 @@ def _placement(
     args: Arguments,
     model: ModelFacts | None,
     job: Job,
+    launched: LaunchStrategy | None = None,
 ) -> tuple[_Placed, list[TraceStep]]:
-    """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
+    """device_map and max_memory: as asked, sized to the model, or the whole model on the device
+    (``launched``: the FSDP/DeepSpeed strategy the launch carries, sized as launched)."""
     if args.max_memory is not None:
         check_memory_devices(args.max_memory, backend, result)
     if args.device_map is not None:
@@ -375,7 +381,7 @@ def _placement(
         dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
         sized: list[TraceStep] = []
         done, plan, loads, limits = place_training(
-            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job
+            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job, launched
         )
         return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
     return _Placed(device), [
