@@ -279,7 +279,8 @@ def test_the_config_accelerate_launch_reads_is_reported(tmp_path, monkeypatch):
         "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\nuse_cpu: false\n"
     )
     trace = wd.resolve_device(task="training").explain()
-    assert str(config) in trace and "mixed_precision: bf16" in trace and "plain `python` ignores it" in trace
+    assert str(config) in trace and "mixed_precision: bf16" in trace
+    assert "this process was started by plain `python`, which ignores it" in trace
     entries = {e["name"]: e for e in report.gather()["environment"]}
     assert (
         f"`accelerate launch` sets it from {config} (mixed_precision: bf16)"
@@ -443,3 +444,57 @@ def test_training_arguments_leaves_the_environment_as_it_was(preset: str | None)
         [sys.executable, "-c", _ENVIRONMENT_AFTER], env=env, capture_output=True, text=True, timeout=300, check=True
     )
     assert json.loads(done.stdout.splitlines()[-1]) == {}
+
+
+# ------------------------------------------------------------------------- one plan, one path (issue 44)
+
+
+def _llama_8b():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)  # fmt: skip
+
+
+def _would_build(**call) -> dict:
+    """The keywords training_arguments() would build with under simulate() (SimulatedTrainingError.kwargs)."""
+    with pytest.raises(SimulatedTrainingError) as err:
+        wd.training_arguments("out", report_to=[], **call)
+    return err.value.kwargs
+
+
+@pytest.mark.parametrize("launch", [None, "ZeRO-3"])
+def test_training_arguments_with_model_makes_the_plan_resolve_device_makes(monkeypatch, launch):
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none").items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    if launch:
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    config = _llama_8b()
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        direct = _would_build(model=config)
+        res = wd.resolve_device(model=config, task="training")
+        via = _would_build(resolution=res)
+    assert direct == via == {**res.training_kwargs(), "output_dir": "out", "report_to": []}
+    # Under torchrun whichdevice plans the strategy; under the launch's ZeRO-3 it passes none over it.
+    assert ("deepspeed" in direct or "fsdp" in direct) == (launch is None)
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_training_arguments_with_a_loaded_model_reads_its_config(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "model", tokenizer=False)
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    by_path = wd.training_arguments(str(tmp_path / "a"), model=str(folder), report_to=[])
+    by_model = wd.training_arguments(str(tmp_path / "b"), model=loaded, report_to=[])
+    by_res = wd.training_arguments(
+        str(tmp_path / "c"), resolution=wd.resolve_device(model=str(folder), task="training"), report_to=[]
+    )
+    keys = ("use_cpu", "bf16", "fp16", "ddp_backend", "fsdp", "deepspeed")
+    assert [{k: getattr(a, k) for k in keys} for a in (by_model, by_res)] == [
+        {k: getattr(by_path, k) for k in keys}
+    ] * 2

@@ -40,7 +40,7 @@ __all__ = [
 # Major: a field removed or changed meaning (consumers must adapt); minor: fields added.
 # 1.1: the report's ``replay`` section and ``simulation.report`` (whichdevice --simulate-report).
 # 1.2: a smoke step's ``import_notes`` (what other packages logged while being imported).
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 
 # The packages whose versions decide how a Transformers program picks its device.
 VERSION_PACKAGES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels")

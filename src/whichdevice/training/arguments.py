@@ -137,9 +137,11 @@ def training_arguments(
     settings you left out, and raises ``DeviceError`` before construction when one of yours
     conflicts with the hardware. ``use_cpu=True`` trains on the CPU. ``ACCELERATE_MIXED_PRECISION``
     (which ``accelerate launch`` exports from its config) is followed when it can run here, and
-    refused when it cannot. ``model``: the model you will train; fp16 weights under ``fp16=True`` are
-    warned about (the first step would fail). Accelerate's global state is left as found: if you configured an
-    ``Accelerator``/``PartialState`` first, it is reused
+    refused when it cannot. ``model``: the model you will train (a path, a config, or the loaded model,
+    whose config is read): the resolution is then the one ``resolve_device(model=..., task="training")``
+    makes, with its strategy's keywords (``fsdp=``/``deepspeed=`` under a launch), and fp16 weights under
+    ``fp16=True`` are warned about (the first step would fail). Accelerate's global state is left as
+    found: if you configured an ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
     # A vendor import that hung or crashed in a probe would hang (or crash) transformers too.
@@ -154,10 +156,14 @@ def training_arguments(
 
     if device is None and resolution is None and kwargs.get("use_cpu"):
         device = "cpu"  # TrainingArguments' own switch for the CPU: resolve for it, not against it
+    # One plan, one path: with model= the resolution is the one resolve_device(model=..., task="training")
+    # makes, so its strategy keywords (fsdp=, deepspeed=) are the same whichever way the user came in.
     res = (
         resolution
         if resolution is not None
-        else resolve_device(device, task="training", torch_compile=bool(kwargs.get("torch_compile")))
+        else resolve_device(
+            device, task="training", model=_planned(model), torch_compile=bool(kwargs.get("torch_compile"))
+        )
     )
     # accelerate's settings as the resolution read them: read again only for one built by hand.
     settings = res.accelerate if res.accelerate is not None else read_accelerate_settings()
@@ -174,6 +180,17 @@ def training_arguments(
     if "accelerator_config" not in kwargs and _accelerate_state_configured():
         final["accelerator_config"] = {"use_configured_state": True}
     return _build(cls, res, final, model)
+
+
+def _planned(model: Any) -> Any:
+    """What of ``model`` resolve_device(model=) reads: a path or config as given, a loaded model's config
+    (a PreTrainedModel, a peft model: ``.config``); None for anything else (then the plan is made without it)."""
+    from whichdevice.model.files import is_config_object
+
+    if model is None or isinstance(model, (str, os.PathLike)) or is_config_object(model):
+        return model
+    config = getattr(model, "config", None)
+    return config if is_config_object(config) else None
 
 
 def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSettings) -> dict[str, Any]:
