@@ -242,7 +242,11 @@ def _without_flash(
     # Read only here: everywhere else the architecture does not change the answer.
     model_type = model.model_type if model is not None else None
     # benchmarks/attention.py (AMD EPYC, torch 2.13): 6-16x, 160 to 4,096 cached tokens, batch 1 and 4.
-    faster = f"torch's fused CPU kernel called one query row per head took 6-16x as long for a {dtype} step"
+    # Not this CPU's figure: said as the benchmark's, until this CPU's calibration replaces it below.
+    faster = (
+        f"torch's fused CPU kernel called one query row per head took 6-16x as long for a {dtype} step in "
+        "benchmarks/attention.py on an AMD EPYC (not measured on this CPU)"
+    )
     if measured is not None:
         from whichdevice.precision.measured import measured_attention
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
-from whichdevice.model.adapter import ADAPTER_CONFIG, adapter_base_name, missing_base
+from whichdevice.model.adapter import adapter_base_name, checked_base
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
@@ -298,7 +298,7 @@ def _local_or_cached(model: str | os.PathLike[str], text: str, *, adapter: bool 
     if path.exists():
         # A PEFT adapter folder is sized, placed and loaded as the base model it names.
         base = adapter_base_name(path) if adapter else None
-        return path if base is None else _adapter_base(path, base)
+        return path if base is None else checked_base(path, base, lambda name: resolve_model_path(name, adapter=False))
     hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) is not None and not text.startswith((".", "/"))
     if hub_id:
         try:
@@ -315,39 +315,6 @@ def _local_or_cached(model: str | os.PathLike[str], text: str, *, adapter: bool 
         f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
         f"whichdevice never downloads, so pass a local path{fetch} or a config (transformers.AutoConfig)"
     )
-
-
-def _adapter_base(adapter: Path, base: str) -> Path:
-    """The base model folder an adapter's ``base_model_name_or_path`` names, checked to be a model.
-
-    transformers follows one adapter to its base and loads that as a model (AutoModel*.from_pretrained,
-    models/auto/auto_factory.py, "base_model_name_or_path", 5.25): a base that is an adapter in turn
-    (a chain, or a cycle back) cannot load, and a folder without config.json or weights is not a model,
-    whatever the adapter claims. Both are the adapter config's fault, so the error names that file.
-    """
-    claim = f"{adapter / ADAPTER_CONFIG} names {base!r} as its base model (base_model_name_or_path)"
-    try:
-        found = resolve_model_path(base, adapter=False)
-    except DeviceError:
-        raise missing_base(adapter, base) from None
-    fix = (
-        f"set base_model_name_or_path in {adapter / ADAPTER_CONFIG} to the base model's folder or Hub id, "
-        "or pass model=<the base model's folder>"
-    )
-    if found.is_dir():
-        onward = adapter_base_name(found)
-        if onward is not None:
-            back = Path(onward).expanduser().resolve() == adapter.resolve()
-            raise DamagedModelError(
-                f"{claim}, which is a PEFT adapter too: {found / ADAPTER_CONFIG} names {onward!r}"
-                + (" back, a cycle" if back else "")
-                + f". transformers loads an adapter's base as a model and follows no second adapter; {fix}"
-            )
-        if not any(e.name == "config.json" or e.name.endswith((".safetensors", ".bin")) for e in found.iterdir()):
-            raise DamagedModelError(
-                f"{claim}, which is {found}: a folder with no config.json and no weights, not a model; {fix}"
-            )
-    return found
 
 
 def _inside_snapshots(found: Path) -> Path:
