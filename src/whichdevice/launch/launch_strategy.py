@@ -1,24 +1,25 @@
 """The training strategy the launch carries: accelerate's FSDP or DeepSpeed settings, read as Trainer reads them.
 
 ``accelerate launch`` turns its config file (``--config_file``, else the default one) and flags into
-variables of each process it starts (accelerate 1.16 utils/launch.py, ``prepare_multi_gpu_env`` and
-``prepare_deepspeed_cmd_env``), and transformers and accelerate build the strategy from them when no
-keyword says otherwise:
+variables of each process it starts (accelerate 1.16 utils/launch.py:277-305, ``prepare_multi_gpu_env``,
+and :526-541, ``prepare_deepspeed_cmd_env``), and transformers and accelerate build the strategy from
+them when no keyword says otherwise (installed files, transformers 5.25 and accelerate 1.16):
 
 - DeepSpeed: ``TrainingArguments.__post_init__`` builds ``DeepSpeedPlugin()`` from the variables only
-  when ``deepspeed=`` is not passed (transformers 5.25 training_args.py, "12. DeepSpeed": ``if
-  self.deepspeed: ... elif strtobool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false"))``), so a
-  ``deepspeed=`` keyword replaces the launch's stage. The plugin takes
-  ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (default 2), the offload devices, or the JSON file
-  ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` names, whose own values win where they are not "auto"
-  (accelerate utils/dataclasses.py, ``DeepSpeedPlugin.__post_init__``, ``fill_match``).
+  when ``deepspeed=`` is not passed (transformers/training_args.py:1705-1720: ``if self.deepspeed: ...
+  elif strtobool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false"))``), so a ``deepspeed=`` keyword
+  replaces the launch's stage. The plugin takes ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (default 2), the
+  offload devices, or the JSON file ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` names, whose own values win
+  where they are not "auto" (accelerate/utils/dataclasses.py:1131-1195, ``DeepSpeedPlugin.__post_init__``,
+  ``fill_match``).
 - FSDP: Trainer builds ``FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`` only when ``fsdp=``
-  is passed (trainer.py, ``create_accelerator_and_postprocess``); otherwise ``Accelerator`` builds
-  it from ``ACCELERATE_USE_FSDP`` (``.lower() == "true"``, accelerator.py) and the ``FSDP_*``
-  variables (``FullyShardedDataParallelPlugin.__post_init__``). An ``fsdp_config=`` of ours would
-  override the launch's version and resharding.
-- ``AcceleratorState`` checks DeepSpeed first, and neither on CPU processes (state.py: DeepSpeed
-  "and not cpu"; FSDP only for the MULTI_GPU/XPU/NPU/HPU/... types): both are ignored there.
+  is passed (transformers/trainer.py:851-855); otherwise ``Accelerator`` builds it from
+  ``ACCELERATE_USE_FSDP`` (``.lower() == "true"``, accelerate/accelerator.py:372-377) and the ``FSDP_*``
+  variables (``FullyShardedDataParallelPlugin.__post_init__``, dataclasses.py:1702-1760). An
+  ``fsdp_config=`` of ours would override the launch's version and resharding.
+- ``AcceleratorState`` checks DeepSpeed first, and neither on CPU processes (accelerate/state.py:935:
+  DeepSpeed "and not cpu"; :971, FSDP only for the MULTI_GPU/XPU/NPU/HPU/... types): both are
+  ignored there.
 
 So whichdevice reads the same variables, sizes the strategy they name, warns with the numbers where it
 does not fit, and hands over no ``fsdp``/``deepspeed`` keyword while they are set.
