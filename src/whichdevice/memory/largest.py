@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core.job import Job
+from whichdevice.core.records import TraceStep
 from whichdevice.memory.job import job_memory
 from whichdevice.model.shape import ModelShape
 
-__all__ = ["LargestFit", "largest_fit"]
+__all__ = ["LargestFit", "largest_fit", "say_limits", "whole_job_plan"]
 
 # Searched up to these; a model's own context (max_position_embeddings) caps the length first.
 _MAX_TOKENS = 1 << 24
@@ -103,3 +104,21 @@ def largest_fit(
     longest = _bisect(lambda t: fits(need(batch, t)), context or _MAX_TOKENS)
     largest_batch = _bisect(lambda b: fits(need(b, tokens)), _MAX_BATCH)
     return LargestFit(batch, tokens, longest or None, largest_batch or None, context, plan)
+
+
+def whole_job_plan(job: Job, dtype: str) -> str:
+    """The plan the whole job's limits are of (LargestFit.plan)."""
+    return "for " + ("full fine-tuning" if job.task == "training" else job.task) + f" in {dtype}"
+
+
+def say_limits(largest: LargestFit | None, trace: list[TraceStep], found: list[LargestFit] | None) -> None:
+    """Say the limits of the chosen plan in the trace, and hand them to the resolution (largest_fit()).
+
+    They are of the plan placement chooses (memory/placement.py's place_model): the whole job's where it
+    fits (or nothing does), LoRA's where LoRA is chosen; a quantized plan's are not searched, and the
+    whole job's are named as such."""
+    if largest is None:
+        return
+    trace.append(TraceStep("limits", largest.text()))
+    if found is not None:
+        found.append(largest)

@@ -13,7 +13,7 @@ from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.capacity import can_split, capacities, memory_step
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
-from whichdevice.memory.largest import LargestFit, largest_fit
+from whichdevice.memory.largest import LargestFit, largest_fit, say_limits, whole_job_plan
 from whichdevice.memory.offload import offload_placement, remedies
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.size import ModelSize
@@ -81,22 +81,17 @@ def place_model(
     if size.quantized is not None:
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
     explicit = quantize in ("4bit", "8bit")
-    # The limits are of the plan chosen below: the full job's where it fits (or nothing does), LoRA's where
-    # LoRA is chosen; a quantized plan's are not searched, and the full job's are named as such.
-    full = "for " + ("full fine-tuning" if job.task == "training" else job.task) + f" in {dtype}"
-    largest = None if explicit else _largest(model, fit, job, dtype, weights, [], None, plan=full)
+    largest = None if explicit else _largest(model, fit, job, dtype, weights, [], None, plan=whole_job_plan(job, dtype))
     does_not_fit: str | None = None
     if not explicit:
         placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
-            _found(largest, trace, limits)
-            trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
-            return placement.device_map, placement.max_memory, None, None
+            return _placed(placement, largest, trace, limits)
         does_not_fit = f"in {dtype}, {placement.note}"
         adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace, limits)
         if adapters is not None:
             return adapters
-        _found(largest, trace, limits)
+        say_limits(largest, trace, limits)
         if job.offload is not None and quantize is None:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
     try:
@@ -148,17 +143,15 @@ def _largest(
     params = estimate_model_size(model).parameters
     fits = lambda extra: replace(fit, extra=extra).plan(weights).fits  # noqa: E731
     largest = largest_fit(shape, params, job, dtype, fits, trainable=trainable, plan=plan)
-    _found(largest, trace, found)
+    say_limits(largest, trace, found)
     return largest
 
 
-def _found(largest: LargestFit | None, trace: list[TraceStep], found: list[LargestFit] | None) -> None:
-    """Say the limits of the chosen plan in the trace, and hand them to the resolution (largest_fit())."""
-    if largest is None:
-        return
-    trace.append(TraceStep("limits", largest.text()))
-    if found is not None:
-        found.append(largest)
+def _placed(placement: Placement, largest: LargestFit | None, trace: list[TraceStep], limits: Any) -> Placed:
+    """The whole job fits: its limits and its placement, said."""
+    say_limits(largest, trace, limits)
+    trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+    return placement.device_map, placement.max_memory, None, None
 
 
 def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:

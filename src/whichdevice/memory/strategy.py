@@ -37,7 +37,7 @@ changes the result, so they come last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.sizes import format_bytes
@@ -204,33 +204,20 @@ def plan_strategies(
 ) -> TrainingPlan:
     """Size every strategy for ``devices`` devices of ``budget`` bytes each and choose the first that fits.
 
-    ``full`` and ``adapters`` are job_memory()'s terms for full training and for LoRA adapters
-    (per device: the per-device batch); ``qlora_base`` the 4-bit weights' bytes; ``no_fsdp`` says
-    why FSDP cannot run here, ``no_qlora`` why QLoRA may not (None where they can);
-    ``largest_module`` the parameters of the module with the most of its own (DeepSpeed's largest
-    layer; default: one decoder layer's largest matrix or the embedding). ``launched``: the strategy
-    the launch carries, sized as launched and chosen fit or not (``local_devices``: ranks per node,
-    for FSDP's hybrid sharding).
+    ``full`` and ``adapters`` are job_memory()'s terms for full training and for LoRA adapters (per
+    device: the per-device batch); ``qlora_base`` the 4-bit weights' bytes; ``no_*`` why a strategy
+    cannot run here (None where it can); ``largest_module`` DeepSpeed's largest layer (the module with
+    the most parameters of its own); ``launched`` the strategy the launch carries, sized as launched
+    and chosen fit or not (``local_devices``: ranks per node, for FSDP's hybrid sharding).
     """
     w, c, n = _ITEMSIZE.get(dtype, 4), _ITEMSIZE.get(compute_dtype, 4), max(devices, 1)
     weights, grads, optim = params * w, _term(full, "gradients"), _term(full, "optimizer state")
     act = _term(full, "activations") + _term(full, "workspace")
-    layer = layer_parameters(shape) if shape else params
-    root = max(0, params - layer * shape.layers) if shape else 0
-    # FSDP2 gathers the root unit (embeddings, head) and prefetches the next layer while one computes, in the
-    # compute dtype; in backward a unit's unsharded gradients (in w) are copied into one flat reduce-scatter
-    # buffer (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce): two copies.
-    gathered = (root + 2 * layer) * c + 2 * max(root, layer) * w
-    units = f"(root {root / 1e6:.0f}M + 2 x layer {layer / 1e6:.0f}M params) x {c} + 2 x largest unit's G"
+    gathered, units = _fsdp_gathered(shape, params, c, w)
     missing = no_deepspeed or (None if deepspeed else "deepspeed is not installed (pip install deepspeed)")
     state = weights + grads + optim
-    base = params * c
     buckets = grads if n > 1 else 0  # DDP's bucket copy of the gradients; no DDP in one process
-    small = adapters.bytes - _term(adapters, "activations") - _term(adapters, "workspace")
-    adapter_weights = int(params * ADAPTER_FRACTION) * 4
     a = f"A {_b(act)}"
-    lora_extra = small + (_term(adapters, "gradients") if n > 1 else 0)  # the adapters' DDP buckets
-    adapters_said = f"adapters {_b(adapter_weights)} + their G and O"
     largest = largest_module or (_largest_matrix(shape) if shape else params)
     zero2, _, zero2_said = deepspeed_model_states(2, params, largest, n)
     zero3, _, zero3_said = deepspeed_model_states(3, params, largest, n)
@@ -241,21 +228,57 @@ def plan_strategies(
         ("fsdp", state // n + gathered + act, f"(W + G + O) {_b(state)} / {n} + gathered {units} + {a}", no_fsdp, 0),
         ("zero3", zero3 + act, f"DeepSpeed's {zero3_said} {_b(zero3)} + {a}", missing, 0),
         ("fsdp_offload", gathered + act, f"gathered {units} + {a}; CPU holds W + G + O {_b(state)}", no_fsdp, state),
-        ("lora", base + adapter_weights + lora_extra + act,
-         f"base {_b(base)} in {compute_dtype} + {adapters_said} + {a}", None, 0),
-        ("qlora", qlora_base + adapter_weights + lora_extra + act,
-         f"4-bit base {_b(qlora_base)} + {adapters_said} + {a}", no_qlora, 0),
+        *_adapter_rows(adapters, params, params * c, compute_dtype, qlora_base, n, act, no_qlora),
     ]  # fmt: skip
     strategies = tuple(_judged(*row, budget, cpu_memory) for row in rows)
-    if launched is not None:
-        sizes = _Sizes(params, largest, n, local_devices or n, weights, grads, optim, act, gathered, c, units, a)
-        row = _launched_row(launched, sizes, missing, no_fsdp)
-        mine = _judged(*row, budget, cpu_memory)
-        mine = Strategy(mine.key, mine.per_device, mine.formula, mine.fits, mine.unavailable, mine.cpu_bytes,
-                        f"{launched.name} (the launch's)")  # fmt: skip
-        return TrainingPlan(n, budget, (mine, *strategies), layer_classes, mine, compute_dtype, launched=launched.said)
-    chosen = next((s for s in strategies if s.fits), None)
-    return TrainingPlan(n, budget, strategies, layer_classes, chosen, compute_dtype)
+    plan = TrainingPlan(
+        n, budget, strategies, layer_classes, next((s for s in strategies if s.fits), None), compute_dtype
+    )
+    if launched is None:
+        return plan
+    sizes = _Sizes(params, largest, n, local_devices or n, weights, grads, optim, act, gathered, c, units, a)
+    mine = _judged(*_launched_row(launched, sizes, missing, no_fsdp), budget, cpu_memory)
+    mine = replace(mine, label=f"{launched.name} (the launch's)")
+    return replace(plan, strategies=(mine, *strategies), chosen=mine, launched=launched.said)
+
+
+def _adapter_rows(
+    adapters: JobMemory,
+    params: int,
+    base: int,
+    compute_dtype: str,
+    qlora_base: int,
+    n: int,
+    act: int,
+    no_qlora: str | None,
+) -> list[tuple[str, int, str, str | None, int]]:
+    """LoRA's and QLoRA's rows: the frozen base (``base`` bytes, or the 4-bit ``qlora_base``), the adapters'
+    weights, gradients and AdamW state (with their DDP buckets on several devices) and ``act``."""
+    small = adapters.bytes - _term(adapters, "activations") - _term(adapters, "workspace")
+    adapter_weights = int(params * ADAPTER_FRACTION) * 4
+    extra = small + (_term(adapters, "gradients") if n > 1 else 0)  # the adapters' DDP buckets
+    said, a = f"adapters {_b(adapter_weights)} + their G and O", f"A {_b(act)}"
+    return [
+        ("lora", base + adapter_weights + extra + act, f"base {_b(base)} in {compute_dtype} + {said} + {a}", None, 0),
+        (
+            "qlora",
+            qlora_base + adapter_weights + extra + act,
+            f"4-bit base {_b(qlora_base)} + {said} + {a}",
+            no_qlora,
+            0,
+        ),
+    ]
+
+
+def _fsdp_gathered(shape: ModelShape | None, params: int, c: int, w: int) -> tuple[int, str]:
+    """FSDP's gathered bytes per device, and how they are said: FSDP2 gathers the root unit (embeddings,
+    head) and prefetches the next layer while one computes, in the compute dtype (``c`` bytes); in backward
+    a unit's unsharded gradients (``w`` bytes) are copied into one flat reduce-scatter buffer
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce): two copies."""
+    layer = layer_parameters(shape) if shape else params
+    root = max(0, params - layer * shape.layers) if shape else 0
+    units = f"(root {root / 1e6:.0f}M + 2 x layer {layer / 1e6:.0f}M params) x {c} + 2 x largest unit's G"
+    return (root + 2 * layer) * c + 2 * max(root, layer) * w, units
 
 
 class _Sizes(NamedTuple):

@@ -131,11 +131,10 @@ def place_training(
     if dist is not None and chosen in FULL and chosen != "ddp":
         # This rank loads the whole model where the strategy wants it; Trainer then shards it.
         where = device if chosen == "zero2" else "cpu"
-        said = "device_map" if chosen == "zero3" else f"device_map={where!r}"
-        trace.append(TraceStep("placement", f"{said}: {_loading(chosen, where, dist.world_size)}"))
+        trace.append(TraceStep("placement", _loading(chosen, where, dist.world_size)))
         return (where, None, None, None), plan, dtype, None
     sized: list[TraceStep] = []
-    limits: list[LargestFit] = []
+    limits: list[LargestFit] = []  # place_model's limits of the plan it chooses
     try:
         placed = place_model(
             model, backend, result, device, dist, dtype, max_memory, quantize, sized, job,
@@ -144,14 +143,7 @@ def place_training(
     except DoesNotFitError as err:
         if plan is None:
             raise
-        # Each strategy's total only (the formulas are in the trace): the error stays whole under its length limit.
-        table = "; ".join(
-            f"{s.name}: not considered, {s.unavailable}" if s.unavailable else f"{s.name}: {format_bytes(s.per_device)}"
-            for s in plan.strategies
-        )
-        raise DoesNotFitError(
-            f"{err}. On {plan.devices} devices, per device against {format_bytes(plan.budget)}: {table}"
-        ) from None
+        raise DoesNotFitError(f"{err}. {_totals(plan)}") from None
     trace.extend(sized)
     lora = any(s.message.startswith(LORA_STEP) for s in sized)
     if lora and compute_dtype != dtype:
@@ -191,19 +183,29 @@ def _runs(
     return None
 
 
+def _totals(plan: TrainingPlan) -> str:
+    """Each strategy's total only (the formulas are in the trace): the error stays whole under its length limit."""
+    table = "; ".join(
+        f"{s.name}: not considered, {s.unavailable}" if s.unavailable else f"{s.name}: {format_bytes(s.per_device)}"
+        for s in plan.strategies
+    )
+    return f"On {plan.devices} devices, per device against {format_bytes(plan.budget)}: {table}"
+
+
 def _loading(key: str, where: str, ranks: int) -> str:
+    """The placement line of a rank that loads for a sharding strategy."""
     if key == "zero2":
-        return "ZeRO-2 keeps the whole weights on each rank's device"
+        return f"device_map={where!r}: ZeRO-2 keeps the whole weights on each rank's device"
     if key == "zero3":
         # transformers' from_pretrained under ZeRO-3 builds the model inside deepspeed.zero.Init (set up by
         # TrainingArguments' HfDeepSpeedConfig, so build it first) and refuses a device_map: model_kwargs()
         # leaves device_map out.
         return (
-            "none passed: under ZeRO-3 from_pretrained partitions the weights over the ranks as it loads "
-            "(deepspeed.zero.Init, once TrainingArguments is built) and refuses a device_map"
+            "device_map: none passed: under ZeRO-3 from_pretrained partitions the weights over the ranks as it "
+            "loads (deepspeed.zero.Init, once TrainingArguments is built) and refuses a device_map"
         )
     return (
-        f"each of the {ranks} ranks loads the weights into CPU memory and Trainer's "
+        f"device_map={where!r}: each of the {ranks} ranks loads the weights into CPU memory and Trainer's "
         f"{'DeepSpeed ZeRO-3' if key == 'zero3' else 'FSDP'} wrapper moves its shard to the device "
         "(fsdp_config cpu_ram_efficient_loading=True loads them on rank 0 only, where CPU memory is short)"
     )

@@ -156,15 +156,8 @@ def training_arguments(
 
     if device is None and resolution is None and kwargs.get("use_cpu"):
         device = "cpu"  # TrainingArguments' own switch for the CPU: resolve for it, not against it
-    # One plan, one path: with model= the resolution is the one resolve_device(model=..., task="training")
-    # makes, so its strategy keywords (fsdp=, deepspeed=) are the same whichever way the user came in.
-    res = (
-        resolution
-        if resolution is not None
-        else resolve_device(
-            device, task="training", model=_planned(model), torch_compile=bool(kwargs.get("torch_compile"))
-        )
-    )
+    compile_ = bool(kwargs.get("torch_compile"))
+    res = resolution or resolve_device(device, task="training", model=_planned(model), torch_compile=compile_)
     # accelerate's settings as the resolution read them: read again only for one built by hand.
     settings = res.accelerate if res.accelerate is not None else read_accelerate_settings()
     problems = settings.problems()
@@ -184,7 +177,10 @@ def training_arguments(
 
 def _planned(model: Any) -> Any:
     """What of ``model`` resolve_device(model=) reads: a path or config as given, a loaded model's config
-    (a PreTrainedModel, a peft model: ``.config``); None for anything else (then the plan is made without it)."""
+    (a PreTrainedModel, a peft model: ``.config``); None for anything else (then the plan is made without it).
+
+    One plan, one path: with model= the resolution is the one resolve_device(model=..., task="training")
+    makes, so its strategy keywords (fsdp=, deepspeed=) are the same whichever way the user came in."""
     from whichdevice.model.files import is_config_object
 
     if model is None or isinstance(model, (str, os.PathLike)) or is_config_object(model):
