@@ -143,3 +143,13 @@ def test_the_config_line_does_not_say_python_ignores_it_under_accelerate_launch(
     line = next(s.message for s in res.trace if s.topic == "accelerate" and "default_config.yaml" in s.message)
     assert "`accelerate launch` started this process" in line and "zero_stage: 3" in line
     assert "ignores it" not in line
+
+
+def test_the_launchs_strategy_is_said_without_a_model_and_a_bad_stage_is_warned(launch):
+    launch("ZeRO-3", ACCELERATE_DEEPSPEED_ZERO_STAGE="three")
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        res = wd.resolve_device(task="training")
+    said = res.explain()
+    assert "the launch's variables carry DeepSpeed ZeRO-2" in said  # DeepSpeedPlugin's default stage
+    assert "ACCELERATE_DEEPSPEED_ZERO_STAGE='three' is not a ZeRO stage" in said
+    assert "deepspeed" not in res.training_kwargs()

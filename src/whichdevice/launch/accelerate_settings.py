@@ -199,6 +199,17 @@ def settings_steps(
                     "TrainingArguments(**res.training_kwargs()) overrides it with whichdevice's flags",
                 )
             )
+    launched = settings.strategy
+    if launched is not None and task == "training":
+        if launched.problem:
+            steps.append(TraceStep("warning", launched.problem))
+        steps.append(
+            TraceStep(
+                "accelerate",
+                f"the launch's variables carry {launched.name} ({launched.said}): training_kwargs() passes no "
+                "fsdp=/deepspeed= over it (with model= it is sized as launched: see the strategy lines)",
+            )
+        )
     if settings.config:
         steps.append(TraceStep("accelerate", _config_line(settings, launcher)))
     return steps
