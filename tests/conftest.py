@@ -19,6 +19,26 @@ os.environ["WHICHDEVICE_CALIBRATION"] = "off"
 
 pytest_plugins = ["pytester"]  # test_testing.py runs the simulated_hardware fixture in a session
 
+
+def _import_deepspeed_leaving_the_environment() -> None:
+    """deepspeed's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1 for good (deepspeed/__init__.py,
+    os.environ.setdefault), and accelerate imports it inside save_pretrained and unwrap_model once it is
+    installed (the test extra installs it). Imported once here with the environment put back, so the
+    leak check below still catches whichdevice's own writes of that variable."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    before = dict(os.environ)
+    import deepspeed  # noqa: F401
+
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    os.environ.update(before)
+
+
+_import_deepspeed_leaving_the_environment()
+
 # pytest rewrites PYTEST_CURRENT_TEST around every test phase; torch's inductor exports its cache
 # directory the first time a model module asks for it. Neither is whichdevice's doing.
 _IGNORED = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}

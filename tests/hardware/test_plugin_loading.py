@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 import whichdevice as wd
@@ -103,6 +104,8 @@ def test_the_report_lists_every_plugin_that_did_not_load(plugins: None) -> None:
     sources = {w["source"]: w["message"] for w in data["warnings"]}
     for entry_point in ("wdexitplug", "wdnotplug", "wdbadnameplug"):
         assert f"plugin:{entry_point}" in sources
+    # The packaged schema allows what the report writes for them.
+    jsonschema.Draft202012Validator(report.load_schema()).validate(data)
     assert "wd-not-a-backend" in report.render_text(data)
 
 

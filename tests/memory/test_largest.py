@@ -39,7 +39,7 @@ def test_a_job_that_does_not_fit_quotes_the_largest_that_would():
     with simulate("cuda:2,mem=24GiB"), pytest.raises(wd.DoesNotFitError) as err:
         wd.resolve_device(model=_llama(), batch_size=64, max_length=200_000)
     text = str(err.value)
-    assert "the largest that fit: max_length=" in text and "at batch_size=64" in text
+    assert "the largest that fit for inference in bfloat16: max_length=" in text and "at batch_size=64" in text
     assert "at max_length=200000" in text
 
 
@@ -54,3 +54,32 @@ def test_largest_fit_needs_the_job():
         res = wd.resolve_device(model=_llama())
     with pytest.raises(wd.DeviceError, match="batch_size="):
         res.largest_fit()
+
+
+def test_the_limits_are_those_of_the_plan_chosen_and_resolve_again_to_it():
+    """1.1B, training at batch 1 x 512 on 24 GiB resolves to LoRA on bf16 weights: the limits are LoRA's
+    (they were full fine-tuning's, with largest_batch=0, which resolve_device refuses)."""
+    config = _llama(2048)
+    with simulate("cuda:1,mem=24GiB,cc=8.6"):
+        res = wd.resolve_device(model=config, task="training", batch_size=1, max_length=512, quantize=None)
+        fit = res.largest_fit()
+        assert fit.plan == "for LoRA adapters on bfloat16 weights" and res.dtype_name == "bfloat16"
+        line = next(s.message for s in res.trace if s.topic == "limits")
+        assert line == fit.text() and "LoRA" in line
+        assert fit.largest_batch is not None and fit.largest_batch >= 1 and fit.longest is not None
+        again = wd.resolve_device(model=config, task="training", batch_size=fit.largest_batch, max_length=512,
+                                  quantize=None)  # fmt: skip
+        assert again.largest_fit().plan == fit.plan
+        with pytest.raises(wd.DoesNotFitError):
+            wd.resolve_device(model=config, task="training", batch_size=fit.largest_batch + 1, max_length=512,
+                              quantize=None)  # fmt: skip
+
+
+def test_limits_where_nothing_fits_are_none_not_zero():
+    with simulate("cuda:1,mem=4GiB"), pytest.raises(wd.DoesNotFitError) as err:
+        wd.resolve_device(model=_llama(), task="training", batch_size=1, max_length=512, quantize=None)
+    assert "not one token" in str(err.value) and "=0" not in str(err.value)
+    from whichdevice.memory.largest import LargestFit
+
+    none = LargestFit(1, 512, None, None, 2048, "for full fine-tuning in float32")
+    assert none.to_dict()["largest_batch_size"] is None and "not one sequence" in none.text()

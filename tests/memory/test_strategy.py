@@ -7,6 +7,7 @@ import os
 import pytest
 
 import whichdevice as wd
+from whichdevice.core.packages import simulated_packages
 from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
 from whichdevice.memory.strategy import ORDER, plan_strategies
 from whichdevice.model.facts import model_shape
@@ -112,7 +113,8 @@ def test_fsdp_kwargs_pass_trainingarguments_and_accelerates_plugin(tmp_path, mon
 
 def test_torchrun_ranks_get_fsdp_and_load_on_the_cpu(torchrun_env):
     torchrun_env(8)
-    with simulate("cuda:8,mem=80GiB"):
+    # Without deepspeed (ZeRO-2, next in the order, needs it): FSDP.
+    with simulate("cuda:8,mem=80GiB"), simulated_packages({"deepspeed": None}):
         res = wd.resolve_device(model=_llama_7b(), task="training", quantize=None)
     assert res.training_plan.chosen.key == "fsdp"
     assert res.device_map == "cpu"
@@ -122,7 +124,7 @@ def test_torchrun_ranks_get_fsdp_and_load_on_the_cpu(torchrun_env):
 
 
 def test_one_process_split_says_model_parallel_not_dataparallel():
-    with simulate("cuda:8,mem=80GiB"):
+    with simulate("cuda:8,mem=80GiB"), simulated_packages({"deepspeed": None}):
         res = wd.resolve_device(model=_llama_7b(), task="training", quantize=None)
     text = res.explain()
     assert res.device_map == "auto"
@@ -145,5 +147,111 @@ def test_a_job_that_fits_nowhere_lists_every_strategy(torchrun_env):
     with simulate("cuda:2,mem=24GiB"), pytest.raises(wd.DoesNotFitError) as err:
         wd.resolve_device(model=_llama_7b(), task="training", quantize=None, batch_size=1, max_length=2048)
     text = str(err.value)
-    assert "On 2 devices: DDP:" in text and "FSDP full shard:" in text and "QLoRA" in text
+    assert "On 2 devices, per device against 19.20 GiB: DDP: " in text and "FSDP full shard: " in text
+    assert "DeepSpeed ZeRO-3: " in text and "QLoRA" in text and "characters left out" not in text
     assert os.environ["WORLD_SIZE"] == "2"
+
+
+# ------------------------------------------------------------------ DeepSpeed, checked by DeepSpeed itself
+
+
+def _llama_8b():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)  # fmt: skip
+
+
+def _printed_per_gpu(estimator, capsys, **kwargs) -> dict[str, float]:
+    """What deepspeed's ..._all_cold prints: per-GPU GB by options ("offload_optimizer=none", ...)."""
+    estimator(**kwargs)
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.count("|") == 2]
+    return {options.strip(): float(gpu.strip().removesuffix("GB")) for _, gpu, options in rows[1:]}
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8, 16])
+@pytest.mark.parametrize("config", [_llama_7b, _llama_8b], ids=["llama-7b", "llama-8b"])
+def test_zero_estimates_are_deepspeeds_own(capsys, devices, config):
+    """ZeRO-2 and ZeRO-3's model states per GPU equal deepspeed's estimators for the same model and
+    device count; the largest module is deepspeed's own reading of the model (model_to_params)."""
+    import torch
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold, model_to_params
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
+    from transformers import AutoModelForCausalLM
+
+    from whichdevice.model.facts import estimate_model_size
+
+    cfg = config()
+    size = estimate_model_size(cfg)
+    with torch.device("meta"):
+        _, largest = model_to_params(AutoModelForCausalLM.from_config(cfg))
+    assert size.largest_module == largest
+    plan = _plan_of(cfg, devices, 1 << 50, size)
+    by = {s.key: s.per_device for s in plan.strategies}  # no batch given: A is 0
+    common = dict(total_params=size.parameters, num_gpus_per_node=devices, num_nodes=1)
+    zero2 = _printed_per_gpu(estimate_zero2_model_states_mem_needs_all_cold, capsys, **common)
+    zero3 = _printed_per_gpu(
+        estimate_zero3_model_states_mem_needs_all_cold, capsys, largest_layer_params=largest, **common
+    )
+    assert round(by["zero2"] / 2**30, 2) == zero2["offload_optimizer=none"]
+    assert round(by["zero3"] / 2**30, 2) == zero3["offload_param=none, offload_optimizer=none, zero_init=1"]
+
+
+def _plan_of(cfg, devices, budget, size, **kw):
+    from whichdevice.memory.job import job_memory
+
+    shape = model_shape(cfg)
+    args = (shape, size.parameters, "training", "float32", None, None)
+    return plan_strategies(
+        params=size.parameters, shape=shape, dtype="float32", compute_dtype="bfloat16", full=job_memory(*args),
+        adapters=job_memory(*args, trainable=ADAPTER_FRACTION), qlora_base=size.bytes_quantized(4, "bfloat16"),
+        devices=devices, budget=budget, cpu_memory=1 << 50, deepspeed=True, largest_module=size.largest_module, **kw
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("offload", [(False, False), (True, False), (True, True)], ids=["none", "optimizer", "both"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_offload_estimates_are_deepspeeds_own(stage, offload):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    from whichdevice.memory.strategy import deepspeed_model_states
+
+    params, largest, n = 8_030_261_248, 525_336_576, 8
+    gpu, cpu, _ = deepspeed_model_states(stage, params, largest, n, *offload)
+    if stage == 2:
+        if offload[1]:
+            return  # ZeRO-2 keeps the weights on the GPU: no such option
+        theirs_cpu, theirs_gpu = estimate_zero2_model_states_mem_needs(params, n, 1, cpu_offload=offload[0])
+    else:
+        theirs_cpu, theirs_gpu, _ = estimate_zero3_model_states_mem_needs(
+            params, largest, n, 1, cpu_offload=offload[0], cpu_offload_params=offload[1], zero_init=True
+        )
+    assert (gpu, cpu) == (theirs_gpu, theirs_cpu)
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+@pytest.mark.parametrize("bf16", [True, False])
+@pytest.mark.parametrize("budget_gib", [30, 21], ids=["zero2", "zero3"])
+def test_every_emitted_deepspeed_config_is_accepted_by_transformers_and_deepspeed(tmp_path, bf16, budget_gib):
+    """What whichdevice emits, parsed as Trainer and DeepSpeed parse it: TrainingArguments builds
+    HfTrainerDeepSpeedConfig and fills its "auto" values, then DeepSpeed's own (pydantic) config parser."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from whichdevice.model.facts import estimate_model_size
+
+    cfg = _llama_7b()
+    # ZeRO-3 comes after FSDP in the order: FSDP is ruled out for it, as it is where accelerate ignores it.
+    no_fsdp = None if budget_gib == 30 else "ruled out for this test"
+    with simulated_packages({"deepspeed": "0.19"}):
+        plan = _plan_of(cfg, 8, budget_gib * GiB, estimate_model_size(cfg), no_fsdp=no_fsdp)
+    kwargs = plan.kwargs()
+    assert plan.chosen.key == ("zero2" if budget_gib == 30 else "zero3"), [s.line(plan.budget) for s in plan.strategies]
+    args = TrainingArguments(str(tmp_path), use_cpu=True, bf16=bf16, report_to=[], **kwargs)
+    assert isinstance(args.hf_deepspeed_config, HfTrainerDeepSpeedConfig)
+    parsed = DeepSpeedConfig(args.hf_deepspeed_config.config)
+    assert parsed.zero_optimization_stage == kwargs["deepspeed"]["zero_optimization"]["stage"]
+    assert parsed.bfloat16_config.enabled is bf16
+    assert args.deepspeed_plugin.zero_stage == parsed.zero_optimization_stage

@@ -14,7 +14,7 @@ import torch
 
 import whichdevice as wd
 from tiny_models import save_tiny_llama, tiny_config
-from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError
+from whichdevice.core.errors import ConfigConflictError, DamagedModelError, DeviceError, DeviceUnavailableError
 from whichdevice.core.packages import package_version, simulated_packages
 from whichdevice.model.facts import estimate_model_size
 from whichdevice.model.quantized import NEEDS, known_methods, read_quantization
@@ -255,3 +255,72 @@ def test_an_unlisted_architecture_that_does_not_fit_in_fp32_gets_4bit_weights_wi
     assert res.quantization is not None and res.quantization.bits == 4
     assert res.quantization.compute_dtype == "float32"
     assert "not on the fp16 allow-list" in _messages(res)
+
+
+def _adapter_naming(folder, base) -> None:
+    folder.mkdir()
+    config = {"peft_type": "LORA", "base_model_name_or_path": str(base)}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+
+
+def test_an_adapter_chain_or_cycle_is_refused_naming_both_adapter_configs(tmp_path):
+    # transformers follows one adapter to its base (models/auto/auto_factory.py): two adapters naming
+    # each other was a RecursionError, printed by the command as an internal error.
+    _adapter_naming(tmp_path / "a", tmp_path / "b")
+    _adapter_naming(tmp_path / "b", tmp_path / "a")
+    with pytest.raises(DamagedModelError, match="a cycle") as err:
+        wd.resolve_device("cpu", model=str(tmp_path / "a"))
+    assert str(tmp_path / "a" / "adapter_config.json") in str(err.value)
+    assert str(tmp_path / "b" / "adapter_config.json") in str(err.value)
+    # A chain (an adapter over an adapter over a model) is refused the same way, without "cycle".
+    save_tiny_llama(tmp_path / "model", tokenizer=False)
+    _adapter_naming(tmp_path / "c", tmp_path / "model")
+    _adapter_naming(tmp_path / "d", tmp_path / "c")
+    with pytest.raises(DamagedModelError, match="PEFT adapter too") as err:
+        wd.resolve_device("cpu", model=str(tmp_path / "d"))
+    assert "a cycle" not in str(err.value) and "base_model_name_or_path" in str(err.value)
+    assert wd.resolve_device("cpu", model=str(tmp_path / "c")).device == "cpu"  # one adapter: its base
+
+
+def test_an_adapter_whose_base_is_no_model_folder_is_named_as_the_adapters_claim(tmp_path, monkeypatch):
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0\n")
+    (tmp_path / "deep").mkdir()
+    _adapter_naming(tmp_path / "deep" / "er", "../../etc")
+    monkeypatch.chdir(tmp_path / "deep" / "er")  # transformers reads the base's path from the working folder
+    with pytest.raises(DamagedModelError) as err:
+        wd.resolve_device("cpu", model=".")
+    said = str(err.value)
+    assert "names '../../etc' as its base model" in said and "not a model" in said
+    assert "incomplete download" not in said and "--force-download" not in said
+
+
+@pytest.mark.parametrize("spec", [None, "cpu,flags=avx512_bf16", "cpu,flags="])
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_a_4bit_checkpoint_announces_the_compute_dtype_and_weights_it_loads_with(tmp_path, spec, stored):
+    """A pre-quantized bitsandbytes checkpoint keeps its saved bnb_4bit_compute_dtype and its stored float
+    weights whatever dtype= says: what the trace announces is read back from the loaded model."""
+    import contextlib
+
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    base = save_tiny_llama(tmp_path / "base", dtype=stored, tokenizer=False)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    AutoModelForCausalLM.from_pretrained(base, dtype=stored, quantization_config=config, device_map="cpu") \
+        .save_pretrained(tmp_path / "bnb4")  # fmt: skip
+    with simulate(spec) if spec else contextlib.nullcontext():
+        res = wd.resolve_device(model=str(tmp_path / "bnb4"))
+    said = _messages(res)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bnb4", **res.model_kwargs())
+    layer = next(m for m in loaded.modules() if isinstance(m, bnb.nn.Linear4bit))
+    assert f"its 4-bit layers compute in {str(layer.compute_dtype).removeprefix('torch.')}" in said
+    assert res.dtype == loaded.model.embed_tokens.weight.dtype == loaded.model.norm.weight.dtype == stored
+    assert "downcast" not in said
+    if not wd.probe("cpu").devices[0].bf16 if spec is None else spec.endswith("="):
+        assert "the 4-bit layers compute in bfloat16, which is slow here" in said
+    if spec is None:
+        # dtype= asked for is not what loads: said, and what is handed over is what loads.
+        asked = wd.resolve_device(model=str(tmp_path / "bnb4"), dtype="float16")
+        assert "dtype='float16' does not apply here" in _messages(asked) and asked.dtype == stored

@@ -391,7 +391,7 @@ def test_the_report_sizes_a_model_and_says_the_largest_job_that_fits(tmp_path: P
     proc = subprocess.run([sys.executable, "-m", "whichdevice", *argv], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     resolution = json.loads(proc.stdout)["resolutions"][0]
-    assert "the largest that fit:" in resolution["explanation"]
+    assert "the largest that fit for inference in " in resolution["explanation"]
     assert "batch_size=4" in resolution["explanation"]
 
 

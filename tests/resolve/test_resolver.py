@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -340,3 +341,33 @@ def test_the_arguments_record_restates_the_signature():
 
     params = [p for p in inspect.signature(wd.resolve_device).parameters if p != "refresh"]
     assert list(Arguments._fields) == params
+
+
+_RESOLVE_AND_COMPARE = """
+import json, os, sys
+import whichdevice as wd
+before = dict(os.environ)
+wd.resolve_device(model=sys.argv[1])
+wd.resolve_device(model=sys.argv[1], task="training")
+after = dict(os.environ)
+print(json.dumps({k: [before.get(k), after.get(k)] for k in {*before, *after} if before.get(k) != after.get(k)}))
+"""
+
+
+@pytest.mark.parametrize("preset", [None, "/tmp/my-inductor-cache"], ids=["unset", "set-by-the-user"])
+def test_resolving_a_model_folder_leaves_the_environment_as_it_was(tmp_path, preset):
+    # A fresh process: importing the architecture's module (transformers.generation -> torch._dynamo) is
+    # what sets TORCHINDUCTOR_CACHE_DIR, and this process imported it long ago.
+    import json
+    import subprocess
+    import sys
+
+    from tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "model", tokenizer=False)
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if preset is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = preset
+    done = subprocess.run([sys.executable, "-c", _RESOLVE_AND_COMPARE, str(folder)], env=env, capture_output=True,
+                          text=True, timeout=300, check=True)  # fmt: skip
+    assert json.loads(done.stdout.splitlines()[-1]) == {}

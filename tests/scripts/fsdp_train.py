@@ -24,11 +24,16 @@ def main() -> None:
     out, model_dir = Path(sys.argv[1]), sys.argv[2]
     res = wd.resolve_device(task="training", model=model_dir)
     from whichdevice.core.job import Job
+    from whichdevice.core.packages import simulated_packages
     from whichdevice.memory.training_placement import plan_training
 
-    roomy = plan_training(model_dir, Job("training"), "float32", "float32", 2, 1 << 50, 1 << 50, "cuda")
-    by = {s.key: s.per_device for s in roomy.strategies}
-    plan = plan_training(model_dir, Job("training"), "float32", "float32", 2, (by["ddp"] + by["fsdp"]) // 2, 1 << 50)
+    # The FSDP row's keywords: without deepspeed, ZeRO-2 (before FSDP in the order) is no candidate.
+    with simulated_packages({"deepspeed": None}):
+        roomy = plan_training(model_dir, Job("training"), "float32", "float32", 2, 1 << 50, 1 << 50, "cuda")
+        by = {s.key: s.per_device for s in roomy.strategies}
+        plan = plan_training(
+            model_dir, Job("training"), "float32", "float32", 2, (by["ddp"] + by["fsdp"]) // 2, 1 << 50
+        )
     kwargs = plan.kwargs()
     import torch
     from transformers import AutoModelForCausalLM, Trainer

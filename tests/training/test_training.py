@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import whichdevice as wd
@@ -32,10 +34,16 @@ def test_user_kwargs_are_never_overridden(tmp_path):
 
 
 def test_bf16_on_a_cpu_without_native_bf16_runs_with_a_warning(tmp_path):
-    """It works, slowly: the user's choice is kept and the measured cost is said, not refused."""
-    with simulate("cpu,flags="), pytest.warns(UserWarning, match="runs, slowly.*0.30x"):
+    """It works, slowly: the user's choice is kept and this CPU's own measured cost is said, not refused."""
+    measured = r"measured on this CPU \(whichdevice's calibration\): a prompt-sized bf16 matmul runs at 0.03x"
+    with simulate("cpu,flags=,calib=bf16.prompt:0.0306"), pytest.warns(UserWarning, match=measured) as caught:
         args = wd.training_arguments(output_dir=str(tmp_path), bf16=True, report_to=[])
     assert args.bf16 is True and args.fp16 is False
+    assert "(32.7x the time)" in str(caught[0].message)
+    # Not calibrated: no figure from another machine, but where to measure one.
+    with simulate("cpu,flags="), pytest.warns(UserWarning, match="not measured on this CPU") as caught:
+        wd.training_arguments(output_dir=str(tmp_path), bf16=True, report_to=[])
+    assert not re.search(r"\d\.\d+x", str(caught[0].message))
 
 
 @pytest.mark.parametrize(
@@ -271,7 +279,8 @@ def test_the_config_accelerate_launch_reads_is_reported(tmp_path, monkeypatch):
         "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\nuse_cpu: false\n"
     )
     trace = wd.resolve_device(task="training").explain()
-    assert str(config) in trace and "mixed_precision: bf16" in trace and "plain `python` ignores it" in trace
+    assert str(config) in trace and "mixed_precision: bf16" in trace
+    assert "this process was started by plain `python`, which ignores it" in trace
     entries = {e["name"]: e for e in report.gather()["environment"]}
     assert (
         f"`accelerate launch` sets it from {config} (mixed_precision: bf16)"
@@ -371,6 +380,22 @@ def test_use_cpu_false_on_a_cpu_only_machine_is_accepted_and_said(tmp_path):
         wd.training_arguments(str(tmp_path), device="cpu", use_cpu=False)
 
 
+@pytest.mark.usefixtures("restore_accelerate_variables")
+@pytest.mark.parametrize("spec", ["cpu,flags=", "cuda:1"])
+def test_use_cpu_false_under_accelerate_use_cpu_trains_on_the_cpu_as_plain_training_arguments_does(
+    tmp_path, monkeypatch, spec
+):
+    # TrainingArguments trains on the CPU when use_cpu or ACCELERATE_USE_CPU says so (training_args.py,
+    # _setup_devices): use_cpu=False does not contradict the variable, which whichdevice followed.
+    from transformers import TrainingArguments
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    plain = TrainingArguments(str(tmp_path), use_cpu=False, report_to=[])
+    with simulate(spec), pytest.warns(UserWarning, match="use_cpu=False kept: ACCELERATE_USE_CPU='1' makes"):
+        args = wd.training_arguments(str(tmp_path), use_cpu=False, report_to=[])
+    assert args.device.type == plain.device.type == "cpu" and args.use_cpu is False
+
+
 def test_fp16_weights_under_fp16_mixed_precision_are_warned(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -419,3 +444,60 @@ def test_training_arguments_leaves_the_environment_as_it_was(preset: str | None)
         [sys.executable, "-c", _ENVIRONMENT_AFTER], env=env, capture_output=True, text=True, timeout=300, check=True
     )
     assert json.loads(done.stdout.splitlines()[-1]) == {}
+
+
+# ------------------------------------------------------------------------- one plan, one path (issue 44)
+
+
+def _llama_8b():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)  # fmt: skip
+
+
+def _would_build(**call) -> dict:
+    """The keywords training_arguments() would build with under simulate() (SimulatedTrainingError.kwargs)."""
+    with pytest.raises(SimulatedTrainingError) as err:
+        wd.training_arguments("out", report_to=[], **call)
+    return err.value.kwargs
+
+
+@pytest.mark.parametrize("launch", [None, "ZeRO-3"])
+def test_training_arguments_with_model_makes_the_plan_resolve_device_makes(monkeypatch, launch):
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none").items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    if launch:
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    config = _llama_8b()
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        direct = _would_build(model=config)
+        res = wd.resolve_device(model=config, task="training")
+        via = _would_build(resolution=res)
+    assert direct == via
+    # accelerator_config appears where an earlier Accelerator configured accelerate's state (kept then).
+    theirs = {k: v for k, v in direct.items() if k not in ("output_dir", "report_to", "accelerator_config")}
+    assert theirs == res.training_kwargs()
+    # Under torchrun whichdevice plans the strategy; under the launch's ZeRO-3 it passes none over it.
+    assert ("deepspeed" in direct or "fsdp" in direct) == (launch is None)
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_training_arguments_with_a_loaded_model_reads_its_config(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "model", tokenizer=False)
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    by_path = wd.training_arguments(str(tmp_path / "a"), model=str(folder), report_to=[])
+    by_model = wd.training_arguments(str(tmp_path / "b"), model=loaded, report_to=[])
+    by_res = wd.training_arguments(
+        str(tmp_path / "c"), resolution=wd.resolve_device(model=str(folder), task="training"), report_to=[]
+    )
+    keys = ("use_cpu", "bf16", "fp16", "ddp_backend", "fsdp", "deepspeed")
+    assert [{k: getattr(a, k) for k in keys} for a in (by_model, by_res)] == [
+        {k: getattr(by_path, k) for k in keys}
+    ] * 2

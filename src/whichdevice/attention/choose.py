@@ -106,13 +106,19 @@ def _wanted(
         if ok:
             return impl, f"{FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
     installed = [impl for impl in FLASH if flash_attention_package(impl)]
-    if installed and not backend.flash_attn_builds:
-        installed = []  # it has no build for this hardware: not a reason, and not "unusable" either
+    packages = ", ".join(dict.fromkeys(FLASH[impl][1] for impl in installed))
+    if not installed:
+        have = "no FlashAttention package is installed"
+    elif not backend.flash_attn_builds:
+        # Installed, but the package builds for CUDA and ROCm only (the registry row says why): say so,
+        # rather than claim nothing is installed or call it "unusable" as if a setting could fix it.
+        have = f"{packages} is installed but has no build for {backend.hardware}"
+    else:
+        have = f"{', '.join(installed)} installed but unusable here"
     if requested == AUTO_HUB:
         from whichdevice.attention.kernels import hub_flash_attention
 
         repo, why = hub_flash_attention(backend, result, dtype)
-        have = f"{', '.join(installed)} installed but unusable here" if installed else "no FlashAttention package"
         if repo is not None:
             return repo, (
                 f"{have}, so the Hub kernel transformers uses in its place "
@@ -126,11 +132,7 @@ def _wanted(
             f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}",
             measured,
         )
-    if installed:
-        return _without_flash(
-            backend, dtype, task, model, f"{', '.join(installed)} installed but unusable here", measured
-        )
-    return _without_flash(backend, dtype, task, model, "no FlashAttention package is installed", measured)
+    return _without_flash(backend, dtype, task, model, have, measured)
 
 
 def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> tuple[str | None, bool, str]:
@@ -240,7 +242,11 @@ def _without_flash(
     # Read only here: everywhere else the architecture does not change the answer.
     model_type = model.model_type if model is not None else None
     # benchmarks/attention.py (AMD EPYC, torch 2.13): 6-16x, 160 to 4,096 cached tokens, batch 1 and 4.
-    faster = f"torch's fused CPU kernel called one query row per head took 6-16x as long for a {dtype} step"
+    # Not this CPU's figure: said as the benchmark's, until this CPU's calibration replaces it below.
+    faster = (
+        f"torch's fused CPU kernel called one query row per head took 6-16x as long for a {dtype} step in "
+        "benchmarks/attention.py on an AMD EPYC (not measured on this CPU)"
+    )
     if measured is not None:
         from whichdevice.precision.measured import measured_attention
 

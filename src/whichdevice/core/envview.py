@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 
-__all__ = ["ENV_VARIABLES", "environ", "pinned"]
+__all__ = ["ENV_VARIABLES", "IMPORT_SIDE_EFFECTS", "environ", "import_side_effects_undone", "pinned"]
 
 # Reads no variable of its own: it hands over the readings of the modules that declare them.
 ENV_VARIABLES: tuple[str, ...] = ()
@@ -36,3 +36,23 @@ def pinned(env: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         _local.env = before
+
+
+# Variables an import of transformers' modules sets as a side effect: a model module imports
+# transformers.generation, whose masking_utils imports torch._dynamo, and TrainingArguments imports peft,
+# whose bitsandbytes compiles; both make torch._inductor write its cache folder into os.environ
+# (torch/_inductor/runtime/cache_dir_utils.py, cache_dir()). The value is a default torch derives
+# again whenever it needs one, so whichdevice leaves the variable as it found it.
+IMPORT_SIDE_EFFECTS = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
+@contextlib.contextmanager
+def import_side_effects_undone() -> Iterator[None]:
+    """Run the block (which may import transformers' modules), then unset what :data:`IMPORT_SIDE_EFFECTS`
+    names that was unset before; a value the user set is never touched."""
+    unset = [name for name in IMPORT_SIDE_EFFECTS if name not in os.environ]
+    try:
+        yield
+    finally:
+        for name in unset:
+            os.environ.pop(name, None)

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core import envview
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 from whichdevice.core.records import TraceStep
+from whichdevice.launch import launch_strategy
+from whichdevice.launch.launch_strategy import LaunchStrategy
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
@@ -47,8 +49,8 @@ __all__ = [
 ENV_USE_CPU = "ACCELERATE_USE_CPU"
 ENV_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
 # The variables this module reads (the memo key holds them; see whichdevice.resolve.memo). HF_HOME and
-# XDG_CACHE_HOME locate the config file.
-ENV_VARIABLES = (ENV_USE_CPU, ENV_MIXED_PRECISION, "HF_HOME", "XDG_CACHE_HOME")
+# XDG_CACHE_HOME locate the config file; launch_strategy's are the launch's FSDP/DeepSpeed settings.
+ENV_VARIABLES = (ENV_USE_CPU, ENV_MIXED_PRECISION, "HF_HOME", "XDG_CACHE_HOME", *launch_strategy.ENV_VARIABLES)
 # accelerate's PrecisionType values.
 PRECISIONS = ("no", "fp8", "fp16", "bf16")
 _TRUE = ("y", "yes", "t", "true", "on", "1")
@@ -79,6 +81,8 @@ class AccelerateSettings:
     # The file's settings that steer the device and precision (None: no file).
     config: dict[str, Any] | None = None
     config_problem: str | None = None
+    # The FSDP or DeepSpeed strategy the launch's variables carry (None: none; Trainer runs DDP).
+    strategy: LaunchStrategy | None = None
 
     @property
     def cpu_forced(self) -> bool:
@@ -89,9 +93,11 @@ class AccelerateSettings:
         """The mixed precision accelerate was told to use: "bf16", "fp16", "fp8", or None.
 
         "no" counts as not told: ``accelerate launch`` exports it whenever neither its flag nor
-        the config file names a precision, so it is accelerate's default, not a choice.
+        the config file names a precision, so it is accelerate's default, not a choice. A value is
+        taken exactly as accelerate's Accelerator takes it (``mixed_precision not in PrecisionType``
+        raises for "BF16" or " bf16 "): such a value is one of :meth:`problems`, never followed.
         """
-        value = (self.mixed_precision or "").strip().lower()
+        value = self.mixed_precision
         return value if value in PRECISIONS and value != "no" else None
 
     def launch_exports(self, key: str) -> str:
@@ -108,11 +114,11 @@ class AccelerateSettings:
                 f"{ENV_USE_CPU}={self.use_cpu!r} is not a truth value: TrainingArguments and accelerate "
                 f"raise ValueError on it; set it to 1 or 0, or unset it"
             )
-        value = (self.mixed_precision or "").strip().lower()
-        if self.mixed_precision is not None and value not in PRECISIONS:
+        if self.mixed_precision is not None and self.mixed_precision not in PRECISIONS:
             out.append(
-                f"{ENV_MIXED_PRECISION}={self.mixed_precision!r} is not one of {', '.join(PRECISIONS)}: "
-                "accelerate's Accelerator raises on it; fix or unset it"
+                f"{ENV_MIXED_PRECISION}={self.mixed_precision!r} is not one of {', '.join(PRECISIONS)}, spelled "
+                "exactly so: accelerate's Accelerator raises 'Unknown mixed_precision mode' on it (accelerate "
+                "launch exports the lower-case word); fix or unset it"
             )
         return out
 
@@ -122,7 +128,8 @@ def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> Accele
     env = envview.environ() if environ is None else environ
     path = config_file_path(env)
     config, problem = _read_config(path)
-    return AccelerateSettings(env.get(ENV_USE_CPU), env.get(ENV_MIXED_PRECISION), path, config, problem)
+    strategy = launch_strategy.read_launch_strategy(env)
+    return AccelerateSettings(env.get(ENV_USE_CPU), env.get(ENV_MIXED_PRECISION), path, config, problem, strategy)
 
 
 def _read_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -140,13 +147,26 @@ def _read_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(loaded, dict):
         return None, f"{path} is not a mapping of settings; run `accelerate config` again"
     keys = ("distributed_type", "mixed_precision", "use_cpu", "num_processes", "gpu_ids")
-    return {key: loaded[key] for key in keys if key in loaded}, None
+    found = {key: loaded[key] for key in keys if key in loaded}
+    # The strategy the file would launch: a DeepSpeed stage, or FSDP's version (the rest stays in the file).
+    for section, key in (("deepspeed_config", "zero_stage"), ("fsdp_config", "fsdp_version")):
+        inner = loaded.get(section)
+        if isinstance(inner, dict) and key in inner:
+            found[key] = inner[key]
+    return found, None
 
 
-def settings_steps(settings: AccelerateSettings, task: str, backend: Backend, precision: str | None) -> list[TraceStep]:
+def settings_steps(
+    settings: AccelerateSettings,
+    task: str,
+    backend: Backend,
+    precision: str | None,
+    launcher: str | None = None,
+) -> list[TraceStep]:
     """The trace lines: what accelerate's variables and config file do to this resolution.
 
-    ``precision`` is the mixed precision whichdevice chose for training ("bf16", "fp16", None).
+    ``precision`` is the mixed precision whichdevice chose for training ("bf16", "fp16", None);
+    ``launcher`` who started this process ("accelerate launch", "torchrun", ...; None: one process).
     """
     problems = [*settings.problems(), *([settings.config_problem] if settings.config_problem else [])]
     steps = [TraceStep("warning", problem) for problem in problems]
@@ -179,17 +199,38 @@ def settings_steps(settings: AccelerateSettings, task: str, backend: Backend, pr
                     "TrainingArguments(**res.training_kwargs()) overrides it with whichdevice's flags",
                 )
             )
+    launched = settings.strategy
+    if launched is not None and task == "training":
+        if launched.problem:
+            steps.append(TraceStep("warning", launched.problem))
+        steps.append(
+            TraceStep(
+                "accelerate",
+                f"the launch's variables carry {launched.name} ({launched.said}): training_kwargs() passes no "
+                "fsdp=/deepspeed= over it (with model= it is sized as launched: see the strategy lines)",
+            )
+        )
     if settings.config:
-        steps.append(TraceStep("accelerate", _config_line(settings)))
+        steps.append(TraceStep("accelerate", _config_line(settings, launcher)))
     return steps
 
 
-def _config_line(settings: AccelerateSettings) -> str:
+def _config_line(settings: AccelerateSettings, launcher: str | None) -> str:
     config = settings.config or {}
     said = ", ".join(f"{k}: {v}" for k, v in config.items())
+    exported = (
+        f"its mixed_precision, use_cpu and strategy as {ENV_MIXED_PRECISION}, {ENV_USE_CPU} and the "
+        "ACCELERATE_USE_FSDP/ACCELERATE_USE_DEEPSPEED settings"
+    )
+    if launcher is not None and launcher.startswith("accelerate launch"):
+        return (
+            f"{settings.config_path} ({said}): `accelerate launch` started this process and exported {exported} "
+            "from it, or from the file --config_file named; whichdevice reads the exported variables"
+        )
+    started = f"`{launcher}`" if launcher else "plain `python`"
     return (
-        f"{settings.config_path} ({said}) is read by `accelerate launch`, which exports its "
-        f"mixed_precision and use_cpu as {ENV_MIXED_PRECISION} and {ENV_USE_CPU}; plain `python` ignores it"
+        f"{settings.config_path} ({said}) is read by `accelerate launch` only, which exports {exported}; "
+        f"this process was started by {started}, which ignores it"
     )
 
 

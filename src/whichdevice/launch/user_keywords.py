@@ -100,7 +100,12 @@ def check_ddp_package(value: Any) -> str | None:
     )
 
 
-def cpu_switch_off(backend: Backend, user: dict[str, Any], filled: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def cpu_switch_off(
+    backend: Backend,
+    user: dict[str, Any],
+    filled: dict[str, Any],
+    why: str = "this machine has no usable accelerator",
+) -> tuple[dict[str, Any], str]:
     """``use_cpu=False`` where the resolution is the CPU: the keywords to build with, and what was done.
 
     TrainingArguments would train on the CPU anyway, so the user's value is kept; bf16 autocast,
@@ -113,7 +118,7 @@ def cpu_switch_off(backend: Backend, user: dict[str, Any], filled: dict[str, Any
             "('Your setup doesn't support bf16/gpu'); pass use_cpu=True for bf16 on the CPU"
         )
     out = dict(filled)
-    note = "use_cpu=False kept: this machine has no usable accelerator, so TrainingArguments trains on the CPU anyway"
+    note = f"use_cpu=False kept: {why}, so TrainingArguments trains on the CPU anyway"
     if out.get("bf16") and "bf16" not in user:
         out["bf16"] = False
         note += (

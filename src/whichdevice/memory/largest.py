@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core.job import Job
+from whichdevice.core.records import TraceStep
 from whichdevice.memory.job import job_memory
 from whichdevice.model.shape import ModelShape
 
-__all__ = ["LargestFit", "largest_fit"]
+__all__ = ["LargestFit", "largest_fit", "say_limits", "whole_job_plan"]
 
 # Searched up to these; a model's own context (max_position_embeddings) caps the length first.
 _MAX_TOKENS = 1 << 24
@@ -27,16 +28,21 @@ _MAX_BATCH = 1 << 16
 @dataclass(frozen=True)
 class LargestFit:
     """At ``batch_size``, ``max_length`` tokens at most; at ``max_length``, ``batch`` sequences at most
-    (0: not even one token or one sequence fits; ``context`` is the model's own limit)."""
+    (None: not even one token or one sequence fits, so there is no value resolve_device() would take;
+    ``context`` is the model's own limit). ``plan`` names what they are the limits of: the plan the
+    resolution chose ("full fine-tuning in float32", "LoRA adapters on bfloat16 weights", ...)."""
 
     batch_size: int
     max_length: int
-    longest: int
-    largest_batch: int
+    longest: int | None
+    largest_batch: int | None
     context: int | None
+    plan: str = ""
 
     def text(self) -> str:
-        capped = " (the model's whole context)" if self.context and self.longest >= self.context else ""
+        capped = (
+            " (the model's whole context)" if self.context and self.longest and self.longest >= self.context else ""
+        )
         longest = (
             f"max_length={self.longest}{capped} at batch_size={self.batch_size}"
             if self.longest
@@ -47,7 +53,8 @@ class LargestFit:
             if self.largest_batch
             else f"not one sequence of max_length={self.max_length}"
         )
-        return f"the largest that fit: {longest}; {batch}"
+        of = f" {self.plan}" if self.plan else ""
+        return f"the largest that fit{of}: {longest}; {batch}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +63,7 @@ class LargestFit:
             "largest_max_length": self.longest,
             "largest_batch_size": self.largest_batch,
             "model_context": self.context,
+            "plan": self.plan,
         }
 
 
@@ -74,9 +82,17 @@ def _bisect(ok: Callable[[int], bool], high: int) -> int:
 
 
 def largest_fit(
-    shape: ModelShape, params: int, job: Job, dtype: str, fits: Callable[[int], bool], *, trainable: float = 1.0
+    shape: ModelShape,
+    params: int,
+    job: Job,
+    dtype: str,
+    fits: Callable[[int], bool],
+    *,
+    trainable: float = 1.0,
+    plan: str = "",
 ) -> LargestFit:
-    """Search ``job``'s length and batch against ``fits(bytes besides the weights) -> bool``."""
+    """Search ``job``'s length and batch against ``fits(bytes besides the weights) -> bool``; ``plan``
+    names the plan (``trainable``: the share of parameters it trains) the limits are of."""
     context = shape.max_positions if isinstance(shape.max_positions, int) and shape.max_positions > 0 else None
     batch = job.batch_size or 1
     tokens = job.max_length or min(context or 2048, 2048)
@@ -87,4 +103,22 @@ def largest_fit(
 
     longest = _bisect(lambda t: fits(need(batch, t)), context or _MAX_TOKENS)
     largest_batch = _bisect(lambda b: fits(need(b, tokens)), _MAX_BATCH)
-    return LargestFit(batch, tokens, longest, largest_batch, context)
+    return LargestFit(batch, tokens, longest or None, largest_batch or None, context, plan)
+
+
+def whole_job_plan(job: Job, dtype: str) -> str:
+    """The plan the whole job's limits are of (LargestFit.plan)."""
+    return "for " + ("full fine-tuning" if job.task == "training" else job.task) + f" in {dtype}"
+
+
+def say_limits(largest: LargestFit | None, trace: list[TraceStep], found: list[LargestFit] | None) -> None:
+    """Say the limits of the chosen plan in the trace, and hand them to the resolution (largest_fit()).
+
+    They are of the plan placement chooses (memory/placement.py's place_model): the whole job's where it
+    fits (or nothing does), LoRA's where LoRA is chosen; a quantized plan's are not searched, and the
+    whole job's are named as such."""
+    if largest is None:
+        return
+    trace.append(TraceStep("limits", largest.text()))
+    if found is not None:
+        found.append(largest)

@@ -13,7 +13,7 @@ from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.capacity import can_split, capacities, memory_step
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
-from whichdevice.memory.largest import LargestFit, largest_fit
+from whichdevice.memory.largest import LargestFit, largest_fit, say_limits, whole_job_plan
 from whichdevice.memory.offload import offload_placement, remedies
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.size import ModelSize
@@ -81,17 +81,17 @@ def place_model(
     if size.quantized is not None:
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
     explicit = quantize in ("4bit", "8bit")
-    largest = None if explicit else _largest(model, fit, job, dtype, weights, trace, limits)
+    largest = None if explicit else _largest(model, fit, job, dtype, weights, [], None, plan=whole_job_plan(job, dtype))
     does_not_fit: str | None = None
     if not explicit:
         placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
-            trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
-            return placement.device_map, placement.max_memory, None, None
+            return _placed(placement, largest, trace, limits)
         does_not_fit = f"in {dtype}, {placement.note}"
-        adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace)
+        adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace, limits)
         if adapters is not None:
             return adapters
+        say_limits(largest, trace, limits)
         if job.offload is not None and quantize is None:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
     try:
@@ -125,18 +125,33 @@ def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: Jo
 
 
 def _largest(
-    model: Any, fit: _Fit, job: Job, dtype: str, weights: int, trace: list[TraceStep], found: list[LargestFit] | None
+    model: Any,
+    fit: _Fit,
+    job: Job,
+    dtype: str,
+    weights: int,
+    trace: list[TraceStep],
+    found: list[LargestFit] | None,
+    *,
+    trainable: float = 1.0,
+    plan: str = "",
 ) -> LargestFit | None:
     """The longest length and largest batch whose job fits like this one would (a sized job only)."""
     shape = model_shape(model)
     if shape is None or (job.batch_size is None and job.max_length is None):
         return None
     params = estimate_model_size(model).parameters
-    largest = largest_fit(shape, params, job, dtype, lambda extra: replace(fit, extra=extra).plan(weights).fits)
-    trace.append(TraceStep("limits", largest.text()))
-    if found is not None:
-        found.append(largest)
+    fits = lambda extra: replace(fit, extra=extra).plan(weights).fits  # noqa: E731
+    largest = largest_fit(shape, params, job, dtype, fits, trainable=trainable, plan=plan)
+    say_limits(largest, trace, found)
     return largest
+
+
+def _placed(placement: Placement, largest: LargestFit | None, trace: list[TraceStep], limits: Any) -> Placed:
+    """The whole job fits: its limits and its placement, said."""
+    say_limits(largest, trace, limits)
+    trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+    return placement.device_map, placement.max_memory, None, None
 
 
 def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:
@@ -234,10 +249,19 @@ class _Fit:
 
 
 def _lora_fits(
-    model: Any, job: Job, dtype: str, fit: _Fit, size: ModelSize, base: str, does_not_fit: str, trace: list[TraceStep]
+    model: Any,
+    job: Job,
+    dtype: str,
+    fit: _Fit,
+    size: ModelSize,
+    base: str,
+    does_not_fit: str,
+    trace: list[TraceStep],
+    limits: list[LargestFit] | None = None,
 ) -> Placed | None:
     """Training that does not fit in full, where LoRA adapters on the unquantized weights do: the frozen
-    base in ``base`` (the compute dtype), the adapters and their state in ``dtype``."""
+    base in ``base`` (the compute dtype), the adapters and their state in ``dtype``; ``limits`` gets
+    LoRA's largest job."""
     if job.task != "training":
         return None
     weights = size.bytes_in(base)
@@ -246,6 +270,8 @@ def _lora_fits(
     if not placed.fits:
         return None
     trace.append(TraceStep("memory", f"{LORA_STEP} {adapters.describe(weights)}"))
+    plan = f"for LoRA adapters on {base} weights"
+    _largest(model, fit, job, dtype, weights, trace, limits, trainable=ADAPTER_FRACTION, plan=plan)
     trace.append(
         TraceStep(
             "warning",

@@ -164,11 +164,30 @@ def quantized_device(
     return pick_device(quant, chosen, others, not detect)
 
 
+# What from_pretrained does with a pre-quantized bitsandbytes checkpoint (transformers 5.25, read back in
+# tests/model/test_quantized.py): a quantization_config passed beside the checkpoint's own is ignored
+# (quantizers/auto.py, merge_quantization_configs: "The quantization_config from the model will be used";
+# BitsAndBytesConfig has no loading attributes), so Linear4bit computes in the saved bnb_4bit_compute_dtype,
+# and the float weights load as stored whatever dtype= says.
+_BNB_KEEPS = (
+    "from_pretrained keeps a pre-quantized bitsandbytes checkpoint's saved quantization_config and float "
+    "weights whatever dtype= says (transformers' merge_quantization_configs uses the model's own config)"
+)
+
+
 def follow_compute_dtype(
-    quant: CheckpointQuantization, backend: Backend, result: ProbeResult, dtype: str | None, requested: Any
+    quant: CheckpointQuantization,
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    requested: Any,
+    stored: str | None = None,
 ) -> tuple[str | None, list[TraceStep]]:
-    """The load dtype that agrees with the method: the saved bnb 4-bit compute dtype, AWQ's fp16
-    on CUDA/XPU (transformers casts bf16 to fp16 there: quantizer_awq.py:54-62). Never over a dtype asked for."""
+    """The load dtype that agrees with the method: for bitsandbytes what from_pretrained really loads (the
+    float weights as ``stored``, the 4-bit layers in the saved compute dtype), AWQ's fp16 on CUDA/XPU
+    (transformers casts bf16 to fp16 there: quantizer_awq.py:54-62). Never over a dtype asked for."""
+    if quant.loads_as_stored:
+        return _bitsandbytes_as_loaded(quant, backend, result, dtype, requested, stored)
     if not (isinstance(requested, str) and requested == "auto"):
         return dtype, []
     want = quant.compute_dtype
@@ -186,6 +205,42 @@ def follow_compute_dtype(
     if not ok:
         return dtype, [TraceStep("dtype", f"{dtype}, not {source}: {why}")]
     return want, [TraceStep("dtype", f"{want}: {source}, in place of {dtype}")]
+
+
+def _bitsandbytes_as_loaded(
+    quant: CheckpointQuantization,
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    requested: Any,
+    stored: str | None,
+) -> tuple[str | None, list[TraceStep]]:
+    """What a pre-quantized bitsandbytes checkpoint really runs in, announced as such: the dtype handed
+    over is the float weights' stored one (None where unknown: then none is passed)."""
+    from whichdevice.precision.hardware import parse_dtype, supports
+
+    weights = stored if stored in ("float32", "bfloat16", "float16") else None
+    steps: list[TraceStep] = []
+    explicit = requested is not None and not (isinstance(requested, str) and requested == "auto")
+    if explicit and parse_dtype(requested) != weights:
+        steps.append(TraceStep("warning", f"dtype={requested!r} does not apply here: {_BNB_KEEPS}"))
+    compute = quant.compute_dtype if quant.bits == 4 else None
+    said = weights or "their stored dtype"
+    layers = f", and its 4-bit layers compute in {compute} (its saved bnb_4bit_compute_dtype)" if compute else ""
+    instead = f", in place of {dtype}" if dtype is not None and dtype != weights else ""
+    steps.append(TraceStep("dtype", f"{said}: the checkpoint's float weights as stored{layers}{instead}: {_BNB_KEEPS}"))
+    if compute is not None:
+        ok, why = supports(backend, result, compute)
+        if not ok:
+            steps.append(
+                TraceStep(
+                    "warning",
+                    f"the 4-bit layers compute in {compute}, which is slow here ({why}); for another compute "
+                    "dtype, load the unquantized model and quantize on load (quantize='4bit' chooses one that "
+                    "runs here)",
+                )
+            )
+    return weights, steps
 
 
 def training_note(quant: CheckpointQuantization, task: str) -> list[TraceStep]:

@@ -6,16 +6,25 @@ dtype (``w`` bytes, float32 under mixed precision) and the compute dtype (``c`` 
 
 =================  ============================================================================
 DDP                W + G + G (DDP's gradient buckets) + O + A: every rank holds the whole job
-ZeRO-2             W + (G + O) / N + A; DeepSpeed's own figure: 4P + 16P/N (needs deepspeed)
+ZeRO-2             DeepSpeed's own figure: 2P + 18P/N + A (needs deepspeed)
 FSDP full shard    (W + G + O) / N + (root unit + 2 layers) gathered in c + 2 x the largest unit's G + A
-ZeRO-3             DeepSpeed's own figure: 4 x largest layer + 18P/N + A (needs deepspeed)
+ZeRO-3             DeepSpeed's own figure: 4 x largest module's P + 18P/N + A (needs deepspeed)
 FSDP + offload     the same gathered units + A on the device; W + G + O in CPU memory
 LoRA               P x c (frozen base) + adapters' weights, gradients, AdamW state + A
 QLoRA              4-bit base + the same adapter terms + A
 =================  ============================================================================
 
 (W weights, G gradients, O optimizer state, A activations and workspace for the per-device batch;
-the DeepSpeed figures are ``estimate_zero2/3_model_states_mem_needs`` in deepspeed/runtime/zero.)
+the DeepSpeed figures are the per-GPU bytes of ``estimate_zero2_model_states_mem_needs`` and
+``estimate_zero3_model_states_mem_needs`` in deepspeed/runtime/zero (stage_1_and_2.py, stage3.py),
+which ``..._all_cold`` prints: 2 bytes of 16-bit weights per parameter on every GPU, and 18 partitioned
+(16-bit and fp32 gradients, fp32 weights, AdamW's two moments); ZeRO-3 keeps only 4 bytes per
+parameter of the largest module gathered, DeepSpeed's "largest layer", the module with the most
+parameters of its own: tests/memory/test_strategy.py checks the figures against deepspeed's.)
+
+A strategy the launch carries (accelerate's ``ACCELERATE_USE_DEEPSPEED``/``ACCELERATE_USE_FSDP``
+settings, whichdevice.launch.launch_strategy) is sized as launched, offloads and FSDP's sharding
+included, and chosen whether or not it fits: its keywords are the launcher's, never whichdevice's.
 
 The order is speed first, then memory, full fine-tuning before adapters: DDP communicates once per
 step (one all-reduce); ZeRO-2 moves the same volume (reduce-scatter + all-gather) and keeps a 1/N
@@ -28,14 +37,17 @@ changes the result, so they come last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory
 from whichdevice.model.shape import ModelShape
 
-__all__ = ["FULL", "ORDER", "Strategy", "TrainingPlan", "layer_parameters", "plan_strategies"]
+if TYPE_CHECKING:
+    from whichdevice.launch.launch_strategy import LaunchStrategy
+
+__all__ = ["FULL", "ORDER", "Strategy", "TrainingPlan", "deepspeed_model_states", "layer_parameters", "plan_strategies"]
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 ORDER = ("ddp", "zero2", "fsdp", "zero3", "fsdp_offload", "lora", "qlora")
@@ -61,10 +73,11 @@ class Strategy:
     fits: bool
     unavailable: str | None = None  # why it cannot run at all (a package missing), None when it can
     cpu_bytes: int = 0  # host memory it needs per node (offload)
+    label: str | None = None  # the name of a strategy the launch carries ("DeepSpeed ZeRO-3 ..."), else _NAMES'
 
     @property
     def name(self) -> str:
-        return _NAMES[self.key]
+        return self.label or _NAMES[self.key]
 
     def line(self, budget: int) -> str:
         if self.unavailable:
@@ -85,12 +98,15 @@ class TrainingPlan:
     chosen: Strategy | None = None
     compute_dtype: str = "float32"
     notes: tuple[str, ...] = field(default=())
+    # The variables the chosen strategy came from, where the launch carries it (None: whichdevice chose).
+    launched: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "devices": self.devices,
             "budget_bytes": self.budget,
             "chosen": self.chosen.key if self.chosen else None,
+            "launched": self.launched,
             "strategies": [
                 {"strategy": s.key, "bytes_per_device": s.per_device, "formula": s.formula, "fits": s.fits}
                 for s in self.strategies
@@ -98,8 +114,9 @@ class TrainingPlan:
         }
 
     def kwargs(self) -> dict[str, Any]:
-        """TrainingArguments keywords that run the chosen strategy (none for DDP, LoRA and QLoRA)."""
-        key = self.chosen.key if self.chosen else None
+        """TrainingArguments keywords that run the chosen strategy (none for DDP, LoRA and QLoRA, and none
+        for a strategy the launch carries: a keyword would replace it, launch_strategy.py says how)."""
+        key = self.chosen.key if self.chosen and self.launched is None else None
         if key in ("fsdp", "fsdp_offload"):
             # transformers 5 takes fsdp=True with everything in fsdp_config (a string is deprecated).
             config: dict[str, Any] = {"version": 2, "reshard_after_forward": True}
@@ -123,6 +140,35 @@ _DEEPSPEED_AUTO = {
     "gradient_accumulation_steps": "auto",
     "gradient_clipping": "auto",
 }
+
+
+def deepspeed_model_states(
+    stage: int, params: int, largest: int, devices: int, offload_optimizer: bool = False, offload_params: bool = False
+) -> tuple[int, int, str]:
+    """(bytes per GPU, bytes of CPU memory per node, the formula) of DeepSpeed's model states at ``stage``
+    on ``devices`` GPUs of one node: estimate_zero2/3_model_states_mem_needs (additional_buffer_factor
+    1.5, zero_init on) for stages 2 and 3; stages 0 and 1, which DeepSpeed has no estimator for, from
+    the same per-parameter terms (ZeRO-1 partitions the fp32 state only, ZeRO-0 nothing)."""
+    n, p = max(devices, 1), params
+    if stage >= 3:
+        gathered = 4 * largest  # DeepSpeed's largest_layer_memory
+        one = f"4 x largest module ({largest / 1e6:.0f}M)"
+        if offload_optimizer and offload_params:
+            return gathered, int(p * 18 * 1.5), f"{one} (optimizer and weights in CPU memory)"
+        if offload_optimizer:
+            return gathered + int(2 * p / n), int(p * 16 * 1.5), f"{one} + 2P/{n} (optimizer on the CPU)"
+        if offload_params:  # not one of DeepSpeed's options: its 16-bit weights leave, the fp32 state stays
+            return gathered + int(16 * p / n), int(p * 2 * 1.5), f"{one} + 16P/{n} (weights on the CPU)"
+        return gathered + int(18 * p / n), int(largest * 4 * n * 1.5), f"{one} + 18P/{n}"
+    if stage == 2:
+        if offload_optimizer:
+            return 2 * p, int(p * max(4 * n, 16) * 1.5), "2P (optimizer on the CPU)"
+        return 2 * p + int(18 * p / n), int(p * 4 * n * 1.5), f"2P + 18P/{n}"
+    if stage == 1:
+        if offload_optimizer:
+            return 4 * p, int(p * max(4 * n, 16) * 1.5), "4P (optimizer on the CPU)"
+        return 4 * p + int(16 * p / n), int(p * 4 * n * 1.5), f"4P + 16P/{n}"
+    return 20 * p, int(p * 4 * n * 1.5), "20P (ZeRO-0 partitions nothing)"
 
 
 def layer_parameters(shape: ModelShape) -> int:
@@ -151,47 +197,137 @@ def plan_strategies(
     layer_classes: tuple[str, ...] = (),
     no_fsdp: str | None = None,
     no_qlora: str | None = None,
+    no_deepspeed: str | None = None,
+    largest_module: int | None = None,
+    launched: LaunchStrategy | None = None,
+    local_devices: int | None = None,
 ) -> TrainingPlan:
     """Size every strategy for ``devices`` devices of ``budget`` bytes each and choose the first that fits.
 
-    ``full`` and ``adapters`` are job_memory()'s terms for full training and for LoRA adapters
-    (per device: the per-device batch); ``qlora_base`` the 4-bit weights' bytes; ``no_fsdp`` says
-    why FSDP cannot run here, ``no_qlora`` why QLoRA may not (None where they can).
+    ``full`` and ``adapters`` are job_memory()'s terms for full training and for LoRA adapters (per
+    device: the per-device batch); ``qlora_base`` the 4-bit weights' bytes; ``no_*`` why a strategy
+    cannot run here (None where it can); ``largest_module`` DeepSpeed's largest layer (the module with
+    the most parameters of its own); ``launched`` the strategy the launch carries, sized as launched
+    and chosen fit or not (``local_devices``: ranks per node, for FSDP's hybrid sharding).
     """
     w, c, n = _ITEMSIZE.get(dtype, 4), _ITEMSIZE.get(compute_dtype, 4), max(devices, 1)
     weights, grads, optim = params * w, _term(full, "gradients"), _term(full, "optimizer state")
     act = _term(full, "activations") + _term(full, "workspace")
-    layer = layer_parameters(shape) if shape else params
-    root = max(0, params - layer * shape.layers) if shape else 0
-    # FSDP2 gathers the root unit (embeddings, head) and prefetches the next layer while one computes, in the
-    # compute dtype; in backward a unit's unsharded gradients (in w) are copied into one flat reduce-scatter
-    # buffer (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce): two copies.
-    gathered = (root + 2 * layer) * c + 2 * max(root, layer) * w
-    units = f"(root {root / 1e6:.0f}M + 2 x layer {layer / 1e6:.0f}M params) x {c} + 2 x largest unit's G"
-    missing = None if deepspeed else "deepspeed is not installed (pip install deepspeed)"
+    gathered, units = _fsdp_gathered(shape, params, c, w)
+    missing = no_deepspeed or (None if deepspeed else "deepspeed is not installed (pip install deepspeed)")
     state = weights + grads + optim
-    base = params * c
     buckets = grads if n > 1 else 0  # DDP's bucket copy of the gradients; no DDP in one process
-    small = adapters.bytes - _term(adapters, "activations") - _term(adapters, "workspace")
-    adapter_weights = int(params * ADAPTER_FRACTION) * 4
     a = f"A {_b(act)}"
-    lora_extra = small + (_term(adapters, "gradients") if n > 1 else 0)  # the adapters' DDP buckets
-    adapters_said = f"adapters {_b(adapter_weights)} + their G and O"
+    largest = largest_module or (_largest_matrix(shape) if shape else params)
+    zero2, _, zero2_said = deepspeed_model_states(2, params, largest, n)
+    zero3, _, zero3_said = deepspeed_model_states(3, params, largest, n)
     rows = [
         ("ddp", weights + grads + buckets + optim + act,
          f"W {_b(weights)} + G {_b(grads)} + buckets {_b(buckets)} + O {_b(optim)} + {a}", None, 0),
-        ("zero2", 4 * params + 16 * params // n + act, f"4P + 16P/{n} + {a}", missing, 0),
+        ("zero2", zero2 + act, f"DeepSpeed's {zero2_said} {_b(zero2)} + {a}", missing, 0),
         ("fsdp", state // n + gathered + act, f"(W + G + O) {_b(state)} / {n} + gathered {units} + {a}", no_fsdp, 0),
-        ("zero3", 4 * layer * 4 + 18 * params // n + act, f"4 x largest layer x 4 + 18P/{n} + {a}", missing, 0),
+        ("zero3", zero3 + act, f"DeepSpeed's {zero3_said} {_b(zero3)} + {a}", missing, 0),
         ("fsdp_offload", gathered + act, f"gathered {units} + {a}; CPU holds W + G + O {_b(state)}", no_fsdp, state),
-        ("lora", base + adapter_weights + lora_extra + act,
-         f"base {_b(base)} in {compute_dtype} + {adapters_said} + {a}", None, 0),
-        ("qlora", qlora_base + adapter_weights + lora_extra + act,
-         f"4-bit base {_b(qlora_base)} + {adapters_said} + {a}", no_qlora, 0),
+        *_adapter_rows(adapters, params, params * c, compute_dtype, qlora_base, n, act, no_qlora),
     ]  # fmt: skip
     strategies = tuple(_judged(*row, budget, cpu_memory) for row in rows)
-    chosen = next((s for s in strategies if s.fits), None)
-    return TrainingPlan(n, budget, strategies, layer_classes, chosen, compute_dtype)
+    plan = TrainingPlan(
+        n, budget, strategies, layer_classes, next((s for s in strategies if s.fits), None), compute_dtype
+    )
+    if launched is None:
+        return plan
+    sizes = _Sizes(params, largest, n, local_devices or n, weights, grads, optim, act, gathered, c, units, a)
+    mine = _judged(*_launched_row(launched, sizes, missing, no_fsdp), budget, cpu_memory)
+    mine = replace(mine, label=f"{launched.name} (the launch's)")
+    return replace(plan, strategies=(mine, *strategies), chosen=mine, launched=launched.said)
+
+
+def _adapter_rows(
+    adapters: JobMemory,
+    params: int,
+    base: int,
+    compute_dtype: str,
+    qlora_base: int,
+    n: int,
+    act: int,
+    no_qlora: str | None,
+) -> list[tuple[str, int, str, str | None, int]]:
+    """LoRA's and QLoRA's rows: the frozen base (``base`` bytes, or the 4-bit ``qlora_base``), the adapters'
+    weights, gradients and AdamW state (with their DDP buckets on several devices) and ``act``."""
+    small = adapters.bytes - _term(adapters, "activations") - _term(adapters, "workspace")
+    adapter_weights = int(params * ADAPTER_FRACTION) * 4
+    extra = small + (_term(adapters, "gradients") if n > 1 else 0)  # the adapters' DDP buckets
+    said, a = f"adapters {_b(adapter_weights)} + their G and O", f"A {_b(act)}"
+    return [
+        ("lora", base + adapter_weights + extra + act, f"base {_b(base)} in {compute_dtype} + {said} + {a}", None, 0),
+        (
+            "qlora",
+            qlora_base + adapter_weights + extra + act,
+            f"4-bit base {_b(qlora_base)} + {said} + {a}",
+            no_qlora,
+            0,
+        ),
+    ]
+
+
+def _fsdp_gathered(shape: ModelShape | None, params: int, c: int, w: int) -> tuple[int, str]:
+    """FSDP's gathered bytes per device, and how they are said: FSDP2 gathers the root unit (embeddings,
+    head) and prefetches the next layer while one computes, in the compute dtype (``c`` bytes); in backward
+    a unit's unsharded gradients (``w`` bytes) are copied into one flat reduce-scatter buffer
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce): two copies."""
+    layer = layer_parameters(shape) if shape else params
+    root = max(0, params - layer * shape.layers) if shape else 0
+    units = f"(root {root / 1e6:.0f}M + 2 x layer {layer / 1e6:.0f}M params) x {c} + 2 x largest unit's G"
+    return (root + 2 * layer) * c + 2 * max(root, layer) * w, units
+
+
+class _Sizes(NamedTuple):
+    params: int
+    largest: int
+    devices: int
+    local: int
+    weights: int
+    grads: int
+    optim: int
+    act: int
+    gathered: int
+    compute: int
+    units: str
+    a: str
+
+
+def _launched_row(
+    launched: LaunchStrategy, z: _Sizes, missing: str | None, no_fsdp: str | None
+) -> tuple[str, int, str, str | None, int]:
+    """The row (key, bytes per device, formula, why it cannot run, CPU bytes) of the launch's strategy."""
+    if launched.kind == "deepspeed":
+        stage = launched.stage if launched.stage is not None else 2
+        gpu, cpu, said = deepspeed_model_states(
+            stage, z.params, z.largest, z.devices, launched.offload_optimizer, launched.offload_params
+        )
+        offloaded = launched.offload_optimizer or launched.offload_params
+        key = "zero3" if stage >= 3 else "zero2"
+        return key, gpu + z.act, f"DeepSpeed's {said} {_b(gpu)} + {z.a}", missing, cpu if offloaded else 0
+    state = z.weights + z.grads + z.optim
+    if launched.sharding == "NO_SHARD":
+        return "ddp", state + z.act, f"NO_SHARD: W + G + O {_b(state)} on every rank + {z.a}", no_fsdp, 0
+    shards = z.local if launched.sharding.startswith("HYBRID") else z.devices
+    gathered, said = z.gathered, f"gathered {z.units}"
+    if launched.sharding in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2"):
+        # The layers stay gathered from forward to backward: the whole weights in the compute dtype.
+        gathered, said = z.params * z.compute, f"all weights gathered in the compute dtype {_b(z.params * z.compute)}"
+    if launched.offload_params:
+        return "fsdp_offload", gathered + z.act, f"{said} + {z.a}; CPU holds W + G + O {_b(state)}", no_fsdp, state
+    formula = f"(W + G + O) {_b(state)} / {shards} + {said} + {z.a}"
+    return "fsdp", state // shards + gathered + z.act, formula, no_fsdp, 0
+
+
+def _largest_matrix(shape: ModelShape) -> int:
+    """The parameters of the largest single module a config's shape implies: the embedding (vocabulary x
+    hidden), or an MLP projection (hidden x intermediate). Used where no checkpoint names its tensors."""
+    return max(
+        shape.vocab * shape.hidden, shape.hidden * shape.intermediate, shape.hidden * shape.head_dim * shape.heads
+    )
 
 
 def _judged(

@@ -17,17 +17,19 @@ from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.job import Job
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
+from whichdevice.core.sizes import format_bytes
 from whichdevice.launch.accelerate_settings import launch_command
 from whichdevice.memory.fit import FIT_FRACTION
 from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
 from whichdevice.memory.placement import LORA_STEP, Placed, capacities, place_model
-from whichdevice.memory.strategy import FULL, TrainingPlan, plan_strategies
+from whichdevice.memory.strategy import FULL, Strategy, TrainingPlan, plan_strategies
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.layers import layer_classes
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.launch_strategy import LaunchStrategy
     from whichdevice.memory.largest import LargestFit
 
 __all__ = ["TrainingPlaced", "place_training", "plan_training", "trainer_parallel_steps"]
@@ -39,6 +41,8 @@ TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None"]
 # MULTI_XPU, MULTI_NPU, MULTI_HPU, ... types (state.py, "if ... fsdp_plugin is not None"); a MULTI_CPU run
 # keeps DDP and ignores the plugin without a word, so FSDP is never handed over for the CPU.
 _CPU_FSDP = "accelerate ignores fsdp on CPU processes (they train with DDP)"
+# The same for DeepSpeed: AcceleratorState takes DistributedType.DEEPSPEED only "and not cpu" (state.py).
+_CPU_DEEPSPEED = "accelerate ignores deepspeed on CPU processes (they train with DDP)"
 
 
 def plan_training(
@@ -51,8 +55,11 @@ def plan_training(
     cpu_memory: int | None,
     backend: str = "cuda",
     quantize: str | None = "auto",
+    launched: LaunchStrategy | None = None,
+    local_devices: int | None = None,
 ) -> TrainingPlan:
-    """Every strategy for ``model`` on ``devices`` devices of ``budget`` bytes, the first that fits chosen."""
+    """Every strategy for ``model`` on ``devices`` devices of ``budget`` bytes, the first that fits chosen,
+    or the strategy the launch carries (``launched``), sized as launched."""
     size = estimate_model_size(model)
     shape = model_shape(model)
     eager = job.attention == "eager"
@@ -73,7 +80,11 @@ def plan_training(
         deepspeed=package_version("deepspeed") is not None,
         layer_classes=layer_classes(model).names,
         no_fsdp=_CPU_FSDP if backend == "cpu" else None,
+        no_deepspeed=_CPU_DEEPSPEED if backend == "cpu" else None,
         no_qlora="quantize=None keeps the weights unquantized" if quantize is None else None,
+        largest_module=size.largest_module or None,
+        launched=launched,
+        local_devices=local_devices,
     )
 
 
@@ -97,27 +108,33 @@ def place_training(
     quantize: str | None,
     trace: list[TraceStep],
     job: Job,
+    launched: LaunchStrategy | None = None,
 ) -> TrainingPlaced:
     """(placement, the plan or None, the weights' dtype to load in, the largest job that fits) for ``job``;
-    a training job with ``model`` on several devices gets a plan, any other job place_model's answer."""
+    a training job with ``model`` on several devices gets a plan, any other job place_model's answer.
+    ``launched``: the strategy the launch's variables carry, which a launched rank's plan sizes and keeps."""
     training = job.task == "training" and model is not None
     devices = _device_count(backend, result, dist) if training else 1
     caps = capacities(backend, result, device, dist, max_memory) if devices > 1 else None
     plan = None
+    launched = _runs(launched, backend, dist, trace) if training else None
     if caps and quantize not in ("4bit", "8bit"):
         from whichdevice.memory.placement import cpu_available
 
         budget = int(min(caps.values()) * (1.0 if max_memory is not None else FIT_FRACTION))
-        plan = plan_training(model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name, quantize)
+        local = dist.local_world_size if dist is not None else None
+        plan = plan_training(
+            model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name, quantize, launched, local
+        )
         trace.extend(plan_steps(plan))
     chosen = plan.chosen.key if plan and plan.chosen else None
     if dist is not None and chosen in FULL and chosen != "ddp":
         # This rank loads the whole model where the strategy wants it; Trainer then shards it.
         where = device if chosen == "zero2" else "cpu"
-        trace.append(TraceStep("placement", f"device_map={where!r}: {_loading(chosen, where, dist.world_size)}"))
+        trace.append(TraceStep("placement", _loading(chosen, where, dist.world_size)))
         return (where, None, None, None), plan, dtype, None
     sized: list[TraceStep] = []
-    limits: list[LargestFit] = []
+    limits: list[LargestFit] = []  # place_model's limits of the plan it chooses
     try:
         placed = place_model(
             model, backend, result, device, dist, dtype, max_memory, quantize, sized, job,
@@ -126,8 +143,7 @@ def place_training(
     except DoesNotFitError as err:
         if plan is None:
             raise
-        table = "; ".join(s.line(plan.budget) for s in plan.strategies)
-        raise DoesNotFitError(f"{err}. On {plan.devices} devices: {table}") from None
+        raise DoesNotFitError(f"{err}. {_totals(plan)}") from None
     trace.extend(sized)
     lora = any(s.message.startswith(LORA_STEP) for s in sized)
     if lora and compute_dtype != dtype:
@@ -141,11 +157,55 @@ def place_training(
     return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None
 
 
+def _runs(
+    launched: LaunchStrategy | None, backend: Backend, dist: DistributedContext | None, trace: list[TraceStep]
+) -> LaunchStrategy | None:
+    """The launch's strategy where Trainer will run it: in a launched run, off the CPU (AcceleratorState
+    ignores DeepSpeed and FSDP on CPU processes, state.py); elsewhere the trace says why it is not sized."""
+    if launched is None:
+        if dist is not None and dist.launcher.startswith("accelerate launch"):
+            trace.append(
+                TraceStep(
+                    "strategy",
+                    "the launch carries no FSDP or DeepSpeed setting (ACCELERATE_USE_FSDP/ACCELERATE_USE_DEEPSPEED "
+                    "unset: accelerate runs DDP unless a keyword says otherwise), so whichdevice plans the strategy",
+                )
+            )
+        return None
+    where = None
+    if backend.name == "cpu":
+        where = "accelerate runs CPU processes with DDP and ignores it (AcceleratorState, state.py)"
+    elif dist is None:
+        where = "this is one process, not a launched rank: start it with `accelerate launch` to run it"
+    if where is None:
+        return launched
+    trace.append(TraceStep("strategy", f"the launch's variables carry {launched.name} ({launched.said}), but {where}"))
+    return None
+
+
+def _totals(plan: TrainingPlan) -> str:
+    """Each strategy's total only (the formulas are in the trace): the error stays whole under its length limit."""
+    table = "; ".join(
+        f"{s.name}: not considered, {s.unavailable}" if s.unavailable else f"{s.name}: {format_bytes(s.per_device)}"
+        for s in plan.strategies
+    )
+    return f"On {plan.devices} devices, per device against {format_bytes(plan.budget)}: {table}"
+
+
 def _loading(key: str, where: str, ranks: int) -> str:
+    """The placement line of a rank that loads for a sharding strategy."""
     if key == "zero2":
-        return "ZeRO-2 keeps the whole weights on each rank's device"
+        return f"device_map={where!r}: ZeRO-2 keeps the whole weights on each rank's device"
+    if key == "zero3":
+        # transformers' from_pretrained under ZeRO-3 builds the model inside deepspeed.zero.Init (set up by
+        # TrainingArguments' HfDeepSpeedConfig, so build it first) and refuses a device_map: model_kwargs()
+        # leaves device_map out.
+        return (
+            "device_map: none passed: under ZeRO-3 from_pretrained partitions the weights over the ranks as it "
+            "loads (deepspeed.zero.Init, once TrainingArguments is built) and refuses a device_map"
+        )
     return (
-        f"each of the {ranks} ranks loads the weights into CPU memory and Trainer's "
+        f"device_map={where!r}: each of the {ranks} ranks loads the weights into CPU memory and Trainer's "
         f"{'DeepSpeed ZeRO-3' if key == 'zero3' else 'FSDP'} wrapper moves its shard to the device "
         "(fsdp_config cpu_ram_efficient_loading=True loads them on rank 0 only, where CPU memory is short)"
     )
@@ -160,6 +220,8 @@ def plan_steps(plan: TrainingPlan) -> list[TraceStep]:
     if plan.chosen is None:
         steps.append(TraceStep("strategy", f"no strategy fits {plan.devices} devices"))
         return steps
+    if plan.launched is not None:
+        return [*steps, *_launched_steps(plan, plan.chosen)]
     kwargs = plan.kwargs()
     said = f"; TrainingArguments({_kwargs_text(kwargs)})" if kwargs else ""
     steps.append(
@@ -169,6 +231,35 @@ def plan_steps(plan: TrainingPlan) -> list[TraceStep]:
             f"memory, full fine-tuning before adapters{said}",
         )
     )
+    return steps
+
+
+def _launched_steps(plan: TrainingPlan, chosen: Strategy) -> list[TraceStep]:
+    """The launch's strategy: kept, with no keyword of whichdevice's over it, and warned where it does not fit."""
+    steps = [
+        TraceStep(
+            "strategy",
+            f"{chosen.name} on {plan.devices} devices, as the launch carries it ({plan.launched}): training_kwargs() "
+            "passes no fsdp=/deepspeed= over it (TrainingArguments would build its plugin from them instead)",
+        )
+    ]
+    if chosen.unavailable:
+        steps.append(TraceStep("warning", f"the launch asks for {chosen.name}, but {chosen.unavailable}"))
+    elif not chosen.fits:
+        others = [s for s in plan.strategies if s is not chosen and s.fits]
+        instead = (
+            f"{others[0].name} fits ({format_bytes(others[0].per_device)} per device): change the launch's config"
+            if others
+            else "no strategy fits these devices"
+        )
+        steps.append(
+            TraceStep(
+                "warning",
+                f"the launch's {chosen.name} needs {format_bytes(chosen.per_device)} per device ({chosen.formula}), "
+                f"over the {format_bytes(plan.budget)} budget of each of the {plan.devices} devices: it will run out "
+                f"of memory; {instead}",
+            )
+        )
     return steps
 
 

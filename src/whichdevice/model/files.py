@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
-from whichdevice.model.adapter import adapter_base_name, missing_base
+from whichdevice.model.adapter import adapter_base_name, checked_base
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
@@ -274,13 +274,14 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
         raise _damaged(path, f"tensor {name!r}: shape {shape} does not match its {offsets[1] - offsets[0]} bytes")
 
 
-def resolve_model_path(model: str | os.PathLike[str]) -> Path:
-    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads)."""
+def resolve_model_path(model: str | os.PathLike[str], *, adapter: bool = True) -> Path:
+    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads);
+    a PEFT adapter folder resolves to its base model's unless ``adapter`` is False."""
     text = str(model)
     if not text.strip():
         raise DeviceError(f"model={model!r} is empty; pass a local folder, a cached model id or a config")
     try:
-        return _local_or_cached(model, text)
+        return _local_or_cached(model, text, adapter=adapter)
     except DeviceError:
         raise
     except (OSError, ValueError) as exc:  # ENAMETOOLONG, EACCES on a parent folder, a NUL in the name
@@ -291,18 +292,13 @@ def resolve_model_path(model: str | os.PathLike[str]) -> Path:
         ) from None
 
 
-def _local_or_cached(model: str | os.PathLike[str], text: str) -> Path:
+def _local_or_cached(model: str | os.PathLike[str], text: str, *, adapter: bool = True) -> Path:
     path = Path(model).expanduser()
     check_link(path, file=path.suffix == ".safetensors")
     if path.exists():
         # A PEFT adapter folder is sized, placed and loaded as the base model it names.
-        base = adapter_base_name(path)
-        if base is None:
-            return path
-        try:
-            return resolve_model_path(base)
-        except DeviceError:
-            raise missing_base(path, base) from None
+        base = adapter_base_name(path) if adapter else None
+        return path if base is None else checked_base(path, base, lambda name: resolve_model_path(name, adapter=False))
     hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) is not None and not text.startswith((".", "/"))
     if hub_id:
         try:

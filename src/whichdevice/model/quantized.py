@@ -133,6 +133,13 @@ class CheckpointQuantization:
         return _LABELS.get(self.method, self.method)
 
     @property
+    def loads_as_stored(self) -> bool:
+        """Whether from_pretrained loads this checkpoint's float weights as stored and computes in its saved
+        compute dtype whatever dtype= says: bitsandbytes (transformers 5.25, merge_quantization_configs keeps
+        the model's own config; read back in tests/model/test_quantized.py)."""
+        return self.method.startswith("bitsandbytes")
+
+    @property
     def needs(self) -> MethodNeeds | None:
         return NEEDS.get(self.method)
 

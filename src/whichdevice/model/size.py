@@ -50,6 +50,9 @@ class ModelSize:
     other_bytes: int = 0
     # The checkpoint's own quantization: its packed weights are other_bytes, kept as stored.
     quantized: CheckpointQuantization | None = None
+    # The parameters of the module that holds the most of its own (DeepSpeed's "largest layer",
+    # deepspeed/runtime/zero/stage3.py model_to_params: each module's parameters(recurse=False)); 0: unknown.
+    largest_module: int = 0
 
     @property
     def parameters(self) -> int:
@@ -180,9 +183,12 @@ def size_from_headers(
     float_params = linear = other = 0
     quantized = read_quantization(dict(config or {}), f"{where}", cast(Any, list(headers)))
     floats = CAST_CODES if quantized is not None else FLOAT_CODES
+    modules: dict[str, int] = {}
     for header in headers:
         for name, info in header.items():
             count = math.prod(info["shape"])
+            module = name.rpartition(".")[0]  # "model.layers.0.mlp.up_proj" of "...up_proj.weight"
+            modules[module] = modules.get(module, 0) + count
             if info["dtype"] in floats:
                 float_params += count
                 if _is_linear(name, info["shape"]):
@@ -190,7 +196,7 @@ def size_from_headers(
             else:
                 other += count * SAFETENSORS_BITS[info["dtype"]] // 8
     source = f"safetensors headers ({len(headers)} file(s) in {where})"
-    return ModelSize(source, float_params, linear, other, quantized)
+    return ModelSize(source, float_params, linear, other, quantized, max(modules.values(), default=0))
 
 
 def size_from_config(config: Any) -> ModelSize:
@@ -225,14 +231,16 @@ def size_from_config(config: Any) -> ModelSize:
             if param.dim() > 2 and _is_linear(name + ".weight", [1, 1]):
                 matrices += param.numel()  # fused MoE experts ([experts, in, out]): quantized like linears
     source = f"a meta-device build of {type(config).__name__}"
+    # DeepSpeed's largest layer: the module whose own parameters (not its children's) are the most.
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     quantizable = linear + matrices
     params = (quantizable, float_params - quantizable)
     quantized = read_quantization(_config_dict(config), source, params=params)
     if quantized is None or quantized.estimated_bytes is None:
-        return ModelSize(source, float_params, linear, 0, quantized)
+        return ModelSize(source, float_params, linear, 0, quantized, largest)
     # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
     packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
-    return ModelSize(source, float_params - quantizable, 0, packed, quantized)
+    return ModelSize(source, float_params - quantizable, 0, packed, quantized, largest)
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

@@ -36,8 +36,33 @@ EXPLICIT_TRAINING_DTYPE = (
     "another dtype is added (dtype='auto' chooses fp32 weights with mixed precision)"
 )
 
-# Measured here (AMD EPYC, torch 2.13 CPU): one AdamW step at lr=2e-5 on a 5.6M-parameter Llama.
-PURE_BF16_COST = "one AdamW step at lr=2e-5 left 75% of bf16 weights unchanged (18% in fp32: those without a gradient)"
+
+def pure_half_cost(dtype: str) -> str:
+    """Why AdamW loses updates on pure ``dtype`` ("bfloat16" or "float16") weights, in figures torch states
+    (torch.finfo, torch.optim.AdamW's default eps, which TrainingArguments' adam_epsilon repeats)."""
+    import inspect
+    import math
+
+    import torch
+
+    info = torch.finfo(getattr(torch, dtype))
+    short = "bf16" if dtype == "bfloat16" else "fp16"
+    bits = 1 - round(math.log2(info.eps))
+    # A weight keeps an update only above half its spacing, between eps/4 and eps/2 of it; AdamW steps by about lr.
+    text = (
+        f"{short} keeps {bits} significant bits (torch.finfo eps {info.eps:.3g}), so an update under "
+        f"{info.eps / 4:.2%} of a weight always rounds away"
+    )
+    if dtype == "bfloat16":
+        text += ": AdamW at lr=2e-5 moves a weight of 0.02 by 0.1%"
+    else:
+        eps = inspect.signature(torch.optim.AdamW).parameters["eps"].default
+        tiny = info.smallest_normal * info.eps  # the smallest subnormal: the last mantissa bit below the normals
+        text += (
+            f"; AdamW's eps {eps:g} is below fp16's smallest subnormal {tiny:.3g}, so in fp16 optimizer state it "
+            "rounds to 0 and a step whose second moment underflows divides by zero"
+        )
+    return text
 
 
 class Precision(NamedTuple):
@@ -182,7 +207,7 @@ def _training(
     scaler = (
         "; torch's GradScaler unscales only fp32 gradients ('Attempting to unscale FP16 gradients')"
         if mixed == "fp16"
-        else f"; not pure bf16 weights: {PURE_BF16_COST}"
+        else f"; not pure bf16 weights: {pure_half_cost('bfloat16')}"
     )
     line = f"float32 weights with {mixed} mixed precision ({mixed}=True autocast): {why}{scaler}"
     return Precision("float32", mixed), [TraceStep("dtype", line), *steps]
@@ -207,11 +232,21 @@ def _as_asked(
                 "(fp32 weights)",
             )
         )
+        steps.append(
+            TraceStep(
+                "warning",
+                f"pure fp16 training (fp16 weights, no mixed precision, no loss scaling): {pure_half_cost(dtype)}; "
+                "keep dtype='auto' for fp32 weights under mixed precision",
+            )
+        )
         return Precision(dtype, None), steps
     if dtype == "bfloat16":
         # bf16=True autocasts to the weights' own dtype: the compute stays the bf16 the user named.
         steps.append(
-            TraceStep("training", f"pure bf16 weights and bf16 compute ({EXPLICIT_TRAINING_DTYPE}): {PURE_BF16_COST}")
+            TraceStep(
+                "training",
+                f"pure bf16 weights and bf16 compute ({EXPLICIT_TRAINING_DTYPE}): {pure_half_cost(dtype)}",
+            )
         )
         return Precision(dtype, "bf16" if ok else None), steps
     steps.append(

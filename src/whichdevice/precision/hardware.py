@@ -63,7 +63,12 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
             return dtype == "float16", "compute capability unknown; fp16 is the safe half precision"
         cc_text = f"{cc[0]}.{cc[1]}"
         if dtype == "bfloat16":
-            return cc >= (8, 0), f"bf16 needs compute capability 8.0 (Ampere) or newer; this GPU has {cc_text}"
+            if cc >= (8, 0):
+                return True, f"this GPU has compute capability {cc_text}; bf16 runs natively from 8.0 (Ampere)"
+            return False, (
+                f"this GPU has compute capability {cc_text}; bf16 runs natively only from 8.0 (Ampere), "
+                "below it torch emulates bf16"
+            )
         if cc >= (7, 0):
             return True, f"fp16 tensor cores from compute capability 7.0 (Volta); this GPU has {cc_text}"
         rate = nvidia_fp16(cc)
@@ -93,7 +98,8 @@ def supports(backend: Backend, result: ProbeResult, dtype: str) -> tuple[bool, s
                 False,
                 "this CPU lacks native bf16 (no avx512_bf16/amx_bf16 or Arm bf16), so bf16 is emulated and slow",
             )
-        return False, "CPUs compute fp16 slowly (about 4x slower than fp32 measured here)"
+        # No figure here: this CPU's own fp16 timing, where calibrated, is quoted by the flag's check.
+        return False, "CPUs compute fp16 slowly (most have no fp16 arithmetic: oneDNN converts to fp32)"
     return _from_the_row(backend, result, dtype)
 
 

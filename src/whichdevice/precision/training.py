@@ -9,17 +9,22 @@ from whichdevice.precision.hardware import supports
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.hardware.calibration_figures import Calibration
 
 __all__ = ["FlagCheck", "check_precision_flag", "fp16_weights_problem", "precision_conflicts", "training_precision"]
 
-# Measured on this project's machine (AMD EPYC with avx512_bf16, torch 2.13 CPU, 2 threads), with
-# ONEDNN_MAX_CPU_ISA=AVX512_CORE making oneDNN emulate bf16 as a CPU without it must: a 106M Llama
-# generated at 0.63x the tokens/s of fp32; a 33.5M Llama training step (batch 4x128, AdamW) under
-# bf16 autocast took 1633 ms against 495 ms in fp32 (0.30x), and 328 ms with native bf16 (1.51x).
-EMULATED_BF16_COST = (
-    "measured on a CPU made to emulate bf16: a training step at 0.30x the speed of fp32 "
-    "(1633 ms against 495 ms, 33.5M-parameter Llama), generation at 0.63x the tokens/s"
-)
+
+def _cpu_cost(dtype: str, calib: Calibration | None) -> str:
+    """What ``dtype`` costs on this CPU, from its own calibration (a prompt-sized matmul against fp32,
+    the training-shaped figure), or that it was not measured here: never a figure from another machine."""
+    short = "bf16" if dtype == "bfloat16" else "fp16"
+    figure = calib.speed(dtype, "prompt") if calib is not None and not calib.lost("prompt") else None
+    if figure is None or figure <= 0:
+        return f"its cost is not measured on this CPU (`whichdevice calibrate` times a {short} matmul against fp32)"
+    return (
+        f"measured on this CPU (whichdevice's calibration): a prompt-sized {short} matmul runs at {figure:.2f}x "
+        f"the speed of fp32 ({1 / figure:.1f}x the time)"
+    )
 
 
 def training_precision(backend: Backend, probe: ProbeResult, dtype_name: str | None) -> tuple[str | None, str]:
@@ -48,23 +53,31 @@ class FlagCheck(NamedTuple):
     message: str
 
 
-def check_precision_flag(backend: Backend, probe: ProbeResult, device: str, flag: str) -> FlagCheck:
-    """``flag`` is "bf16" or "fp16": refuse only what cannot run; warn, with the cost, what runs slowly."""
+def check_precision_flag(
+    backend: Backend, probe: ProbeResult, device: str, flag: str, calib: Calibration | None = None
+) -> FlagCheck:
+    """``flag`` is "bf16" or "fp16": refuse only what cannot run; warn, with the cost, what runs slowly.
+
+    ``calib``: this CPU's calibration, whose figures a CPU warning quotes (None: not measured here).
+    A warning recommends the other flag only where that flag's own check is "ok" (no answer both
+    recommends and warns against one flag)."""
     name = backend.name
     if flag == "bf16":
         ok, why = supports(backend, probe, "bfloat16")
         if ok:
             return FlagCheck("ok", why)
         if name == "cpu":
-            return FlagCheck("warn", f"bf16=True on {device} runs, slowly: {why}; {EMULATED_BF16_COST}")
+            return FlagCheck("warn", f"bf16=True on {device} runs, slowly: {why}; {_cpu_cost('bfloat16', calib)}")
+        fast_fp16 = check_precision_flag(backend, probe, device, "fp16").verdict == "ok"
         if name == "cuda":
+            if probe.variant == "rocm":
+                # ROCm runs bf16 (natively on CDNA, at half fp16's rate on the MI100); the reason says which.
+                said = f"bf16=True on {device} runs, slower than fp16: {why}; fp16=True is the fast one"
+                return FlagCheck("warn", said)
             # torch.cuda.is_bf16_supported() counts emulation: pre-Ampere GPUs run bf16 without bf16 tensor cores.
-            return FlagCheck(
-                "warn", f"bf16=True on {device} runs emulated and slowly ({why}); fp16=True is the fast one"
-            )
-        instead = (
-            "fp16=True" if backend.fast_fp16 and supports(backend, probe, "float16")[0] else "neither bf16 nor fp16"
-        )
+            instead = "fp16=True is the fast one" if fast_fp16 else "fp32 (neither flag) is the fast one here"
+            return FlagCheck("warn", f"bf16=True on {device} runs emulated and slowly ({why}); {instead}")
+        instead = "fp16=True" if fast_fp16 else "neither bf16 nor fp16"
         return FlagCheck("refuse", f"bf16=True does not work on {device}: {why}; pass {instead}")
     ok, why = supports(backend, probe, "float16")
     if ok and backend.fast_fp16:
@@ -72,8 +85,8 @@ def check_precision_flag(backend: Backend, probe: ProbeResult, device: str, flag
     if name == "cpu":
         return FlagCheck(
             "warn",
-            f"fp16=True on {device} runs, slowly: {why}; accelerate makes no loss scaler on the CPU, so small "
-            "gradients underflow to zero",
+            f"fp16=True on {device} runs, slowly: {why}; {_cpu_cost('float16', calib)}; accelerate makes no loss "
+            "scaler on the CPU, so small gradients underflow to zero",
         )
     if name == "cuda" and probe.variant != "rocm":
         # fp16 mixed precision runs on every CUDA GPU, converting where the GPU has no fp16 arithmetic.
@@ -87,13 +100,15 @@ def check_precision_flag(backend: Backend, probe: ProbeResult, device: str, flag
     return FlagCheck("refuse", f"fp16=True does not work on {device}: {why}")
 
 
-def precision_conflicts(backend: Backend, probe: ProbeResult, device: str, user: dict[str, Any]) -> list[str]:
+def precision_conflicts(
+    backend: Backend, probe: ProbeResult, device: str, user: dict[str, Any], calib: Calibration | None = None
+) -> list[str]:
     """Raise ConfigConflictError for a precision flag in ``user`` that cannot run here; return the
-    warnings for those that run at a cost."""
+    warnings for those that run at a cost (``calib``: this CPU's figures, quoted where given)."""
     warnings = []
     for flag in ("bf16", "fp16"):
         if user.get(flag) or user.get(f"{flag}_full_eval"):
-            check = check_precision_flag(backend, probe, device, flag)
+            check = check_precision_flag(backend, probe, device, flag, calib)
             if check.verdict == "refuse":
                 raise ConfigConflictError(check.message)
             if check.verdict == "warn":

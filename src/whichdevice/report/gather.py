@@ -40,8 +40,9 @@ __all__ = [
 # Major: a field removed or changed meaning (consumers must adapt); minor: fields added.
 # 1.1: the report's ``replay`` section and ``simulation.report`` (whichdevice --simulate-report).
 # 1.2: a smoke step's ``import_notes`` (what other packages logged while being imported).
-# 1.7: the resolution's ``tuning`` (what prepare() installs, one object); the four flat fields it
-# holds (``single_row`` ... ``packing_at_generate``) stay, derived from it, for 1.x readers.
+# 1.7: the resolution's ``tuning`` (what prepare() installs, one object; the four flat fields it
+# holds, ``single_row`` ... ``packing_at_generate``, stay, derived from it, for 1.x readers), its
+# ``training_plan.launched`` and ``largest_fit.plan``, and the warning sources calibration and plugin.
 SCHEMA_VERSION = "1.7"
 
 # The packages whose versions decide how a Transformers program picks its device.

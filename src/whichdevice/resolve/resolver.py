@@ -20,7 +20,7 @@ from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 from whichdevice.attention.kernels import decide_kernels
 from whichdevice.core.dtypes import from_short
-from whichdevice.core.envview import pinned
+from whichdevice.core.envview import import_side_effects_undone, pinned
 from whichdevice.core.job import Job
 from whichdevice.core.packages import transformers_problem
 from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
@@ -56,6 +56,7 @@ from whichdevice.tuning.decide import Loaded, decide_tuning
 
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
+    from whichdevice.launch.launch_strategy import LaunchStrategy
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
@@ -133,7 +134,8 @@ def resolve_device(
         if cached is not None:
             return _attention_registered(cast(Resolution, cached))
     # Resolved under the reading the key was made from: another thread's change lands in the next key.
-    with pinned(environment_mapping(environment)):
+    # Reading model= may import the architecture's module, which sets TORCHINDUCTOR_CACHE_DIR: undone.
+    with pinned(environment_mapping(environment)), import_side_effects_undone():
         res = _resolve(args)
     if key is not None:
         store.resolutions[key] = res
@@ -171,10 +173,14 @@ def _resolve(args: Arguments) -> Resolution:
     checkpoint = model.checkpoint if model is not None else None
     weights = model.stored.step_weights() if model is not None and model.stored is not None else None
     measured = CpuJob(calibration, job, weights) if calibration is not None else None
-    precision = trace.take(decide_precision(backend, result, args.dtype, args.task, checkpoint, measured))
+    # A checkpoint from_pretrained loads as stored whatever dtype= says (bitsandbytes) is decided as
+    # dtype=None, "left to transformers", which is what runs; _follow_compute_dtype says what that is.
+    kept = quant is not None and not dequantize and quant.loads_as_stored
+    asked = None if kept else args.dtype
+    precision = trace.take(decide_precision(backend, result, asked, args.task, checkpoint, measured))
     if quant is not None and not dequantize:
         precision = precision._replace(
-            weights=trace.take(_follow_compute_dtype(quant, backend, result, precision.weights, args.dtype))
+            weights=trace.take(_follow_compute_dtype(quant, backend, result, precision.weights, args.dtype, model))
         )
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
@@ -182,7 +188,9 @@ def _resolve(args: Arguments) -> Resolution:
         choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
-    placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job))
+    placed = trace.take(
+        _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy)
+    )
     dtype = placed.dtype or dtype
     if parallel or placed.plan is not None:
         from whichdevice.memory.training_placement import trainer_parallel_steps
@@ -196,7 +204,8 @@ def _resolve(args: Arguments) -> Resolution:
     loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
     tuning = trace.take(decide_tuning(backend, result, args.task, measured, model, job, loaded))
     trace.extend(launch_steps(backend, dist))
-    trace.extend(settings_steps(accelerate, args.task, backend, precision.mixed if args.task == "training" else None))
+    mixed = precision.mixed if args.task == "training" else None
+    trace.extend(settings_steps(accelerate, args.task, backend, mixed, dist.launcher if dist else None))
     return Resolution(
         device=device,
         backend=backend,
@@ -256,11 +265,17 @@ def _prequantized(
 
 
 def _follow_compute_dtype(
-    quant: CheckpointQuantization, backend: Backend, result: ProbeResult, dtype: str | None, asked: Any
+    quant: CheckpointQuantization,
+    backend: Backend,
+    result: ProbeResult,
+    dtype: str | None,
+    asked: Any,
+    model: ModelFacts | None,
 ) -> tuple[str | None, list[TraceStep]]:
     from whichdevice.memory.prequantized import follow_compute_dtype
 
-    return follow_compute_dtype(quant, backend, result, dtype, asked)
+    stored = model.checkpoint.dtype if model is not None else None
+    return follow_compute_dtype(quant, backend, result, dtype, asked, stored)
 
 
 def _read_model(model: Any) -> ModelFacts | None:
@@ -340,8 +355,10 @@ def _placement(
     args: Arguments,
     model: ModelFacts | None,
     job: Job,
+    launched: LaunchStrategy | None = None,
 ) -> tuple[_Placed, list[TraceStep]]:
-    """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
+    """device_map and max_memory: as asked, sized to the model, or the whole model on the device
+    (``launched``: the FSDP/DeepSpeed strategy the launch carries, sized as launched)."""
     if args.max_memory is not None:
         check_memory_devices(args.max_memory, backend, result)
     if args.device_map is not None:
@@ -360,7 +377,7 @@ def _placement(
         dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
         sized: list[TraceStep] = []
         done, plan, loads, limits = place_training(
-            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job
+            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job, launched
         )
         return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
     return _Placed(device), [

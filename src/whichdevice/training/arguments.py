@@ -7,6 +7,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.core.envview import IMPORT_SIDE_EFFECTS, import_side_effects_undone
 from whichdevice.core.errors import (
     ArgumentsClassError,
     ConfigConflictError,
@@ -15,7 +16,12 @@ from whichdevice.core.errors import (
 )
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
 from whichdevice.hardware.probing import raise_if_gave_up
-from whichdevice.launch.accelerate_settings import ENV_MIXED_PRECISION, AccelerateSettings, read_accelerate_settings
+from whichdevice.launch.accelerate_settings import (
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    AccelerateSettings,
+    read_accelerate_settings,
+)
 from whichdevice.launch.checks import check_training_launch, checked_when_resolved
 from whichdevice.launch.leftovers import launch_leftovers, refuse_accelerate_device, refuse_leftovers
 from whichdevice.launch.trainer_kwargs import training_kwargs_for
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
     from whichdevice.resolve.resolver import Resolution
 
 __all__ = [
+    "IMPORT_SIDE_EFFECTS",
     "MIN_TRANSFORMERS",
     "ArgumentsClassError",
     "check_resolution",
@@ -66,7 +73,7 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     name = backend.name
     # A flag that cannot run here is refused; one that runs at a cost (bf16 emulated on this CPU) is
     # the user's to take, with the measured cost said.
-    for message in precision_conflicts(backend, res.probe, res.device, user):
+    for message in precision_conflicts(backend, res.probe, res.device, user, _cpu_calibration(res, user)):
         warnings.warn(message, stacklevel=_caller_stacklevel())
     ddp = user.get("ddp_backend")
     if ddp is not None:
@@ -88,7 +95,9 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     check_compile_backend(backend, user.get("torch_compile_backend"))
     check_compile_mode(backend, res.probe.features, user.get("torch_compile"))
     # use_cpu is TrainingArguments' switch for the CPU itself; use_cpu=False on the CPU: cpu_switch_off.
-    if user.get("use_cpu") is False and name == "cpu" and res.source != "detection":
+    # ACCELERATE_USE_CPU is not a choice of device that use_cpu=False contradicts: TrainingArguments
+    # trains on the CPU when either says so (training_args.py, _setup_devices).
+    if user.get("use_cpu") is False and name == "cpu" and res.source not in ("detection", ENV_USE_CPU):
         raise ConfigConflictError(
             f"use_cpu=False contradicts the device {res.device} ({res.source}); leave one of them out"
         )
@@ -97,6 +106,16 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
             f"use_cpu=True contradicts the device {res.device} ({res.source}); leave device out "
             "(use_cpu=True then resolves to the CPU) or pass device='cpu'"
         )
+
+
+def _cpu_calibration(res: Resolution, user: dict[str, Any]) -> Any:
+    """This CPU's cached calibration, for a warning about the user's bf16/fp16 flag to quote (None: not
+    calibrated, or not the CPU); never measured for a warning."""
+    if res.backend.name != "cpu" or not any(user.get(f) for f in ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval")):
+        return None
+    from whichdevice.hardware.calibration import calibration
+
+    return calibration(measure=False)[0]
 
 
 def training_arguments(
@@ -118,9 +137,11 @@ def training_arguments(
     settings you left out, and raises ``DeviceError`` before construction when one of yours
     conflicts with the hardware. ``use_cpu=True`` trains on the CPU. ``ACCELERATE_MIXED_PRECISION``
     (which ``accelerate launch`` exports from its config) is followed when it can run here, and
-    refused when it cannot. ``model``: the model you will train; fp16 weights under ``fp16=True`` are
-    warned about (the first step would fail). Accelerate's global state is left as found: if you configured an
-    ``Accelerator``/``PartialState`` first, it is reused
+    refused when it cannot. ``model``: the model you will train (a path, a config, or the loaded model,
+    whose config is read): the resolution is then the one ``resolve_device(model=..., task="training")``
+    makes, with its strategy's keywords (``fsdp=``/``deepspeed=`` under a launch), and fp16 weights under
+    ``fp16=True`` are warned about (the first step would fail). Accelerate's global state is left as
+    found: if you configured an ``Accelerator``/``PartialState`` first, it is reused
     (``accelerator_config={"use_configured_state": True}``) unless you pass ``accelerator_config``.
     """
     # A vendor import that hung or crashed in a probe would hang (or crash) transformers too.
@@ -135,11 +156,8 @@ def training_arguments(
 
     if device is None and resolution is None and kwargs.get("use_cpu"):
         device = "cpu"  # TrainingArguments' own switch for the CPU: resolve for it, not against it
-    res = (
-        resolution
-        if resolution is not None
-        else resolve_device(device, task="training", torch_compile=bool(kwargs.get("torch_compile")))
-    )
+    compile_ = bool(kwargs.get("torch_compile"))
+    res = resolution or resolve_device(device, task="training", model=_planned(model), torch_compile=compile_)
     # accelerate's settings as the resolution read them: read again only for one built by hand.
     settings = res.accelerate if res.accelerate is not None else read_accelerate_settings()
     problems = settings.problems()
@@ -157,6 +175,20 @@ def training_arguments(
     return _build(cls, res, final, model)
 
 
+def _planned(model: Any) -> Any:
+    """What of ``model`` resolve_device(model=) reads: a path or config as given, a loaded model's config
+    (a PreTrainedModel, a peft model: ``.config``); None for anything else (then the plan is made without it).
+
+    One plan, one path: with model= the resolution is the one resolve_device(model=..., task="training")
+    makes, so its strategy keywords (fsdp=, deepspeed=) are the same whichever way the user came in."""
+    from whichdevice.model.files import is_config_object
+
+    if model is None or isinstance(model, (str, os.PathLike)) or is_config_object(model):
+        return model
+    config = getattr(model, "config", None)
+    return config if is_config_object(config) else None
+
+
 def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSettings) -> dict[str, Any]:
     """The keywords whichdevice adds to the user's, the precision flags agreed with theirs."""
     # torch_compile: yours when you pass it, else the resolution's (resolve_device(torch_compile=True)).
@@ -171,7 +203,12 @@ def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSetting
     else:
         filled.update(_precision_flags(res, filled, settings))
     if kwargs.get("use_cpu") is False and res.backend.name == "cpu":
-        filled, note = cpu_switch_off(res.backend, kwargs, filled)
+        why = (
+            f"{ENV_USE_CPU}={settings.use_cpu!r} makes TrainingArguments train on the CPU whatever use_cpu says"
+            if settings.cpu_forced
+            else "this machine has no usable accelerator"
+        )
+        filled, note = cpu_switch_off(res.backend, kwargs, filled, why)
         warnings.warn(note, stacklevel=3)
     return filled
 
@@ -226,20 +263,10 @@ def _check_switches(cls: type[TrainingArguments], kwargs: dict[str, Any]) -> Non
             check_flag(value, field.name)
 
 
-# Variables an import of transformers' TrainingArguments sets as a side effect: it imports peft,
-# which imports bitsandbytes, whose torch.compile decorators make torch._inductor write its cache
-# folder into os.environ (torch/_inductor/runtime/cache_dir_utils.py, cache_dir()). The value is a
-# default torch derives again whenever it needs one, so whichdevice leaves the variable as it was.
-IMPORT_SIDE_EFFECTS = ("TORCHINDUCTOR_CACHE_DIR",)
-
-
 def training_arguments_type() -> type[TrainingArguments]:
     """``transformers.TrainingArguments``, imported without leaving :data:`IMPORT_SIDE_EFFECTS` set."""
-    unset = [name for name in IMPORT_SIDE_EFFECTS if name not in os.environ]
-    from transformers import TrainingArguments
-
-    for name in unset:
-        os.environ.pop(name, None)
+    with import_side_effects_undone():
+        from transformers import TrainingArguments
     return TrainingArguments
 
 

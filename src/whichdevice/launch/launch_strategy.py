@@ -1,0 +1,179 @@
+"""The training strategy the launch carries: accelerate's FSDP or DeepSpeed settings, read as Trainer reads them.
+
+``accelerate launch`` turns its config file (``--config_file``, else the default one) and flags into
+variables of each process it starts (accelerate 1.16 utils/launch.py:277-305, ``prepare_multi_gpu_env``,
+and :526-541, ``prepare_deepspeed_cmd_env``), and transformers and accelerate build the strategy from
+them when no keyword says otherwise (installed files, transformers 5.25 and accelerate 1.16):
+
+- DeepSpeed: ``TrainingArguments.__post_init__`` builds ``DeepSpeedPlugin()`` from the variables only
+  when ``deepspeed=`` is not passed (transformers/training_args.py:1705-1720: ``if self.deepspeed: ...
+  elif strtobool(os.environ.get("ACCELERATE_USE_DEEPSPEED", "false"))``), so a ``deepspeed=`` keyword
+  replaces the launch's stage. The plugin takes ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (default 2), the
+  offload devices, or the JSON file ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` names, whose own values win
+  where they are not "auto" (accelerate/utils/dataclasses.py:1131-1195, ``DeepSpeedPlugin.__post_init__``,
+  ``fill_match``).
+- FSDP: Trainer builds ``FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`` only when ``fsdp=``
+  is passed (transformers/trainer.py:851-855); otherwise ``Accelerator`` builds it from
+  ``ACCELERATE_USE_FSDP`` (``.lower() == "true"``, accelerate/accelerator.py:372-377) and the ``FSDP_*``
+  variables (``FullyShardedDataParallelPlugin.__post_init__``, dataclasses.py:1702-1760). An
+  ``fsdp_config=`` of ours would override the launch's version and resharding.
+- ``AcceleratorState`` checks DeepSpeed first, and neither on CPU processes (accelerate/state.py:935:
+  DeepSpeed "and not cpu"; :971, FSDP only for the MULTI_GPU/XPU/NPU/HPU/... types): both are
+  ignored there.
+
+So whichdevice reads the same variables, sizes the strategy they name, warns with the numbers where it
+does not fit, and hands over no ``fsdp``/``deepspeed`` keyword while they are set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from whichdevice.core import envview
+
+__all__ = ["ENV_VARIABLES", "LaunchStrategy", "read_launch_strategy"]
+
+ENV_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
+ENV_ZERO_STAGE = "ACCELERATE_DEEPSPEED_ZERO_STAGE"
+ENV_DEEPSPEED_CONFIG = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
+ENV_OFFLOAD_OPTIMIZER = "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"
+ENV_OFFLOAD_PARAM = "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"
+ENV_USE_FSDP = "ACCELERATE_USE_FSDP"
+FSDP_VERSION = "FSDP_VERSION"
+FSDP_SHARDING = "FSDP_SHARDING_STRATEGY"
+FSDP_RESHARD = "FSDP_RESHARD_AFTER_FORWARD"
+FSDP_OFFLOAD = "FSDP_OFFLOAD_PARAMS"
+# The variables this module reads (the memo key holds them; see whichdevice.resolve.memo).
+ENV_VARIABLES = (
+    ENV_USE_DEEPSPEED,
+    ENV_ZERO_STAGE,
+    ENV_DEEPSPEED_CONFIG,
+    ENV_OFFLOAD_OPTIMIZER,
+    ENV_OFFLOAD_PARAM,
+    ENV_USE_FSDP,
+    FSDP_VERSION,
+    FSDP_SHARDING,
+    FSDP_RESHARD,
+    FSDP_OFFLOAD,
+)
+# transformers' strtobool (utils/generic.py): what TrainingArguments reads ACCELERATE_USE_DEEPSPEED with.
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+# accelerate's FSDP_SHARDING_STRATEGY names (utils/constants.py), 1-based as the plugin numbers them.
+_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_MAX_CONFIG = 10_000_000  # a DeepSpeed config is a few KiB; beyond this it is not one
+
+
+@dataclass(frozen=True)
+class LaunchStrategy:
+    """What the launch's variables make Trainer run: ``kind`` "deepspeed" (``stage`` 0-3) or "fsdp"
+    (``sharding`` FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD), with its offloads."""
+
+    kind: str
+    said: str  # the variables (and file) it was read from, as the trace quotes them
+    stage: int | None = None
+    sharding: str = "FULL_SHARD"
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    problem: str | None = None  # a setting that could not be read (the rest was still read)
+
+    @property
+    def name(self) -> str:
+        if self.kind == "deepspeed":
+            parts = [f"DeepSpeed ZeRO-{self.stage}"]
+        else:
+            parts = ["FSDP" + ("" if self.sharding == "FULL_SHARD" else f" {self.sharding}")]
+        offloaded = [
+            what for what, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_params)) if on
+        ]
+        if offloaded:
+            parts.append(f"with {' and '.join(offloaded)} offloaded to the CPU")
+        return " ".join(parts)
+
+
+def read_launch_strategy(environ: Mapping[str, str] | None = None) -> LaunchStrategy | None:
+    """The strategy the launch's variables carry (None: none; Trainer then runs DDP unless a keyword says)."""
+    env = envview.environ() if environ is None else environ
+    if env.get(ENV_USE_DEEPSPEED, "false").strip().lower() in _TRUE:
+        return _deepspeed(env)
+    if env.get(ENV_USE_FSDP, "false").lower() == "true":
+        return _fsdp(env)
+    return None
+
+
+def _offloaded(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() in ("cpu", "nvme")
+
+
+def _deepspeed(env: Mapping[str, str]) -> LaunchStrategy:
+    said = [f"{ENV_USE_DEEPSPEED}={env[ENV_USE_DEEPSPEED]}"]
+    problem = None
+    raw = env.get(ENV_ZERO_STAGE)
+    stage = 2  # DeepSpeedPlugin's default
+    if raw is not None:
+        said.append(f"{ENV_ZERO_STAGE}={raw}")
+        if raw.strip() in ("0", "1", "2", "3"):
+            stage = int(raw)
+        else:
+            problem = f"{ENV_ZERO_STAGE}={raw!r} is not a ZeRO stage (0-3): DeepSpeedPlugin's int() raises on it"
+    optimizer = _offloaded(env.get(ENV_OFFLOAD_OPTIMIZER))
+    params = _offloaded(env.get(ENV_OFFLOAD_PARAM))
+    for name in (ENV_OFFLOAD_OPTIMIZER, ENV_OFFLOAD_PARAM):
+        if env.get(name) is not None:
+            said.append(f"{name}={env[name]}")
+    path = env.get(ENV_DEEPSPEED_CONFIG)
+    if path is not None and path != "none":
+        said.append(f"{ENV_DEEPSPEED_CONFIG}={path}")
+        zero, problem = _config_file(path)
+        if zero is not None:
+            # The file's values win where they are not "auto" (DeepSpeedPlugin's fill_match).
+            if zero.get("stage") in (0, 1, 2, 3):
+                stage = zero["stage"]
+            for key, current in (("offload_optimizer", optimizer), ("offload_param", params)):
+                device = zero.get(key, {}).get("device") if isinstance(zero.get(key), dict) else None
+                if isinstance(device, str) and device != "auto":
+                    current = _offloaded(device)
+                if key == "offload_optimizer":
+                    optimizer = current
+                else:
+                    params = current
+    return LaunchStrategy("deepspeed", ", ".join(said), stage, "FULL_SHARD", optimizer, params, problem)
+
+
+def _config_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The ``zero_optimization`` section of a DeepSpeed JSON config (untrusted: checked), or why not."""
+    where = f"{ENV_DEEPSPEED_CONFIG}={path!r}"
+    try:
+        if os.path.getsize(path) > _MAX_CONFIG:
+            return None, f"{where} is too large for a DeepSpeed config"
+        with open(path, encoding="utf-8") as f:
+            loaded = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"{where} cannot be read as JSON ({type(exc).__name__}): whichdevice sizes the variables' stage"
+    zero = loaded.get("zero_optimization") if isinstance(loaded, dict) else None
+    if not isinstance(zero, dict):
+        return None, f"{where} has no zero_optimization section: DeepSpeedPlugin raises on it"
+    return zero, None
+
+
+def _fsdp(env: Mapping[str, str]) -> LaunchStrategy:
+    said = [f"{ENV_USE_FSDP}={env[ENV_USE_FSDP]}"]
+    for name in (FSDP_VERSION, FSDP_SHARDING, FSDP_RESHARD, FSDP_OFFLOAD):
+        if env.get(name) is not None:
+            said.append(f"{name}={env[name]}")
+    version = env.get(FSDP_VERSION, "1").strip()
+    sharding = "FULL_SHARD"
+    if version == "2":
+        # FSDP2 has no sharding strategy: reshard_after_forward=False keeps the layers gathered, as SHARD_GRAD_OP.
+        if env.get(FSDP_RESHARD, "true").strip().lower() in ("false", "0", "no", "n", "f", "off"):
+            sharding = "SHARD_GRAD_OP"
+    else:
+        raw = env.get(FSDP_SHARDING, env.get(FSDP_RESHARD, "FULL_SHARD")).strip().upper()
+        sharding = _SHARDING[int(raw) - 1] if raw.isdigit() and 1 <= int(raw) <= 5 else raw
+        if sharding not in _SHARDING:
+            sharding = "FULL_SHARD"
+    offload = env.get(FSDP_OFFLOAD, "false").strip().lower() in _TRUE
+    return LaunchStrategy("fsdp", ", ".join(said), None, sharding, offload, offload)

@@ -1,0 +1,155 @@
+"""The strategy the launch carries (whichdevice.launch.launch_strategy): read as accelerate and
+TrainingArguments read it, sized as launched, warned about where it does not fit, never replaced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import whichdevice as wd
+from whichdevice.launch.launch_strategy import read_launch_strategy
+from whichdevice.testing import simulate
+
+GiB = 1024**3
+_TORCHRUN = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none")  # fmt: skip
+# What `accelerate launch` exports besides torchrun's (accelerate utils/launch.py, prepare_multi_gpu_env).
+_ACCELERATE = dict(ACCELERATE_DYNAMO_BACKEND="NO", ACCELERATE_MIXED_PRECISION="bf16", ACCELERATE_USE_CPU="False")
+LAUNCHES = {
+    "DDP": {},
+    "FSDP": {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "true",
+             "FSDP_OFFLOAD_PARAMS": "false"},
+    "ZeRO-2": {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+    "ZeRO-3": {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+}  # fmt: skip
+
+
+def _llama_8b():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)  # fmt: skip
+
+
+@pytest.fixture
+def launch(monkeypatch):
+    def set_up(name: str | None, **extra: str) -> None:
+        variables = {**_TORCHRUN, **(_ACCELERATE if name is not None else {}), **LAUNCHES.get(name or "", {}), **extra}
+        for key, value in variables.items():
+            monkeypatch.setenv(key, value)
+
+    return set_up
+
+
+def test_deepspeed_variables_are_read_as_deepspeedplugin_reads_them(tmp_path):
+    assert read_launch_strategy({}) is None
+    plain = read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "true"})
+    assert plain is not None and plain.stage == 2  # DeepSpeedPlugin's default stage
+    # TrainingArguments reads it with strtobool: "1" counts.
+    assert read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "1", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}).stage == 3
+    offload = read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+                                    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"})  # fmt: skip
+    assert offload.offload_optimizer and not offload.offload_params
+    assert offload.name == "DeepSpeed ZeRO-3 with optimizer offloaded to the CPU"
+    # A config file's own stage and offload win over the variables where not "auto" (fill_match).
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}))
+    filed = read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2",
+                                  "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config)})  # fmt: skip
+    assert filed.stage == 3 and filed.offload_params and str(config) in filed.said
+    config.write_text("{not json")
+    broken = read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config)})
+    assert broken.stage == 2 and "cannot be read as JSON" in (broken.problem or "")
+
+
+def test_fsdp_variables_are_read_as_accelerate_reads_them():
+    # accelerate: os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"; "1" is not true there.
+    assert read_launch_strategy({"ACCELERATE_USE_FSDP": "1"}) is None
+    assert read_launch_strategy({"ACCELERATE_USE_FSDP": "TRUE"}).kind == "fsdp"
+    v1 = read_launch_strategy({"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "2"})
+    assert v1.sharding == "SHARD_GRAD_OP"
+    v2 = read_launch_strategy({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
+                               "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "true"})  # fmt: skip
+    assert v2.sharding == "SHARD_GRAD_OP" and v2.offload_params
+    # DeepSpeed first, as AcceleratorState checks it first.
+    both = read_launch_strategy({"ACCELERATE_USE_FSDP": "true", "ACCELERATE_USE_DEEPSPEED": "true"})
+    assert both.kind == "deepspeed"
+
+
+@pytest.mark.parametrize("name", ["FSDP", "ZeRO-2", "ZeRO-3"])
+def test_the_launchs_strategy_is_sized_and_kept_with_no_keyword_over_it(launch, name):
+    launch(name)
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        res = wd.resolve_device(model=_llama_8b(), task="training", quantize=None)
+    kwargs = res.training_kwargs()
+    assert "deepspeed" not in kwargs and "fsdp" not in kwargs and "fsdp_config" not in kwargs
+    plan = res.training_plan
+    assert plan.launched is not None and plan.chosen.name.endswith("(the launch's)")
+    assert plan.chosen.key == {"FSDP": "fsdp", "ZeRO-2": "zero2", "ZeRO-3": "zero3"}[name]
+    assert "as the launch carries it" in res.explain()
+    # ZeRO-3 partitions on load: no device_map (from_pretrained refuses one under ZeRO-3).
+    assert ("device_map" in res.model_kwargs()) == (name != "ZeRO-3")
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+@pytest.mark.parametrize("stage", ["2", "3"])
+def test_trainingarguments_built_with_the_keywords_runs_the_launchs_zero_stage(launch, tmp_path, monkeypatch, stage):
+    """transformers builds DeepSpeedPlugin from the variables only without deepspeed= (training_args.py):
+    with whichdevice's keywords the stage the launch asked for is the one TrainingArguments holds."""
+    from transformers import TrainingArguments
+
+    launch("ZeRO-3", ACCELERATE_DEEPSPEED_ZERO_STAGE=stage)
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        res = wd.resolve_device(model=_llama_8b(), task="training", quantize=None)
+    kwargs = {k: v for k, v in res.training_kwargs().items() if k not in ("ddp_backend", "bf16")}  # this is a CPU
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name)  # one CPU process builds it here
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], **kwargs)
+    assert args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == int(stage)
+
+
+def test_a_launched_strategy_that_does_not_fit_is_warned_with_the_numbers(launch):
+    launch("ZeRO-2")
+    with simulate("cuda:8,mem=24GiB,cc=9.0"):
+        res = wd.resolve_device(model=_llama_8b(), task="training", quantize=None)
+    warning = next(s.message for s in res.trace if s.topic == "warning" and "the launch's" in s.message)
+    chosen = res.training_plan.chosen
+    assert not chosen.fits and "needs 31.78 GiB per device" in warning and "19.20 GiB budget" in warning
+    assert "fits" in warning and "change the launch's config" in warning  # what would fit instead
+    assert "deepspeed" not in res.training_kwargs()
+
+
+@pytest.mark.parametrize("name", ["DDP", None], ids=["accelerate-ddp", "torchrun"])
+def test_an_accelerate_ddp_launch_or_torchrun_is_planned_as_before(launch, name):
+    launch(name)
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        res = wd.resolve_device(model=_llama_8b(), task="training", quantize=None)
+    assert res.training_plan.launched is None and res.training_plan.chosen.key != "ddp"
+    said = "the launch carries no FSDP or DeepSpeed setting"
+    assert (said in res.explain()) == (name == "DDP")
+
+
+def test_the_config_line_does_not_say_python_ignores_it_under_accelerate_launch(launch, tmp_path, monkeypatch):
+    home = tmp_path / "hf"
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text(
+        "distributed_type: DEEPSPEED\nmixed_precision: bf16\ndeepspeed_config:\n  zero_stage: 3\n"
+    )
+    monkeypatch.setenv("HF_HOME", str(home))
+    launch("ZeRO-3")
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        res = wd.resolve_device(task="training")
+    line = next(s.message for s in res.trace if s.topic == "accelerate" and "default_config.yaml" in s.message)
+    assert "`accelerate launch` started this process" in line and "zero_stage: 3" in line
+    assert "ignores it" not in line
+
+
+def test_the_launchs_strategy_is_said_without_a_model_and_a_bad_stage_is_warned(launch):
+    launch("ZeRO-3", ACCELERATE_DEEPSPEED_ZERO_STAGE="three")
+    with simulate("cuda:8,mem=80GiB,cc=9.0"):
+        res = wd.resolve_device(task="training")
+    said = res.explain()
+    assert "the launch's variables carry DeepSpeed ZeRO-2" in said  # DeepSpeedPlugin's default stage
+    assert "ACCELERATE_DEEPSPEED_ZERO_STAGE='three' is not a ZeRO stage" in said
+    assert "deepspeed" not in res.training_kwargs()
