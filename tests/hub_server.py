@@ -15,6 +15,7 @@ and the furthest byte of each, so a test can tell that no tensor byte left it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 TOKEN = "hf_test_token_with_access"  # the token the gated repos accept
@@ -106,9 +108,7 @@ class HubServer:
         return repo
 
     def add_folder(self, name: str, folder: Path, **kwargs: object) -> Repo:
-        files: dict[str, bytes | HeaderOnly] = {
-            p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()
-        }
+        files: dict[str, bytes | HeaderOnly] = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
         return self.add(name, files, **kwargs)
 
     def record(self, sent: Sent) -> None:
@@ -213,7 +213,9 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             size = content.size if isinstance(content, HeaderOnly) else len(content)
             headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
             if filename.endswith(".safetensors"):  # an LFS file: the Hub redirects to its storage
-                headers.update({"Location": f"/cdn/{name}/{commit}/{filename}", "X-Linked-Size": str(size)})
+                # On another origin, as the Hub's CDN is: huggingface_hub stops there and reads this answer.
+                cdn = hub.url.replace("127.0.0.1", "localhost")
+                headers.update({"Location": f"{cdn}/cdn/{name}/{commit}/{filename}", "X-Linked-Size": str(size)})
                 headers["X-Linked-Etag"] = f'"{etag}"'
                 self._send(302, b"", headers, head, span=False)
                 return
@@ -279,3 +281,29 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, json.dumps({"error": message}).encode(), headers, head, span=False)
 
     return Handler
+
+
+@contextlib.contextmanager
+def serving(monkeypatch: Any, tmp_path: Path) -> Iterator[HubServer]:
+    """A test Hub that huggingface_hub, transformers and whichdevice talk to, with empty caches.
+
+    HF_ENDPOINT is set, and huggingface_hub's constants that it read from the environment at
+    import (the endpoint, its URL template, offline mode, the cache) follow, as a process started
+    with these variables would have them."""
+    from huggingface_hub import constants
+
+    with HubServer() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(
+            constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        )
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        yield hub

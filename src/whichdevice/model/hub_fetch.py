@@ -54,17 +54,17 @@ def fetch_files(
 ) -> dict[str, tuple[bytes, int]]:
     """Each metadata file's bytes and the bytes fetched for it (a header: its 8-byte length + the JSON)."""
     quoted = shlex.quote(repo)
-    if "config.json" not in files:
-        raise DeviceError(
-            f"model={repo!r} has no config.json on the Hub ({_some(files)}), so transformers cannot load it with "
-            f"from_pretrained: pass a config (transformers.AutoConfig) or a local folder with one"
-        )
     if INDEX not in files and SINGLE not in files:
         kind = _weights_kind(files)
         raise DeviceError(
-            f"model={repo!r} has {kind} on the Hub and no safetensors weights, so whichdevice cannot read "
-            "their sizes without downloading them: pass a config (transformers.AutoConfig.from_pretrained"
-            f"({repo!r})) to size it from, or download it first (hf download {quoted})"
+            f"model={repo!r} has {kind} on the Hub and no model.safetensors, so whichdevice cannot read "
+            "the weights' sizes without downloading them: pass a config (transformers.AutoConfig.from_pretrained"
+            f"({repo!r})) to size it from, or download it first (hf download {quoted}) and pass the folder"
+        )
+    if "config.json" not in files:
+        raise DeviceError(
+            f"model={repo!r} has no config.json on the Hub ({_some(files)}), so from_pretrained cannot load it "
+            "as it is: pass a config (transformers.AutoConfig) or a local folder with one"
         )
     get = _Getter(repo, commit, endpoint, deadline)
     out: dict[str, tuple[bytes, int]] = {}
@@ -98,7 +98,7 @@ def fetch_files(
 def _weights_kind(files: set[str]) -> str:
     kinds = [
         (".bin", "only PyTorch .bin weights"),
-        (".gguf", "only GGUF weights"),
+        (".gguf", "only GGUF weights (from_pretrained reads them only with gguf_file=, dequantized)"),
         (".safetensors", "safetensors files under other names than model.safetensors"),
     ]
     for suffix, kind in kinds:
@@ -159,9 +159,11 @@ class _Getter:
         stream = get_session().stream("GET", self.url(name), headers=headers, timeout=min(TIMEOUT_S, left))
         with _hub_errors(self.repo, self.commit, self.endpoint), stream as response:
             hf_raise_for_status(response)
-            body = _bounded(response.iter_bytes(), most, self.deadline, self.endpoint)
+            # A server that ignores Range answers 200 from byte 0: read up to the span's end, no further.
+            skip = span[0] if span is not None and response.status_code == 200 else 0
+            body = _bounded(response.iter_bytes(), skip + most, self.deadline, self.endpoint)
             size = _whole_size(response.status_code, response.headers, len(body))
-        return body, size
+        return body[skip:], size
 
 
 def _bounded(chunks: Iterator[bytes], most: int, deadline: float, endpoint: str) -> bytes:
