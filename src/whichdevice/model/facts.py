@@ -126,13 +126,15 @@ def read_model_facts(model: Any, *, weights: bool = True, revision: str | None =
     """``model=`` (a folder, a safetensors file, a Hub model id or a transformers config) read and
     checked once. ``weights=False`` reads the config only (no safetensors header, no link check). A
     Hub id not in the local cache at ``revision`` has its metadata fetched (model/hub.py), never its weights."""
+    if isinstance(model, ModelFacts):  # read already (whichdevice.report.plan resolves one model many times)
+        return model
     if is_config_object(model):
         where = f"model=<{type(model).__name__}>"
         config = check_config(model.to_dict(), where)
         return ModelFacts(where, config, config_object_dtype(model), shape_of_config(config), config_object=model)
     if not isinstance(model, (str, os.PathLike)):
         raise DeviceError(
-            f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
+            f"model= takes a local path, a Hub model id or a transformers config, not {type(model).__name__}"
         )
     hub = None
     try:
