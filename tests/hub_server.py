@@ -307,3 +307,33 @@ def serving(monkeypatch: Any, tmp_path: Path) -> Iterator[HubServer]:
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
         yield hub
+
+
+@contextlib.contextmanager
+def docs_hub() -> Iterator[HubServer]:
+    """serving() for a docs block (tests/doc_blocks.py, ``test="hub"``), which runs in a process of its
+    own: the header-only repos of tests/hub_fixtures.py served, the environment set and put back."""
+    import os
+
+    from huggingface_hub import constants
+
+    from hub_fixtures import large_repos
+
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HUB_OFFLINE")}
+    kept = (constants.ENDPOINT, constants.HUGGINGFACE_CO_URL_TEMPLATE, constants.HF_HUB_OFFLINE)
+    with HubServer() as hub:
+        for name, files in large_repos().items():
+            hub.add(name, files)
+        os.environ["HF_ENDPOINT"] = hub.url
+        os.environ.pop("HF_HUB_OFFLINE", None)
+        constants.ENDPOINT, constants.HF_HUB_OFFLINE = hub.url, False
+        constants.HUGGINGFACE_CO_URL_TEMPLATE = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        try:
+            yield hub
+        finally:
+            constants.ENDPOINT, constants.HUGGINGFACE_CO_URL_TEMPLATE, constants.HF_HUB_OFFLINE = kept
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

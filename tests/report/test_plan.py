@@ -49,7 +49,9 @@ def test_a_model_too_large_for_one_device_is_tried_on_more_and_tensor_parallel_i
     one, two = plan.rows
     assert one.devices == 1 and one.quantization == "bitsandbytes-nf4"  # quantize="auto" on one device
     assert two.devices == 2 and two.quantization is None and two.strategy == "tensor parallel over 2"
-    assert "distributed_config" in two.keywords or two.keywords.get("tp_plan") == "'auto'"
+    assert two.keywords.get("distributed_config") == "DistributedConfig(tp_plan='auto')" or two.keywords.get(
+        "tp_plan"
+    ) == repr("auto")
     assert two.launch is not None and "--nproc-per-node=2" in two.launch
     assert two.tokens_per_s == pytest.approx(2 * 4800e9 / (70.55e9 * 2 + 2 * 80 * 8 * 128 * 4096 * 2), rel=0.01)
 
@@ -98,3 +100,15 @@ def test_the_command_prints_the_table_and_json_against_the_hub(hub, tmp_path):
     assert data["kind"] == "plan" and data["rows"][0]["fits"] is True
     bad = subprocess.run([*command[:4], "acme/missing"], env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "check the id" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_one_process_on_several_gpus_hears_of_tensor_parallelism_where_it_fits(hub):
+    with simulate("cuda:2,name=NVIDIA H200"):
+        res = wd.resolve_device(model="meta-llama/Llama-3.1-70B", max_length=4096, quantize=None)
+    said = res.explain()
+    assert res.device_map in ("auto", "balanced_low_0")  # what one process can run, handed over as before
+    assert "faster: tensor parallel over 2 devices" in said and "--nproc-per-node=2" in said
+    assert "DistributedConfig(tp_plan='auto')" in said or "tp_plan='auto'" in said
+    with simulate("cuda:4,name=NVIDIA A100-SXM4-40GB"):
+        res = wd.resolve_device(model="meta-llama/Llama-3.1-70B", max_length=4096, quantize=None)
+    assert "the split, since tensor parallel over 4 devices" in res.explain() and "does not fit" in res.explain()

@@ -14,13 +14,26 @@ handover are the resolver's and the plan's.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 
-__all__ = ["TensorParallel", "tensor_parallel", "tp_keywords", "tp_plan_of"]
+if TYPE_CHECKING:
+    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.memory.job import JobMemory
+
+__all__ = [
+    "TensorParallel",
+    "tensor_parallel",
+    "tensor_parallel_steps",
+    "tp_keywords",
+    "tp_keywords_text",
+    "tp_plan_of",
+]
 
 
 @dataclass(frozen=True)
@@ -99,3 +112,39 @@ def tp_keywords() -> dict[str, Any]:
     except ImportError:
         return {"tp_plan": "auto"}
     return {"distributed_config": DistributedConfig(tp_plan="auto")}
+
+
+def tp_keywords_text() -> dict[str, str]:
+    """tp_keywords() as the code that makes them (DistributedConfig's repr is its whole JSON)."""
+    return {
+        k: "DistributedConfig(tp_plan='auto')" if k == "distributed_config" else repr(v)
+        for k, v in tp_keywords().items()
+    }
+
+
+def tensor_parallel_steps(
+    config: Mapping[str, Any] | None,
+    devices: int,
+    budget: int,
+    weights: int,
+    memory: JobMemory,
+    backend: Backend,
+    result: ProbeResult,
+) -> list[TraceStep]:
+    """For a split one process runs (one device at a time): tensor parallelism over the same
+    ``devices`` devices of ``budget`` bytes, and how to launch it where it fits."""
+    from whichdevice.launch.accelerate_settings import launch_command
+
+    kv = sum(t.bytes for t in memory.terms if t.name == "KV cache")
+    option = tensor_parallel(config, devices, weights, kv, memory.bytes - kv, budget)
+    if not option.fits:
+        return [TraceStep("placement", f"the split, since {option.line(budget)}", chosen=False)]
+    launch = " ".join(shlex.quote(a) for a in launch_command(backend, result, ["your_script.py"]))
+    keywords = ", ".join(f"{k}={v}" for k, v in tp_keywords_text().items())
+    return [
+        TraceStep(
+            "placement",
+            f"faster: {option.line(budget)}, where the split reads one device at a time; for it, launch "
+            f"`{launch}` and load with from_pretrained(..., {keywords}) in each process (no device_map)",
+        )
+    ]

@@ -246,9 +246,9 @@ def _strategy(
         return "one device", kwargs, None, 1
     option = _tensor_parallel(facts, res, devices, batch, length, weights)
     if option is not None and option.fits:
-        from whichdevice.memory.tensor_parallel import tp_keywords
+        from whichdevice.memory.tensor_parallel import tp_keywords_text
 
-        tp = {k: _shown(v) for k, v in tp_keywords().items()}
+        tp = tp_keywords_text()
         dtype = {k: v for k, v in kwargs.items() if k in ("dtype", "torch_dtype", "attn_implementation")}
         return f"tensor parallel over {devices}", {**dtype, **tp}, _launch(res, devices), devices
     why = f" (tensor parallel: {option.unavailable or 'does not fit'})" if option is not None else ""
