@@ -30,13 +30,13 @@ GB = 1e9
 
 
 def _accelerate(model: str, endpoint: str) -> str:
-    """accelerate estimate-memory's bf16 row for ``model`` against the local Hub (its own command)."""
+    """accelerate estimate-memory's float16 row for ``model`` against the local Hub (its own command)."""
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
-    command = ["accelerate", "estimate-memory", model, "--library_name", "transformers", "--dtypes", "bfloat16"]
+    command = ["accelerate", "estimate-memory", model, "--library_name", "transformers", "--dtypes", "float16"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         return f"failed: {(done.stderr or done.stdout).strip().splitlines()[-1][:200]}"
-    row = next((line for line in done.stdout.splitlines() if "bfloat16" in line), "")
+    row = next((line for line in done.stdout.splitlines() if "float16" in line), "")
     cells = [c.strip() for c in row.strip("│|").split("│")] if "│" in row else row.split("|")
     return " / ".join(c for c in cells[1:] if c) or done.stdout[-300:]
 
@@ -89,7 +89,8 @@ def main() -> None:
                 f"{tensor_bytes} | {hf_mem_reads:,} (100,001 per shard) |"
             )
         print()
-        print("| model | whichdevice weights (bf16) | hf-mem (headers, as stored) | accelerate estimate-memory bf16 |")
+        accelerate = "accelerate estimate-memory float16 (bf16 has the same bytes; it offers no bfloat16)"
+        print(f"| model | whichdevice weights (bf16) | hf-mem (headers, as stored) | {accelerate} |")
         print("|---|---|---|---|")
         for name in MODELS:
             size = facts[name].size

@@ -193,6 +193,14 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 "tags": [],
                 "siblings": [{"rfilename": f} for f in sorted(repo.files)],
             }
+            raw = repo.files.get("config.json")
+            try:
+                config = json.loads(raw) if isinstance(raw, bytes) else None
+            except ValueError:
+                config = None
+            if isinstance(config, dict):  # the Hub's summary of a transformers model's config
+                info["library_name"] = "transformers"
+                info["config"] = {k: config[k] for k in ("architectures", "model_type") if k in config}
             self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head, span=False)
 
         def _resolve(self, name: str, revision: str, filename: str, head: bool) -> None:

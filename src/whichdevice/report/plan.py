@@ -213,8 +213,9 @@ def _answer(facts: Any, res: Any, row: PlanRow, task: str, batch: int, length: i
     size = facts.size
     weights = size.bytes_quantized(res.quantization.bits, dtype) if res.quantization else size.bytes_in(dtype)
     strategy, keywords, launch, parallel = _strategy(facts, res, row.devices, task, batch, length, weights)
-    # The limits are searched for the unquantized load (memory/largest.py): none for a quantized one.
-    limits = res.fit_limits if res.quantization is None else None
+    # The limits are searched for the unquantized full job (memory/largest.py): none for a quantized
+    # load or for LoRA, which placement chose after them.
+    limits = res.fit_limits if res.quantization is None and "LoRA" not in strategy else None
     speed = source = None
     row_bandwidth = bandwidth_of(row.device_name) if row.spec else _cpu_bandwidth()
     if task == "inference" and row_bandwidth is not None:
@@ -289,5 +290,6 @@ def _shown(value: Any) -> str:
 
 
 def _short(message: str) -> str:
+    """The first reason a DoesNotFitError gives (the trace of that machine's resolution has the rest)."""
     first = message.split(": ", 1)[-1] if message.startswith("The model does not fit") else message
     return first.split(";")[0][:160]
