@@ -7,6 +7,9 @@ separated by ``;``:
 - ``tiny-model``: ``"path/to/model"`` and the Hub id ``"gpt2"`` become one tiny local Llama, and
   the name ``path`` holds it; ``train_dataset=...`` becomes a few random token sequences.
 - ``simulate:SPEC``: a python block runs inside ``whichdevice.testing.simulate(SPEC)``.
+- ``hub``: a python block runs with HF_ENDPOINT pointed at a local Hub (tests/hub_server.py) that
+  serves the header-only checkpoints of tests/hub_fixtures.py under their Hub ids
+  ("meta-llama/Llama-3.1-8B", ...): the Hub ids of a page resolve for real, from metadata.
 - ``exit:N,M``: the exit statuses a bash line may end with (default 0; ``whichdevice check cuda``
   on a machine without a GPU ends with 1).
 - ``continues``: a python block that goes on from the page's previous python block (runs both).
@@ -46,6 +49,7 @@ class Block:
     skip: str | None = None
     tiny_model: bool = False
     simulate: str | None = None
+    hub: bool = False
     exits: tuple[int, ...] = (0,)
     signature: bool = False
     prefix: str = ""
@@ -77,6 +81,8 @@ def _block(page: str, line: int, lang: str, code: str, test: str, previous: str)
             kwargs["tiny_model"] = True
         elif key == "simulate":
             kwargs["simulate"] = value
+        elif key == "hub":
+            kwargs["hub"] = True
         elif key == "exit":
             kwargs["exits"] = tuple(int(v) for v in value.split(","))
         elif key == "continues":
@@ -117,6 +123,9 @@ def python_source(block: Block) -> str:
     if block.simulate:
         body = "".join(f"    {line}\n" if line.strip() else "\n" for line in code.splitlines())
         code = f"from whichdevice.testing import simulate as _simulate\nwith _simulate({block.simulate!r}):\n{body}"
+    if block.hub:
+        body = "".join(f"    {line}\n" if line.strip() else "\n" for line in code.splitlines())
+        code = f"from hub_server import docs_hub as _docs_hub\nwith _docs_hub():\n{body}"
     return code
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         register_backend,
         unregister_backend,
     )
+    from whichdevice.report.plan import HardwarePlan, plan_hardware
     from whichdevice.resolve.resolver import Resolution, parse_device, resolve_device
     from whichdevice.training.arguments import training_arguments
     from whichdevice.training.lora import LoraTraining, lora_training
@@ -72,6 +73,8 @@ _LAZY = {
     "Resolution": "whichdevice.resolve.resolver",
     "parse_device": "whichdevice.resolve.resolver",
     "resolve_device": "whichdevice.resolve.resolver",
+    "plan_hardware": "whichdevice.report.plan",
+    "HardwarePlan": "whichdevice.report.plan",
     "training_arguments": "whichdevice.training.arguments",
     "LoraTraining": "whichdevice.training.lora",
     "lora_training": "whichdevice.training.lora",
@@ -87,6 +90,7 @@ __all__ = [
     "DeviceUnavailableError",
     "DoesNotFitError",
     "EnvDefault",
+    "HardwarePlan",
     "LoraTraining",
     "PackageVersionError",
     "ProbeResult",
@@ -101,6 +105,7 @@ __all__ = [
     "get_backend",
     "lora_training",
     "parse_device",
+    "plan_hardware",
     "probe",
     "probe_all",
     "register_backend",

@@ -190,7 +190,38 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"report": _cmd_report, "check": _cmd_check, "smoke": _cmd_smoke, "calibrate": _cmd_calibrate}
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from whichdevice.report.gather import SCHEMA_VERSION
+    from whichdevice.report.plan import plan_hardware
+
+    if args.simulate or args.simulate_report or args.device:
+        raise DeviceError(
+            "plan simulates each machine itself: give machines with --machine SPEC, not --simulate or --device"
+        )
+    result = plan_hardware(
+        args.plan_model,
+        task=args.plan_task,
+        batch_size=args.plan_batch,
+        max_length=args.plan_length,
+        machines=args.machine,
+        revision=args.revision,
+    )
+    if args.json:
+        _json({"schema_version": SCHEMA_VERSION, **result.to_dict()})
+        return 0
+    title = f"{result.model}: {result.task} at batch {result.batch_size} x {result.max_length} tokens"
+    lines = [printable(title)] + ([printable(result.fetched)] if result.fetched else [])
+    _emit("\n".join(lines) + "\n\n" + result.table())
+    return 0
+
+
+_COMMANDS = {
+    "report": _cmd_report,
+    "check": _cmd_check,
+    "smoke": _cmd_smoke,
+    "calibrate": _cmd_calibrate,
+    "plan": _cmd_plan,
+}
 
 
 # ---------------------------------------------------------------------------------------- main

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     from whichdevice import __version__
 
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke,calibrate}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{report,check,smoke,calibrate,plan}", parser_class=_Parser)
     sub.add_parser(
         "report",
         parents=[common, job],
@@ -173,7 +173,36 @@ def build_parser() -> argparse.ArgumentParser:
             "is the folder of its cache."
         ),
     )
+    _plan_parser(sub)
     return parser
+
+
+def _plan_parser(sub: Any) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="which hardware a model's job needs: a table over common machines (a Hub id is read from its metadata)",
+        description=(
+            "Resolves the job on each machine (simulate() specs: T4 to H200, MI300X, Gaudi, TPU v5e, Trainium, "
+            "an Apple M-series Mac and this machine by default) with 1, 2, 4 and 8 devices until it runs: fits, "
+            "dtype and quantization, strategy, the largest context and batch, and the decode speed limit. A Hub "
+            "model id is read from its config and safetensors headers, never its weights."
+        ),
+        epilog="exit codes: 0 answered (whether or not anything fits), 2 bad input or the model cannot be read",
+    )
+    plan.add_argument("plan_model", metavar="MODEL", help="a Hub model id (org/name), a local folder or a cached id")
+    plan.add_argument("--task", dest="plan_task", choices=("inference", "training"), default="inference")
+    plan.add_argument("--batch-size", dest="plan_batch", type=_positive_int, default=1, metavar="N")
+    plan.add_argument("--max-length", dest="plan_length", type=_positive_int, default=4096, metavar="N")
+    plan.add_argument("--revision", default=None, help="the Hub revision (branch, tag or commit; default main)")
+    plan.add_argument(
+        "--machine",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="a machine as a simulate() spec ('cuda:1,name=NVIDIA L4'; repeatable); replaces the default list",
+    )
+    plan.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:

@@ -91,10 +91,7 @@ def test_a_resolution_counts_the_checkpoints_matmuls_from_its_headers(tmp_path: 
 
 # An AVX2-only EPYC (no AVX-512, no native bf16; issue 48's figures): bf16 decode reads half the bytes
 # and runs 1.7x fp32 with the weights streamed, but its prompt (emulated arithmetic) runs at 0.17x.
-AVX2 = (
-    "bf16.b1:0.6/bf16.b2:0.3/bf16.b4:0.2/bf16.b8:0.18/bf16.prompt:0.17/bf16.s1:1.7/bf16.s4:0.9/"
-    f"{FP32}/{MEMORY}"
-)
+AVX2 = f"bf16.b1:0.6/bf16.b2:0.3/bf16.b4:0.2/bf16.b8:0.18/bf16.prompt:0.17/bf16.s1:1.7/bf16.s4:0.9/{FP32}/{MEMORY}"
 
 
 @pytest.mark.parametrize(

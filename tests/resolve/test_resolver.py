@@ -212,10 +212,11 @@ def test_model_that_fits_nowhere_says_the_numbers():
     assert "GiB" in str(err.value) and "quantize='auto'" in str(err.value)
 
 
-def test_unknown_model_never_downloads(tmp_path, monkeypatch):
+def test_an_uncached_model_offline_names_the_ways_on(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(wd.DeviceError, match="never downloads"):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(wd.DeviceError, match=r"HF_HUB_OFFLINE is set.*unset HF_HUB_OFFLINE.*hf download"):
         wd.resolve_device(model="someone/not-cached-model")
 
 

@@ -86,7 +86,9 @@ def place_model(
     if not explicit:
         placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
-            return _placed(placement, largest, trace, limits)
+            say_limits(largest, trace, limits)
+            trace.extend(_placed_steps(model, placement, fit, weights, memory, (backend, result)))
+            return placement.device_map, placement.max_memory, None, None
         does_not_fit = f"in {dtype}, {placement.note}"
         adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace, limits)
         if adapters is not None:
@@ -100,6 +102,20 @@ def place_model(
         if job.offload is not None and not explicit:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
         raise _with_ways_out(err, (model, size, memory, backend), fit, dtype, largest) from None
+
+
+def _placed_steps(
+    model: Any, placement: Placement, fit: _Fit, weights: int, memory: JobMemory, on: tuple[Backend, ProbeResult]
+) -> list[TraceStep]:
+    """The placement's line; for an inference split, tensor parallelism beside it."""
+    steps = [TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}")]
+    if fit.job.task == "inference" and placement.device_map in (*_SPLITS, "sequential"):
+        from whichdevice.memory.tensor_parallel import tensor_parallel_steps
+        from whichdevice.model.facts import model_config
+
+        budget = int(min(fit.caps.values()) * (1.0 if fit.budget_given else FIT_FRACTION))
+        steps += tensor_parallel_steps(model_config(model), len(fit.caps), budget, weights, memory, *on)
+    return steps
 
 
 def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: JobMemory, weights: int) -> Placement:
@@ -145,13 +161,6 @@ def _largest(
     largest = largest_fit(shape, params, job, dtype, fits, trainable=trainable, plan=plan)
     say_limits(largest, trace, found)
     return largest
-
-
-def _placed(placement: Placement, largest: LargestFit | None, trace: list[TraceStep], limits: Any) -> Placed:
-    """The whole job fits: its limits and its placement, said."""
-    say_limits(largest, trace, limits)
-    trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
-    return placement.device_map, placement.max_memory, None, None
 
 
 def _sized(model: Any, job: Job, dtype: str, trace: list[TraceStep]) -> tuple[ModelSize, JobMemory]:

@@ -1,7 +1,7 @@
 """A PEFT adapter folder (adapter_config.json and adapter weights): the base model it names.
 
 The base comes from ``base_model_name_or_path`` in adapter_config.json (what peft's
-``PeftConfig.from_pretrained`` and transformers' adapter loading read); ``files.resolve_model_path``
+``PeftConfig.from_pretrained`` and transformers' adapter loading read); ``locate.resolve_model_path``
 finds it as a local folder or in the local Hugging Face cache (never downloaded), and sizing adds the
 adapter's own weights (``size.adapter_bytes``: safetensors headers, or a .bin file's length, never
 unpickled).

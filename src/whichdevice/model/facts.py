@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
 from whichdevice.core.progress import working
 from whichdevice.model.adapter import adapter_base_name
-from whichdevice.model.files import check_config, is_config_object, read_model_folder, resolve_model_path
+from whichdevice.model.files import ModelFiles, check_config, is_config_object, read_model_folder
+from whichdevice.model.locate import NotHereError, resolve_model_path
 from whichdevice.model.quantized import CheckpointQuantization, read_quantization
 from whichdevice.model.shape import ModelShape, shape_of_config
 from whichdevice.model.size import (
@@ -37,6 +38,9 @@ from whichdevice.model.size import (
     stored_weights,
 )
 from whichdevice.model.support import AttentionSupport, support_of_config
+
+if TYPE_CHECKING:
+    from whichdevice.model.hub import HubFetch
 
 __all__ = [
     "ModelFacts",
@@ -64,6 +68,7 @@ class ModelFacts:
     # The safetensors headers as read ((file, tensors) each), kept for the size: read once.
     headers: tuple[tuple[Path, Mapping[str, Mapping[str, Any]]], ...] = field(default=(), repr=False)
     adapter: Path | None = None  # a PEFT adapter folder given as model=: its base was read, the adapter adds
+    hub: HubFetch | None = None  # a Hub id not in the local cache: where its metadata came from (model/hub.py)
 
     @property
     def model_type(self) -> str | None:
@@ -117,27 +122,45 @@ class ModelFacts:
         )
 
 
-def read_model_facts(model: Any, *, weights: bool = True) -> ModelFacts:
-    """``model=`` (a folder, a safetensors file, a cached model id or a transformers config) read and
-    checked once. ``weights=False`` reads the config only (no safetensors header, no link check)."""
+def read_model_facts(model: Any, *, weights: bool = True, revision: str | None = None) -> ModelFacts:
+    """``model=`` (a folder, a safetensors file, a Hub model id or a transformers config) read and
+    checked once. ``weights=False`` reads the config only (no safetensors header, no link check). A
+    Hub id not in the local cache at ``revision`` has its metadata fetched (model/hub.py), never its weights."""
+    if isinstance(model, ModelFacts):  # read already (whichdevice.report.plan resolves one model many times)
+        return model
     if is_config_object(model):
         where = f"model=<{type(model).__name__}>"
         config = check_config(model.to_dict(), where)
         return ModelFacts(where, config, config_object_dtype(model), shape_of_config(config), config_object=model)
     if not isinstance(model, (str, os.PathLike)):
         raise DeviceError(
-            f"model= takes a local path, a cached model id or a transformers config, not {type(model).__name__}"
+            f"model= takes a local path, a Hub model id or a transformers config, not {type(model).__name__}"
         )
-    path = resolve_model_path(model)
-    with working("reading the model's config and safetensors headers"):
-        files = read_model_folder(path, weights=weights)
+    hub = None
+    try:
+        path = resolve_model_path(model, revision)
+    except NotHereError as error:
+        if error.hub_id is None:
+            raise
+        files, hub = _from_hub(error.hub_id, revision)
+        path = files.folder
+    else:
+        with working("reading the model's config and safetensors headers"):
+            files = read_model_folder(path, weights=weights)
     stored = stored_weights(files.headers)
     checkpoint = stored_dtype(files.config, stored)
     # A PEFT adapter folder is sized and placed as the base it names (resolve_model_path followed it).
     folder = Path(model).expanduser()
     adapter = folder if adapter_base_name(folder) is not None else None
     facts = ModelFacts(str(path), files.config, checkpoint, shape_of_config(files.config), stored, path)
-    return replace(facts, headers=files.headers, adapter=adapter)
+    return replace(facts, headers=files.headers, adapter=adapter, hub=hub)
+
+
+def _from_hub(repo: str, revision: str | None) -> tuple[ModelFiles, HubFetch]:
+    from whichdevice.model.hub import read_hub_model  # imports huggingface_hub: only for a Hub id
+
+    with working(f"fetching {repo}'s config and safetensors headers (no weights)"):
+        return read_hub_model(repo, revision)
 
 
 def estimate_model_size(model: Any) -> ModelSize:

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import shlex
 import stat
 import struct
 from pathlib import Path
@@ -20,21 +19,22 @@ from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
-from whichdevice.model.adapter import adapter_base_name, checked_base
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
     "DamagedModelError",
     "ModelFiles",
     "check_config",
+    "check_header",
     "check_link",
+    "header_length",
     "is_config_object",
     "read_config",
     "read_header",
     "read_json",
     "read_model_folder",
     "refetch_hint",
-    "resolve_model_path",
+    "shard_names",
 ]
 
 # safetensors refuses a header over 100 MB (MAX_HEADER_SIZE).
@@ -220,23 +220,34 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
         with _open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
-            if len(prefix) < 8:
-                raise _damaged(path, f"is {size} bytes, too short for a safetensors file (truncated download)")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > _MAX_HEADER or 8 + length > size:
-                raise _damaged(
-                    path, f"says its safetensors header is {length} bytes, but the file is {size} bytes (corrupt)"
-                )
+            length = header_length(prefix, size, path)
             raw = fh.read(length)
     except OSError as exc:
         raise _open_problem(path, exc) from None
+    return check_header(raw, size - 8 - length, path)
+
+
+def header_length(prefix: bytes, size: int, path: Path) -> int:
+    """The header length a safetensors file of ``size`` bytes states in its first 8 bytes (``prefix``),
+    checked against the format's limit and the file's length."""
+    if len(prefix) < 8:
+        raise _damaged(path, f"is {size} bytes, too short for a safetensors file (truncated download)")
+    (length,) = struct.unpack("<Q", prefix[:8])
+    if length > _MAX_HEADER or 8 + length > size:
+        raise _damaged(path, f"says its safetensors header is {length} bytes, but the file is {size} bytes (corrupt)")
+    return int(length)
+
+
+def check_header(raw: bytes, data: int, path: Path) -> dict[str, dict[str, Any]]:
+    """The tensors of the safetensors header ``raw`` (the JSON after the 8-byte length) of a file with
+    ``data`` bytes of tensor data after it, every entry checked: the one check of a header, whether
+    it was read from a local file or fetched from the Hub by range request (whichdevice.model.hub)."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise _damaged(path, "has a safetensors header that is not valid JSON (corrupt)") from None
     if not isinstance(header, dict):
         raise _damaged(path, "has a safetensors header that is not a JSON object (corrupt)")
-    data = size - 8 - length
     tensors = {name: info for name, info in header.items() if name != "__metadata__"}
     for name, info in tensors.items():
         _check_tensor(path, name, info, data)
@@ -272,58 +283,6 @@ def _check_tensor(path: Path, name: str, info: Any, data: int) -> None:
         )
     if (offsets[1] - offsets[0]) * 8 != math.prod(shape) * SAFETENSORS_BITS[info["dtype"]]:
         raise _damaged(path, f"tensor {name!r}: shape {shape} does not match its {offsets[1] - offsets[0]} bytes")
-
-
-def resolve_model_path(model: str | os.PathLike[str], *, adapter: bool = True) -> Path:
-    """A local folder or file, or the local Hugging Face cache's copy of a model id (never downloads);
-    a PEFT adapter folder resolves to its base model's unless ``adapter`` is False."""
-    text = str(model)
-    if not text.strip():
-        raise DeviceError(f"model={model!r} is empty; pass a local folder, a cached model id or a config")
-    try:
-        return _local_or_cached(model, text, adapter=adapter)
-    except DeviceError:
-        raise
-    except (OSError, ValueError) as exc:  # ENAMETOOLONG, EACCES on a parent folder, a NUL in the name
-        shown = text if len(text) <= 200 else f"{text[:100]}...{text[-60:]} ({len(text)} characters)"
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise DeviceError(
-            f"model={shown!r} cannot be used as a path ({reason}); pass a local folder, a cached model id or a config"
-        ) from None
-
-
-def _local_or_cached(model: str | os.PathLike[str], text: str, *, adapter: bool = True) -> Path:
-    path = Path(model).expanduser()
-    check_link(path, file=path.suffix == ".safetensors")
-    if path.exists():
-        # A PEFT adapter folder is sized, placed and loaded as the base model it names.
-        base = adapter_base_name(path) if adapter else None
-        return path if base is None else checked_base(path, base, lambda name: resolve_model_path(name, adapter=False))
-    hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) is not None and not text.startswith((".", "/"))
-    if hub_id:
-        try:
-            from huggingface_hub import snapshot_download
-
-            found = Path(snapshot_download(text, local_files_only=True))
-        except Exception:
-            found = None
-        if found is not None:
-            return _inside_snapshots(found)
-    # A Hub id gets the command that fetches it (quoted for the shell: the id is the caller's text).
-    fetch = f", fetch it first (hf download {shlex.quote(text)})" if hub_id else ""
-    raise DeviceError(
-        f"model={text!r} is neither a local folder nor a model in the local Hugging Face cache; "
-        f"whichdevice never downloads, so pass a local path{fetch} or a config (transformers.AutoConfig)"
-    )
-
-
-def _inside_snapshots(found: Path) -> Path:
-    """``found`` (the Hub cache's snapshot folder) when it is one: a ref such as refs/main holding
-    "../../../outside" would point the model at any folder on the machine."""
-    snapshots = found.parent
-    if found.name in ("", ".", "..") or snapshots.name != "snapshots" or ".." in found.parts:
-        raise _damaged(found, "is where the Hub cache's ref points, which is outside its snapshots folder (corrupt)")
-    return found
 
 
 def is_config_object(model: Any) -> bool:
@@ -364,17 +323,24 @@ def read_model_folder(path: Path, *, weights: bool = True) -> ModelFiles:
 
 
 def _check_index(index: Path, folder: Path) -> None:
-    content = read_json(index)
+    for shard in shard_names(read_json(index), index):
+        shard_path = folder / shard
+        if not shard_path.exists():
+            check_link(shard_path)
+            raise _damaged(shard_path, f"is named in {index.name} but missing (an incomplete download)")
+
+
+def shard_names(content: Any, index: Path) -> list[str]:
+    """The shard files a shard index (``content``, read from ``index``) names, each checked to be a
+    file of the model's own folder."""
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise _damaged(index, "has no weight_map of tensor name -> shard file (corrupt)")
-    for shard in sorted(set(weight_map.values())):
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
         # A shard is a file of this folder (transformers joins the name to it): an absolute name or
         # one that climbs out ("../../etc/passwd") points outside the model, so the index is damaged.
         parts = Path(shard).parts
         if not parts or Path(shard).is_absolute() or ".." in parts or "\\" in shard or "\0" in shard:
             raise _damaged(index, f"names the shard {shard!r}, which is not a file inside the model folder (corrupt)")
-        shard_path = folder / shard
-        if not shard_path.exists():
-            check_link(shard_path)
-            raise _damaged(shard_path, f"is named in {index.name} but missing (an incomplete download)")
+    return shards

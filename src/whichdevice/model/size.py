@@ -21,8 +21,8 @@ from whichdevice.model.files import (
     read_config,
     read_header,
     refetch_hint,
-    resolve_model_path,
 )
+from whichdevice.model.locate import resolve_model_path
 from whichdevice.model.quantized import CAST_CODES, CheckpointQuantization, estimate_stored, read_quantization
 
 __all__ = [

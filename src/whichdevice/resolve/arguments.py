@@ -220,6 +220,7 @@ class Arguments(NamedTuple):
     max_new_tokens: int | None = None
     offload: str | None = None
     offload_folder: Any = None
+    revision: Any = None
 
     def job(self) -> Job:
         """The job these arguments describe (checked first: check_arguments)."""
@@ -243,6 +244,17 @@ def check_arguments(args: Arguments) -> None:
             "counts the prompt too, as generate(max_length=) does; pass max_length=prompt tokens + max_new_tokens"
         )
     check_offload(args.offload, args.offload_folder, args.task)
+    check_revision(args.revision, args.model)
+
+
+def check_revision(revision: Any, model: Any) -> None:
+    """``revision`` is None or a branch, tag or commit of the Hub model id ``model``."""
+    if revision is None:
+        return
+    if not isinstance(revision, str) or not revision.strip() or len(revision) > 256 or not revision.isprintable():
+        raise DeviceError(f"revision={revision!r}: give a branch, tag or commit of the model as a string, e.g. 'main'")
+    if not isinstance(model, str):
+        raise DeviceError(f"revision={revision!r} is for a Hub model id (model='org/name'); pass model= too")
 
 
 def check_count(value: Any, name: str) -> None:

@@ -66,6 +66,9 @@ class Resolution:
     # accelerate's variables and config file as this resolution read them (training_arguments()
     # follows the same reading); None for a Resolution built by hand.
     accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
+    # A Hub model read from its fetched metadata: the commit read, which model_kwargs() pins (revision=)
+    # so that from_pretrained loads the files the answer was made from.
+    revision: str | None = None
 
     def __str__(self) -> str:
         return self.device
@@ -134,6 +137,8 @@ class Resolution:
             kwargs["quantization_config"] = self.quantization.config()
         if self.use_kernels:
             kwargs["use_kernels"] = True
+        if self.revision is not None:
+            kwargs["revision"] = self.revision
         for key in ("dtype", "torch_dtype"):
             if key in overrides:
                 kwargs.pop("dtype", None)
@@ -188,6 +193,8 @@ class Resolution:
         key = _dtype_keyword()
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
+        if "revision" in model_kwargs:  # pipeline() takes it itself and passes it to from_pretrained
+            kwargs["revision"] = model_kwargs.pop("revision")
         kwargs["model_kwargs"] = model_kwargs
         self._check_overrides(overrides)
         kwargs.update(overrides)
@@ -280,6 +287,7 @@ class Resolution:
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,
+            "revision": self.revision,
             "simulated": self.simulated,
             "trace": [s.to_dict() for s in self.trace],
         }

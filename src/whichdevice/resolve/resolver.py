@@ -85,6 +85,7 @@ def resolve_device(
     max_new_tokens: int | None = None,
     offload: str | None = None,
     offload_folder: Any = None,
+    revision: str | None = None,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -99,7 +100,9 @@ def resolve_device(
     and optimizer state); ``max_new_tokens`` (as ``generate(max_new_tokens=)``) is what a one-time
     setup on a CPU (weights packed ahead) is counted against. ``offload="cpu"`` (or ``"disk"`` with
     ``offload_folder=path``) lets a model that fits no device spill to CPU memory (then disk);
-    without it whichdevice never offloads.
+    without it whichdevice never offloads. A Hub model id not in the local cache has its config and
+    safetensors headers fetched (never its weights), at ``revision`` (a branch, tag or commit; default
+    "main"); ``model_kwargs()`` then pins the commit that was read.
     ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
@@ -125,6 +128,7 @@ def resolve_device(
         max_new_tokens=max_new_tokens,
         offload=offload,
         offload_folder=offload_folder,
+        revision=revision,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -155,10 +159,12 @@ def _attention_registered(res: Resolution) -> Resolution:
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
     # model= is read here, once, and checked for damage before anything is decided from it.
-    model = _read_model(args.model)
+    model = _read_model(args.model, args.revision)
     check_shapes(args)
     job = args.job()
     trace = Trace()
+    if model is not None and model.hub is not None:
+        trace.append(TraceStep("model", model.hub.describe()))
     accelerate = read_accelerate_settings()
     request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
@@ -231,6 +237,7 @@ def _resolve(args: Arguments) -> Resolution:
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,
+        revision=model.hub.commit if model is not None and model.hub is not None else None,
     )
 
 
@@ -278,12 +285,12 @@ def _follow_compute_dtype(
     return follow_compute_dtype(quant, backend, result, dtype, asked, stored)
 
 
-def _read_model(model: Any) -> ModelFacts | None:
+def _read_model(model: Any, revision: str | None) -> ModelFacts | None:
     if model is None:
         return None
     from whichdevice.model.facts import read_model_facts  # no model=, no model module loaded
 
-    return read_model_facts(model)
+    return read_model_facts(model, revision=revision)
 
 
 def _training_request(
