@@ -308,11 +308,11 @@ CALIBRATED_CPU = (
 def test_the_cpu_calibration_replays_with_the_report() -> None:
     # The figures that chose bf16 on the recorded CPU choose it in the replay, and say so the same way.
     with simulate(CALIBRATED_CPU):
-        recorded = wd.resolve_device(batch_size=1, max_length=64)
+        recorded = wd.resolve_device(batch_size=1, max_length=64, max_new_tokens=32)
         machine = json.loads(json.dumps(report.gather()))
     assert machine["calibration"]["spec"]
     with simulate(report=machine):
-        replayed = wd.resolve_device(batch_size=1, max_length=64)
+        replayed = wd.resolve_device(batch_size=1, max_length=64, max_new_tokens=32)
     assert recorded.dtype_name == replayed.dtype_name == "bfloat16"
     assert replayed.trace == recorded.trace
 

@@ -55,15 +55,13 @@ def place_model(
     limits: list[LargestFit] | None = None,
 ) -> Placed:
     """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
-    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job that fits.
-
-    The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
+    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job
+    that fits. The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
     cache, activations, gradients and optimizer state, against each device's free memory where the
     runtime says it. A model that does not fit in ``dtype`` is quantized with bitsandbytes when
     ``quantize`` allows it (one device when the quantized weights fit there, else split like an
-    unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It is
-    offloaded to the CPU or disk only when ``job.offload`` asks.
-    """
+    unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. Offloaded to the
+    CPU or disk only when ``job.offload`` asks."""
     job = job or Job()  # quantize= and job= come checked (resolve_device's argument checks)
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
