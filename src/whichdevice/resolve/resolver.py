@@ -292,7 +292,9 @@ def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction
     """The env hooks of the chosen backend, and the warnings everything below depends on."""
     env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
     steps = [TraceStep("env", action.message) for action in env_set]
-    steps += [TraceStep("warning", warning) for warning in result.warnings]
+    # A hook that kept the user's value is in the probe's warnings too (the report shows those): said once here.
+    said = {action.message for action in env_set}
+    steps += [TraceStep("warning", warning) for warning in result.warnings if warning not in said]
     problem = transformers_problem()
     if problem is not None:
         # Everything resolved here is handed to transformers: say so before it fails there.
