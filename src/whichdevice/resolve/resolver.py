@@ -28,6 +28,7 @@ from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
 from whichdevice.hardware import probing
 from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
+from whichdevice.hardware.probes.nvidia_platforms import platform_steps
 from whichdevice.hardware.store import current_store
 from whichdevice.launch.accelerate_settings import (
     ENV_USE_CPU,
@@ -295,6 +296,7 @@ def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction
     # A hook that kept the user's value is in the probe's warnings too (the report shows those): said once here.
     said = {action.message for action in env_set}
     steps += [TraceStep("warning", warning) for warning in result.warnings if warning not in said]
+    steps += platform_steps(result)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
     problem = transformers_problem()
     if problem is not None:
         # Everything resolved here is handed to transformers: say so before it fails there.
