@@ -28,6 +28,9 @@ class Job:
     # Tokens each sequence generates (generate's max_new_tokens): what a one-time setup is counted
     # against. None: not said (then half of max_length).
     max_new_tokens: int | None = None
+    # Many independent requests served through transformers' continuous batching (generate_batch),
+    # as resolve_device(serving=True) says (attention/serving.py): not a batch one generate() runs.
+    serving: bool = False
 
     @property
     def generation(self) -> bool:

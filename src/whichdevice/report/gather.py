@@ -42,7 +42,7 @@ __all__ = [
 # 1.2: a smoke step's ``import_notes`` (what other packages logged while being imported).
 # 1.7: the resolution's ``tuning`` (what prepare() installs, one object); the four flat fields it
 # holds (``single_row`` ... ``packing_at_generate``) stay, derived from it, for 1.x readers.
-# 1.8: a backend row's ``platform`` (NVIDIA on ARM64); the resolution's ``serving`` and ``generate_batch_kwargs``.
+# 1.8: a backend row's ``platform`` (NVIDIA on ARM64); the resolution's ``serving``.
 SCHEMA_VERSION = "1.8"
 
 # The packages whose versions decide how a Transformers program picks its device.

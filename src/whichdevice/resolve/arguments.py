@@ -40,6 +40,7 @@ __all__ = [
 def check_shapes(args: Arguments) -> None:
     """resolve_device()'s switches, use_kernels, device_map and max_memory, before anything is probed."""
     check_flag(args.torch_compile, "torch_compile")
+    check_flag(args.serving, "serving")
     # None is not a documented value (transformers' own default is False): refused, not read as "off".
     if not ((isinstance(args.use_kernels, str) and args.use_kernels == "auto") or isinstance(args.use_kernels, bool)):
         raise ConfigConflictError(
@@ -220,12 +221,19 @@ class Arguments(NamedTuple):
     max_new_tokens: int | None = None
     offload: str | None = None
     offload_folder: Any = None
+    serving: bool = False
 
     def job(self) -> Job:
         """The job these arguments describe (checked first: check_arguments)."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
         return Job(
-            self.task, self.batch_size, self.max_length, self.offload, folder, max_new_tokens=self.max_new_tokens
+            self.task,
+            self.batch_size,
+            self.max_length,
+            self.offload,
+            folder,
+            max_new_tokens=self.max_new_tokens,
+            serving=self.serving,
         )
 
 
@@ -243,6 +251,11 @@ def check_arguments(args: Arguments) -> None:
             "counts the prompt too, as generate(max_length=) does; pass max_length=prompt tokens + max_new_tokens"
         )
     check_offload(args.offload, args.offload_folder, args.task)
+    if args.serving is True and args.task != "inference":
+        raise ConfigConflictError(
+            f"serving=True with task={args.task!r}: serving requests is inference; pass task='inference' "
+            "(the default), or leave serving out"
+        )
 
 
 def check_count(value: Any, name: str) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
 from whichdevice.attention.kernels import decide_kernels
+from whichdevice.attention.serving import decide_serving
 from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import pinned
 from whichdevice.core.job import Job
@@ -85,6 +86,7 @@ def resolve_device(
     max_new_tokens: int | None = None,
     offload: str | None = None,
     offload_folder: Any = None,
+    serving: bool = False,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -100,6 +102,9 @@ def resolve_device(
     setup on a CPU (weights packed ahead) is counted against. ``offload="cpu"`` (or ``"disk"`` with
     ``offload_folder=path``) lets a model that fits no device spill to CPU memory (then disk);
     without it whichdevice never offloads.
+    ``serving=True``: the job serves many independent requests through transformers' continuous
+    batching (``model.generate_batch``); the attention is one generate_batch runs, and
+    ``res.generate_batch_kwargs()`` hands it what whichdevice checked (docs/api.md, "Serving").
     ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
@@ -125,6 +130,7 @@ def resolve_device(
         max_new_tokens=max_new_tokens,
         offload=offload,
         offload_folder=offload_folder,
+        serving=serving,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -180,7 +186,9 @@ def _resolve(args: Arguments) -> Resolution:
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
     attention = trace.take(
-        choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
+        choose_attention(
+            backend, result, computes_in, attn, task=args.task, model=model, measured=calibration, serving=job.serving
+        )
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
     placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job))
@@ -193,6 +201,9 @@ def _resolve(args: Arguments) -> Resolution:
         )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
+    serves = trace.take(
+        decide_serving(backend, result, job, attention=attention.name, dtype=dtype, use_kernels=use_kernels)
+    )
     quantized = quantization or (None if dequantize else quant)
     loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
     tuning = trace.take(decide_tuning(backend, result, args.task, measured, model, job, loaded))
@@ -223,6 +234,7 @@ def _resolve(args: Arguments) -> Resolution:
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,
+        serving=serves,
     )
 
 
