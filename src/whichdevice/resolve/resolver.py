@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.kernel_layers import kernel_layer_steps
 from whichdevice.attention.kernels import decide_kernels
 from whichdevice.attention.serving import decide_serving
 from whichdevice.core.dtypes import from_short
@@ -201,6 +202,8 @@ def _resolve(args: Arguments) -> Resolution:
         )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
+    if use_kernels:
+        trace.extend(kernel_layer_steps(model, kernels_key, result, args.task))
     serves = trace.take(
         decide_serving(backend, result, job, attention=attention.name, dtype=dtype, use_kernels=use_kernels)
     )
