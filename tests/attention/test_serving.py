@@ -179,3 +179,18 @@ def test_without_generate_batch_nothing_applies(monkeypatch: pytest.MonkeyPatch)
     res = wd.resolve_device("cpu", serving=True, dtype="bfloat16", refresh=True)
     assert res.serving is not None and not res.serving.applies and res.generate_batch_kwargs() == {}
     assert "continuous batching does not apply: transformers 4.40 has none" in _lines(res)
+
+
+def test_a_serving_job_is_not_handed_generates_static_cache(path: Path) -> None:
+    """generate_batch takes none of generate()'s keywords: the static cache a long generate() job gets
+    on an NVIDIA GPU is not decided, said or handed over for serving."""
+    from whichdevice.tuning.static_cache import COMPILE_MARGIN, COMPILE_PAYS_AFTER_STEPS
+
+    needed = int(COMPILE_PAYS_AFTER_STEPS * COMPILE_MARGIN) + 1
+    job = {"model": str(path), "dtype": "bfloat16", "max_new_tokens": needed, "max_length": needed + 32}
+    with simulate("cuda:1,cc=9.0,mem=141GiB,name=NVIDIA H200", packages={"triton": "simulated"}):
+        plain = wd.resolve_device(**job)
+        serving = wd.resolve_device(serving=True, **job)
+    assert plain.generate_kwargs() == {"cache_implementation": "static"}
+    assert serving.generate_kwargs() == {} and not [s for s in serving.trace if s.topic == "generation"]
+    assert serving.serving is not None and serving.serving.applies

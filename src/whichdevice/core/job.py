@@ -34,9 +34,10 @@ class Job:
 
     @property
     def generation(self) -> bool:
-        """An inference job whose sequences are known: a generate() call."""
+        """An inference job whose sequences are known: a generate() call (a serving job runs
+        generate_batch, which takes none of generate's keywords)."""
         sized = (self.batch_size, self.max_length, self.max_new_tokens)
-        return self.task == "inference" and any(v is not None for v in sized)
+        return self.task == "inference" and not self.serving and any(v is not None for v in sized)
 
 
 def new_tokens(job: Job) -> int | None:
