@@ -129,3 +129,22 @@ def test_a_model_folder_is_listed_from_its_config(tmp_path: Path) -> None:
     if not res.use_kernels:
         pytest.skip("Hub kernels are off here")
     assert "LlamaRMSNorm (RMSNorm) x5 -> kernels-community/liger-kernels" in _kernel_lines(res)[-1]
+
+
+def test_a_mamba2_lists_its_scan_kernels_and_the_layers_the_mapping_lacks() -> None:
+    from transformers import Mamba2Config
+
+    config = Mamba2Config(
+        hidden_size=64, num_hidden_layers=2, vocab_size=64, num_heads=4, head_dim=32, state_size=8, n_groups=1
+    )
+    res = _resolve("cuda:1,cc=9.0,name=NVIDIA H100", "training", config)
+    if not res.use_kernels:
+        pytest.skip("Hub kernels are off here")
+    layers, training = _kernel_lines(res)[-2:]
+    assert (
+        "Mamba2Mixer.mamba_chunk_scan_combined (mamba_chunk_scan_combined) x2 -> kernels-community/mamba-ssm" in layers
+    )
+    # Names transformers marks but maps to no kernel (it leaves them to vLLM): their own forward runs.
+    without = layers.partition("without one (their own forward): ")[2]
+    assert "Mamba2Mixer.mamba2_scan_forward (mamba2_scan_forward) x2" in without
+    assert "Mamba2Mixer.mamba_chunk_scan_combined" in training.partition("inference only")[0]
