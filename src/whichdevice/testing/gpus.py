@@ -42,7 +42,8 @@ MODELS = (
     # DGX Spark: torch reports "NVIDIA GB10" (pypi.org/project/dgx-spark-vllm), capability 12.1
     # (FastVideo's DGX Spark guide: "GB10 -> (12, 1)"), 128 GB shared with the Grace CPU.
     GpuModel(r"\bGB10\b", "NVIDIA GB10", "cuda", (12, 1), (128,), host="aarch64"),
-    # Jetson AGX Orin (64/32 GB) and Orin NX / Nano (16/8/4 GB): torch reports "Orin", cc 8.7.
+    # Jetson AGX Orin (64/32 GB) and Orin NX / Nano (16/8/4 GB): the driver names it "Orin" (a device
+    # query on an AGX Orin 64GB, tmcdonell/cuda#77), compute capability 8.7 (cupy/cupy#6876, quoting NVIDIA).
     GpuModel(r"\bOrin\b", "Orin", "cuda", (8, 7), (64, 32, 16, 8, 4), host="aarch64", tegra=True),
     GpuModel(r"\bB200\b", "NVIDIA B200", "cuda", (10, 0), (180, 192)),
     GpuModel(r"\bT4\b", "Tesla T4", "cuda", (7, 5), (16,)),
