@@ -439,6 +439,9 @@ def test_gaudi_modules_outside_the_supported_group_sizes_warn(monkeypatch: pytes
     warning = "HABANA_VISIBLE_MODULES='0,1,2' selects 3 Gaudi devices"
     assert any(warning in w and "groups of 2 or 4" in w for w in result.warnings)
     assert warning in trace
+    # The fix names the tool that maps the indices HABANA_VISIBLE_DEVICES takes to the module ids.
+    assert "hl-smi -Q index,module_id -f csv" in trace
+    assert any("hl-smi -Q index,module_id -f csv" in w for w in result.warnings)
 
 
 def test_gaudi_variables_that_disagree_warn_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,3 +117,34 @@ def test_the_working_directory_on_sys_path_is_read_where_it_is_now(
         assert package_version("wd_cwd_other") == "2.0"
     finally:
         cache_clear()
+
+
+def test_pyproject_floors_are_the_ones_the_code_checks() -> None:
+    """pyproject.toml's floors beside the constants that check them at run time: a floor raised in
+    one place and not the other would install a version the code then calls too old (or accept one
+    it cannot run)."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    from whichdevice.hardware.probes import hpu
+    from whichdevice.report import findings
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+    assert block is not None
+    floors = {}
+    for line in re.findall(r'^\s*"([^"]+)"', block.group(1), re.M):
+        req = Requirement(line)
+        (spec,) = [s for s in req.specifier if s.operator == ">="]
+        floors[req.name] = Version(spec.version)
+    assert floors["transformers"] == Version(packages.MIN_TRANSFORMERS)
+    assert floors["accelerate"] == Version(hpu._MIN_ACCELERATE) == Version(findings.ACCELERATE_MIN_FOR_GAUDI)
+    # The nox session that runs the oldest transformers pins a release of that floor.
+    pin = re.search(r'"transformers==([\w.]+)"', (root / "noxfile.py").read_text(encoding="utf-8"))
+    assert pin is not None and Version(pin.group(1)).release[:2] == floors["transformers"].release[:2]
+    # This environment is inside every floor (the suite runs against what pyproject allows).
+    for name, floor in floors.items():
+        installed = package_version(name)
+        assert installed is not None and Version(installed) >= floor, name

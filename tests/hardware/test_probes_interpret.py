@@ -89,6 +89,7 @@ def _hand_made(name: str) -> tuple[str, object]:
             cuda_version=SIM,
             inventory=inventory,
             mig_uuids=(),
+            machine="x86_64",  # an H200 fixes no host: the simulation's default
         )
         return "cuda:2,cc=9.0,mem=141GiB,name=NVIDIA H200", readings
     if name == "xpu":

@@ -149,6 +149,25 @@ def test_training_7b_on_a_16gib_t4_is_qlora():
     assert "lora_training" in _lines(res, "quantization")
 
 
+def test_training_70b_on_one_gaudi_is_qlora_with_gaudi_settings():
+    from whichdevice.training.lora import kbit_training_kwargs
+
+    with simulate("hpu:1,gen=gaudi2"):
+        res = wd.resolve_device(model=_llama(hidden=8192, layers=80), task="training")
+    assert "in 4-bit with LoRA adapters" in _lines(res, "memory")
+    plan = res.quantization
+    assert plan is not None and plan.bits == 4 and res.device_map == "hpu"
+    config = res.model_kwargs()["quantization_config"]
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4"
+    assert config.bnb_4bit_compute_dtype == getattr(torch, plan.compute_dtype)
+    # Gaudi's TrainingArguments: bf16 autocast, no ddp_backend in one process; LoRA's keywords
+    # without a paged optimizer (bitsandbytes pages through CUDA unified memory: NVIDIA only).
+    assert res.training_kwargs() == {"bf16": True, "fp16": False}
+    kbit = kbit_training_kwargs(res, 4)
+    assert "optim" not in kbit and kbit["activation_checkpointing"] is True
+    assert "lora_training" in _lines(res, "quantization")
+
+
 def test_training_7b_on_a_16gib_gpu_without_quantizing_names_every_way_out():
     with simulate("cuda:1,cc=7.5,mem=16GiB"), pytest.raises(wd.DoesNotFitError) as err:
         wd.resolve_device(model=_llama(kv_heads=32), task="training", quantize=None)

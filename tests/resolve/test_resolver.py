@@ -120,7 +120,24 @@ def test_gaudi_hook_keeps_user_value(monkeypatch):
     with simulate("hpu:8"):
         res = wd.resolve_device()
     assert res.env_set[0].action == "kept"
-    assert "kept your PT_ENABLE_INT64_SUPPORT=0" in res.explain()
+    # Said once: the hook's env line, not again as the probe's warning (the report keeps the warning).
+    assert res.explain().count("kept your PT_ENABLE_INT64_SUPPORT=0") == 1
+    assert any("kept your PT_ENABLE_INT64_SUPPORT=0" in w for w in res.probe.warnings)
+
+
+def test_pipeline_kwargs_choose_gaudi_with_no_device_passed(monkeypatch):
+    import inspect
+
+    from transformers import pipeline
+
+    monkeypatch.delenv("WHICHDEVICE_DEVICE", raising=False)
+    with simulate("hpu:8", "cuda:8"):  # pipeline() itself would take cuda before hpu (BACKENDS.md)
+        res = wd.resolve_device()
+    kwargs = res.pipeline_kwargs()
+    assert res.source == "detection" and kwargs["device_map"] == "hpu" and "device" not in kwargs
+    assert kwargs["dtype"] == torch.bfloat16 and kwargs["model_kwargs"] == {}
+    # Every key is one the installed pipeline() takes (read, not typed).
+    assert set(kwargs) <= set(inspect.signature(pipeline).parameters)
 
 
 # ------------------------------------------------------------------------------- precedence

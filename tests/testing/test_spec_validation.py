@@ -11,6 +11,7 @@ from whichdevice.hardware.probes.cpu import ONEDNN_ISAS
 from whichdevice.hardware.probes.cuda import VARIANTS
 from whichdevice.hardware.probes.hpu import GAUDI_GENERATIONS
 from whichdevice.hardware.probes.mps import MACOS_RELEASES
+from whichdevice.hardware.probes.nvidia_platforms import HOSTS
 from whichdevice.testing import parse_spec, simulate
 from whichdevice.testing.gpus import MODELS, capabilities
 from whichdevice.testing.spec import MAX_COUNT
@@ -120,6 +121,14 @@ REFUSED = [
     ("tpu:4,variant=rocm", ("variant= applies to cuda",)),
     ("cuda:1,gen=gaudi2", ("gen= applies to hpu",)),
     ("neuron:2,macos=14", ("macos= applies to mps",)),
+    # the host: what platform.machine() reports, and one the GPU model can have
+    ("cuda:1,host=arm64", ("not a host architecture", "host=x86_64 or host=aarch64 or host=ppc64le")),
+    ("cuda:1,host=", ("not a host architecture", "host=aarch64")),
+    ("cuda:1,host=amd64", ("not a host architecture",)),
+    ("cuda:1,name=NVIDIA GH200 480GB,host=x86_64", ("built with an aarch64 CPU", "give host=aarch64")),
+    ("cuda:1,name=Orin,host=x86_64", ("built with an aarch64 CPU",)),
+    ("hpu:8,host=aarch64", ("host= applies to cuda",)),
+    ("cpu,host=aarch64", ("host= applies to cuda",)),
 ]
 
 
@@ -179,6 +188,8 @@ def test_accepted_values_come_from_the_probes_tables() -> None:
         assert parse_spec(f"hpu:1,gen={gen}").generation == gen
     for major in MACOS_RELEASES:
         assert parse_spec(f"mps,macos={major}.1").macos == f"{major}.1"
+    for host in HOSTS:
+        assert parse_spec(f"cuda:1,host={host.upper()}").host == host
     for isa in ONEDNN_ISAS:
         assert parse_spec(f"cpu,isa={isa.lower()}").isa == isa
     assert parse_spec(f"cuda:{MAX_COUNT}").count == MAX_COUNT

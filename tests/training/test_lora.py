@@ -188,7 +188,7 @@ def test_note_when_the_model_was_not_loaded_as_planned(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "optim"),
-    [("cuda:1", "paged_adamw_8bit"), ("cuda:1,variant=rocm", None), ("xpu:1", None), ("cpu", None)],
+    [("cuda:1", "paged_adamw_8bit"), ("cuda:1,variant=rocm", None), ("xpu:1", None), ("hpu:8", None), ("cpu", None)],
 )
 def test_kbit_kwargs_per_backend(spec, optim) -> None:
     with simulate(spec):

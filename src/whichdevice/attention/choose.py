@@ -65,11 +65,14 @@ def choose_attention(
     task: str = "inference",
     model: ModelFacts | None = None,
     measured: Calibration | None = None,
+    serving: bool = False,
 ) -> tuple[AttentionChoice, list[TraceStep]]:
     """Pass an implementation only when it beats what transformers picks by itself (FlashAttention,
     a Hub FlashAttention kernel, the CPU decode attention) and every class ``model=`` loads as supports
     it; an explicit request is passed as asked, and refused when the model's classes refuse it.
     ``measured``: the CPU's calibration, which decides the CPU decode attention where it was timed.
+    ``serving``: the job serves requests through generate_batch, which refuses some attentions
+    (attention/serving.py): none of those is chosen, and asking for one is refused.
     Returns the choice and the trace line that says why."""
     from whichdevice.core.records import TraceStep
     from whichdevice.model.support import support_of_config
@@ -78,9 +81,13 @@ def choose_attention(
     support = support_of_config(model.config) if model is not None else None
     if requested not in ("auto", AUTO_HUB):
         name, why = _as_requested(backend, result, dtype, requested)
+        if serving:
+            _refuse_for_serving(name)
         line = why if why.startswith(name) else f"{name}: {why}"
         return AttentionChoice(name, True), [TraceStep("attention", line + _request_checked(name, support))]
     wanted, why = _wanted(backend, result, dtype, requested, task, model, measured)
+    if serving and wanted is not None:
+        wanted, why = _kept_for_serving(wanted, why)
     chosen, passed, line = _settle(wanted, why, support)
     return AttentionChoice(chosen, passed), [TraceStep("attention", line)]
 
@@ -159,6 +166,28 @@ def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> t
     if default is None:
         return (None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}")
     return (default, False, f"{default}, transformers' own choice (not passed): {_defaults(support)}; {why}")
+
+
+def _serving_refusal(name: str) -> str | None:
+    from whichdevice.attention.serving import continuous_batching_available, generate_batch_refusal
+
+    return generate_batch_refusal(name) if continuous_batching_available()[0] else None
+
+
+def _refuse_for_serving(name: str) -> None:
+    refusal = _serving_refusal(name)
+    if refusal is not None:
+        raise ConfigConflictError(
+            f"attn_implementation={name!r} with serving=True: model.generate_batch refuses it ({refusal}); leave "
+            "attn_implementation='auto', pass 'sdpa', or serve with generate() (serving=False)"
+        )
+
+
+def _kept_for_serving(wanted: str, why: str) -> tuple[str | None, str]:
+    refusal = _serving_refusal(wanted)
+    if refusal is None:
+        return wanted, why
+    return None, f"{why}; {wanted} not passed for serving=True: model.generate_batch refuses it ({refusal})"
 
 
 def _defaults(support: AttentionSupport) -> str:

@@ -28,12 +28,16 @@ class Job:
     # Tokens each sequence generates (generate's max_new_tokens): what a one-time setup is counted
     # against. None: not said (then half of max_length).
     max_new_tokens: int | None = None
+    # Many independent requests served through transformers' continuous batching (generate_batch),
+    # as resolve_device(serving=True) says (attention/serving.py): not a batch one generate() runs.
+    serving: bool = False
 
     @property
     def generation(self) -> bool:
-        """An inference job whose sequences are known: a generate() call."""
+        """An inference job whose sequences are known: a generate() call (a serving job runs
+        generate_batch, which takes none of generate's keywords)."""
         sized = (self.batch_size, self.max_length, self.max_new_tokens)
-        return self.task == "inference" and any(v is not None for v in sized)
+        return self.task == "inference" and not self.serving and any(v is not None for v in sized)
 
 
 def new_tokens(job: Job) -> int | None:

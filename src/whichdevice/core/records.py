@@ -129,6 +129,9 @@ class ProbeResult:
     # What the installed stack cannot do on these devices (driver, kernel architectures, a plugin's
     # torch), each with its fix: ``whichdevice check`` fails on any (see compatibility.py).
     incompatible: tuple[str, ...] = ()
+    # The machine where that matters for what to install: "jetson", "dgx-spark", "grace", "aarch64"
+    # for NVIDIA on ARM64 (hardware/probes/nvidia_platforms.py); None elsewhere.
+    platform: str | None = None
 
     def __bool__(self) -> bool:
         return self.available
@@ -165,6 +168,7 @@ class ProbeResult:
             "simulated": self.simulated,
             "seconds": round(self.seconds, 6),
             "incompatible": list(self.incompatible),
+            "platform": self.platform,
         }
 
 

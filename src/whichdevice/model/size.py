@@ -31,6 +31,7 @@ __all__ = [
     "StepWeights",
     "StoredWeights",
     "auto_config",
+    "build_on_meta",
     "config_object_dtype",
     "resolve_model_path",
     "size_from_config",
@@ -199,20 +200,25 @@ def size_from_headers(
     return ModelSize(source, float_params, linear, other, quantized, max(modules.values(), default=0))
 
 
-def size_from_config(config: Any) -> ModelSize:
-    """The parameters of a transformers config's model, built on the meta device (imports transformers)."""
+def build_on_meta(config: Any) -> tuple[Any, list[str]]:
+    """transformers' own model for ``config`` built on the meta device (no memory for weights, never
+    the model's own code), as a causal LM else a base model; (None, why each failed) when neither builds."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    model = None
     errors = []
     for auto in (AutoModelForCausalLM, AutoModel):
         try:
             with torch.device("meta"):
-                model = auto.from_config(config, trust_remote_code=False)  # type: ignore[no-untyped-call]
-            break
+                return auto.from_config(config, trust_remote_code=False), []  # type: ignore[no-untyped-call]
         except Exception as exc:
             errors.append(f"{auto.__name__}: {exc}")
+    return None, errors
+
+
+def size_from_config(config: Any) -> ModelSize:
+    """The parameters of a transformers config's model, built on the meta device (imports transformers)."""
+    model, errors = build_on_meta(config)
     if model is None:
         raise DeviceError(
             f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "

@@ -40,6 +40,7 @@ __all__ = [
 def check_shapes(args: Arguments) -> None:
     """resolve_device()'s switches, use_kernels, device_map and max_memory, before anything is probed."""
     check_flag(args.torch_compile, "torch_compile")
+    check_flag(args.serving, "serving")
     # None is not a documented value (transformers' own default is False): refused, not read as "off".
     if not ((isinstance(args.use_kernels, str) and args.use_kernels == "auto") or isinstance(args.use_kernels, bool)):
         raise ConfigConflictError(
@@ -221,12 +222,19 @@ class Arguments(NamedTuple):
     offload: str | None = None
     offload_folder: Any = None
     revision: Any = None
+    serving: bool = False
 
     def job(self) -> Job:
         """The job these arguments describe (checked first: check_arguments)."""
         folder = str(self.offload_folder) if self.offload_folder is not None else None
         return Job(
-            self.task, self.batch_size, self.max_length, self.offload, folder, max_new_tokens=self.max_new_tokens
+            self.task,
+            self.batch_size,
+            self.max_length,
+            self.offload,
+            folder,
+            max_new_tokens=self.max_new_tokens,
+            serving=self.serving,
         )
 
 
@@ -245,6 +253,11 @@ def check_arguments(args: Arguments) -> None:
         )
     check_offload(args.offload, args.offload_folder, args.task)
     check_revision(args.revision, args.model)
+    if args.serving is True and args.task != "inference":
+        raise ConfigConflictError(
+            f"serving=True with task={args.task!r}: serving requests is inference; pass task='inference' "
+            "(the default), or leave serving out"
+        )
 
 
 def check_revision(revision: Any, model: Any) -> None:

@@ -20,6 +20,7 @@ from whichdevice.launch.distributed import DistributedContext, process_group_bac
 if TYPE_CHECKING:
     import torch
 
+    from whichdevice.attention.serving import Serving
     from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.quantization import QuantizationPlan
@@ -69,6 +70,9 @@ class Resolution:
     # A Hub model read from its fetched metadata: the commit read, which model_kwargs() pins (revision=)
     # so that from_pretrained loads the files the answer was made from.
     revision: str | None = None
+    # resolve_device(serving=True): whether continuous batching applies and the ContinuousBatchingConfig
+    # fields checked for it (attention/serving.py); None for a job that serves no requests.
+    serving: Serving | None = None
 
     def __str__(self) -> str:
         return self.device
@@ -186,6 +190,22 @@ class Resolution:
         to generate calls that set no cache of their own)."""
         return self.tuning.generate_kwargs() if self.tuning is not None else {}
 
+    def generate_batch_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``model.generate_batch`` (transformers' continuous batching) for a
+        resolution made with ``serving=True``: ``continuous_batching_config``, a
+        ``ContinuousBatchingConfig`` with the fields whichdevice checked (``auto_switch_to_flash=False``
+        where FlashAttention does not fit here); ``{}`` where continuous batching does not apply or
+        nothing was checked. Each field is passed only where the installed transformers has it."""
+        if self.serving is None or not self.serving.applies or not self.serving.config:
+            return {}
+        import dataclasses
+
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        checked = {k: v for k, v in self.serving.config.items() if k in known}
+        return {"continuous_batching_config": ContinuousBatchingConfig(**checked)} if checked else {}
+
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for ``transformers.pipeline``."""
         model_kwargs = self.model_kwargs()
@@ -284,6 +304,8 @@ class Resolution:
             # The schema's 1.3-1.6 fields, the same as tuning's (kept for 1.x readers).
             **{key: tuning[key] if tuning else default for key, default in _FLAT_TUNING.items()},
             "generate_kwargs": self.generate_kwargs(),
+            # Since 1.8: serving=True's continuous batching ({"applies", "continuous_batching_config"}), else null.
+            "serving": self.serving.to_dict() if self.serving is not None else None,
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,

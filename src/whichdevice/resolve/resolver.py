@@ -1,13 +1,8 @@
 """The resolver: device, device_map, dtype, attention and distributed settings, with the reasons.
 
-``resolve_device()`` reads probe results (never hardware directly), so everything here runs the
-same on real and simulated machines. Precedence: the ``device`` argument, then the
-``WHICHDEVICE_DEVICE`` variable, then detection in the registry's declared order; each step that
-mattered is kept in the trace that :meth:`Resolution.explain` prints.
-
-``_resolve`` is the pipeline, one step per line; each step returns its value and its trace lines.
-The steps' rules live in the modules below this one (request, detection, precision, attention,
-placement, quantization, kernels_support, distributed).
+``resolve_device()`` reads probe results (never hardware directly), so it runs the same on real and
+simulated machines. ``_resolve`` is the pipeline, one step per line; each step returns its value and
+its trace lines, and its rules live in the folders below this one.
 """
 
 from __future__ import annotations
@@ -18,7 +13,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.kernel_layers import kernel_layer_steps
 from whichdevice.attention.kernels import decide_kernels
+from whichdevice.attention.serving import decide_serving
 from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import import_side_effects_undone, pinned
 from whichdevice.core.job import Job
@@ -28,6 +25,7 @@ from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
 from whichdevice.hardware import probing
 from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
+from whichdevice.hardware.probes.nvidia_platforms import platform_steps
 from whichdevice.hardware.store import current_store
 from whichdevice.launch.accelerate_settings import (
     ENV_USE_CPU,
@@ -86,25 +84,17 @@ def resolve_device(
     offload: str | None = None,
     offload_folder: Any = None,
     revision: str | None = None,
+    serving: bool = False,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
 
-    ``device`` (a string or ``torch.device``) beats ``WHICHDEVICE_DEVICE``, which beats detection.
-    ``model`` (a local path, a cached model id or a config) lets placement and quantization know
-    the model's size, and lets attention be checked against the model's classes (this imports
-    transformers); ``max_memory`` (from_pretrained's form) states the memory budget.
-    ``batch_size`` (sequences run together) and ``max_length`` (tokens per sequence, prompt
-    included, as ``generate(max_length=)``) describe the job, where the caller knows them: with
-    ``model=`` the fit then counts the KV cache and activations (training always counts gradients
-    and optimizer state); ``max_new_tokens`` (as ``generate(max_new_tokens=)``) is what a one-time
-    setup on a CPU (weights packed ahead) is counted against. ``offload="cpu"`` (or ``"disk"`` with
-    ``offload_folder=path``) lets a model that fits no device spill to CPU memory (then disk);
-    without it whichdevice never offloads. A Hub model id not in the local cache has its config and
-    safetensors headers fetched (never its weights), at ``revision`` (a branch, tag or commit; default
-    "main"); ``model_kwargs()`` then pins the commit that was read.
-    ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
-    insists (transformers downloads and runs their compiled code from the Hub).
+    ``device`` beats ``WHICHDEVICE_DEVICE``, which beats detection. ``model`` (a local path, a Hub id:
+    its config and safetensors headers fetched, never its weights, at ``revision``; or a config) sizes
+    the job and checks attention against its classes. ``batch_size``, ``max_length`` (prompt included)
+    and ``max_new_tokens`` describe the job where known; ``offload`` lets a model that fits no device
+    spill to the CPU (then disk); ``serving=True`` is many requests through continuous batching;
+    ``use_kernels="auto"`` turns Hub kernels on where they can work. Every argument: docs/api.md.
     A repeated call with the same arguments and environment returns the same Resolution.
     """
     if refresh is not False:
@@ -129,6 +119,7 @@ def resolve_device(
         offload=offload,
         offload_folder=offload_folder,
         revision=revision,
+        serving=serving,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -191,7 +182,9 @@ def _resolve(args: Arguments) -> Resolution:
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
     attention = trace.take(
-        choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
+        choose_attention(
+            backend, result, computes_in, attn, task=args.task, model=model, measured=calibration, serving=job.serving
+        )
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
     placed = trace.take(
@@ -206,6 +199,11 @@ def _resolve(args: Arguments) -> Resolution:
         )
     quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
     use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
+    if use_kernels:
+        trace.extend(kernel_layer_steps(model, kernels_key, result, args.task))
+    serves = trace.take(
+        decide_serving(backend, result, job, attention=attention.name, dtype=dtype, use_kernels=use_kernels)
+    )
     quantized = quantization or (None if dequantize else quant)
     loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
     tuning = trace.take(decide_tuning(backend, result, args.task, measured, model, job, loaded))
@@ -238,6 +236,7 @@ def _resolve(args: Arguments) -> Resolution:
         training_plan=placed.plan,
         fit_limits=placed.limits,
         revision=model.hub.commit if model is not None and model.hub is not None else None,
+        serving=serves,
     )
 
 
@@ -314,7 +313,10 @@ def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction
     """The env hooks of the chosen backend, and the warnings everything below depends on."""
     env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
     steps = [TraceStep("env", action.message) for action in env_set]
-    steps += [TraceStep("warning", warning) for warning in result.warnings]
+    # A hook that kept the user's value is in the probe's warnings too (the report shows those): said once here.
+    said = {action.message for action in env_set}
+    steps += [TraceStep("warning", warning) for warning in result.warnings if warning not in said]
+    steps += platform_steps(result)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
     problem = transformers_problem()
     if problem is not None:
         # Everything resolved here is handed to transformers: say so before it fails there.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["GpuModel", "capabilities", "gpu_details", "name_conflict"]
+__all__ = ["GpuModel", "capabilities", "gpu_details", "host_conflict", "known_model", "name_conflict"]
 
 GiB = 1024**3
 # NVML reports a little less than the marketed size (a 16 GB T4 shows 15 GiB, an 80 GB H100 79.6).
@@ -26,6 +26,8 @@ class GpuModel(NamedTuple):
     variant: str  # the torch build that runs it: "cuda" or "rocm"
     capability: tuple[int, int]
     memory_gib: tuple[int, ...]  # the sizes it ships with, the usual one first
+    host: str | None = None  # the CPU it is built with ("aarch64": a Grace or Jetson module); None: any
+    tegra: bool = False  # a Jetson module: Jetson Linux (L4T) runs its host
 
 
 # The first model of each build is the default of a bare "cuda:N" (or "cuda:N,variant=rocm").
@@ -36,7 +38,13 @@ MODELS = (
     GpuModel(r"\bA30\b", "NVIDIA A30", "cuda", (8, 0), (24,)),
     GpuModel(r"\bH100\b", "NVIDIA H100 80GB HBM3", "cuda", (9, 0), (80, 94, 96)),
     GpuModel(r"(?<!G)\bH200\b", "NVIDIA H200", "cuda", (9, 0), (141,)),
-    GpuModel(r"\bGH200\b", "NVIDIA GH200 480GB", "cuda", (9, 0), (96, 144)),
+    GpuModel(r"\bGH200\b", "NVIDIA GH200 480GB", "cuda", (9, 0), (96, 144), host="aarch64"),
+    # DGX Spark: torch reports "NVIDIA GB10" (pypi.org/project/dgx-spark-vllm), capability 12.1
+    # (FastVideo's DGX Spark guide: "GB10 -> (12, 1)"), 128 GB shared with the Grace CPU.
+    GpuModel(r"\bGB10\b", "NVIDIA GB10", "cuda", (12, 1), (128,), host="aarch64"),
+    # Jetson AGX Orin (64/32 GB) and Orin NX / Nano (16/8/4 GB): the driver names it "Orin" (a device
+    # query on an AGX Orin 64GB, tmcdonell/cuda#77), compute capability 8.7 (cupy/cupy#6876, quoting NVIDIA).
+    GpuModel(r"\bOrin\b", "Orin", "cuda", (8, 7), (64, 32, 16, 8, 4), host="aarch64", tegra=True),
     GpuModel(r"\bB200\b", "NVIDIA B200", "cuda", (10, 0), (180, 192)),
     GpuModel(r"\bT4\b", "Tesla T4", "cuda", (7, 5), (16,)),
     GpuModel(r"\bV100\b", "Tesla V100-SXM2-16GB", "cuda", (7, 0), (16, 32)),
@@ -84,6 +92,23 @@ _VENDORS = {
     "cuda": ("NVIDIA", r"nvidia|geforce|tesla|quadro|\brtx\b|\bgtx\b"),
     "rocm": ("AMD", r"\bamd\b|radeon|instinct|\bmi\d{3}"),
 }
+
+
+def known_model(name: str | None, variant: str) -> GpuModel | None:
+    """The table's model a GPU name describes (None: not in the table, or no name)."""
+    models = [m for m in _models(name) if m.variant == variant] if name else []
+    return models[0] if models else None
+
+
+def host_conflict(name: str | None, variant: str, host: str | None) -> str | None:
+    """Why a GPU named ``name`` cannot sit in a ``host`` machine (None: it can)."""
+    model = known_model(name, variant)
+    if host is None or model is None or model.host in (None, host):
+        return None
+    return (
+        f"name={name!r} is built with an {model.host} CPU, but host={host}: give host={model.host}, or "
+        "leave host= out and it follows the GPU"
+    )
 
 
 def capabilities(variant: str) -> tuple[tuple[int, int], ...]:

@@ -30,6 +30,7 @@ from whichdevice.hardware.probes.vendor import VendorReadings
 from whichdevice.hardware.probes.xpu import XpuReadings
 from whichdevice.hardware.registry import get_backend
 from whichdevice.hardware.visible import visible_devices
+from whichdevice.testing.gpus import known_model
 from whichdevice.testing.spec import SimulatedDevice, family, gpu_details, parse_spec
 
 __all__ = ["DEFAULTS", "RUNTIME_TEXTS", "simulated_readings"]
@@ -49,6 +50,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "mlu": {"name": "MLU370-X8", "mem": 48 * _GiB, "bf16": True},
     "musa": {"name": "MTT S4000", "mem": 48 * _GiB, "bf16": True},
 }
+
+# The host of a simulated GPU whose model does not fix one (testing.gpus: Grace and Jetson modules do).
+DEFAULT_HOST = "x86_64"
+# The first line of /etc/nv_tegra_release on a Jetson with JetPack 6.2 (Jetson Linux 36.4.3).
+TEGRA_RELEASE = "# R36 (release), REVISION: 4.3, GCID: simulated, BOARD: generic, EABI: aarch64, DATE: simulated"
 
 BROKEN_IMPORT = "simulated: importing {module} failed (libascend_hal.so: cannot open shared object file)"
 
@@ -208,6 +214,7 @@ def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> R
         present=lambda pid: cuda.listed(readings, pid),
     )
     fields.pop("physical_count", None)  # NVML's list says how many there are
+    model = known_model(name, sim.variant or cuda.VARIANTS[0])
     readings = replace(
         readings,
         **fields,
@@ -215,6 +222,9 @@ def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> R
         cuda_version=None if rocm else (sim.cuda or "simulated"),
         hip_version="simulated" if rocm else None,
         arch_list=sim.arch or (),
+        machine=sim.host or (model.host if model is not None and model.host else DEFAULT_HOST),
+        # Jetson Linux's release file, as a Jetson module's host has it (JetPack 6.2's release)
+        tegra=TEGRA_RELEASE if model is not None and model.tegra else None,
     )
     if sim.driver == "none" and sim.mode is None:
         # No driver: NVML and nvidia-smi (both part of it) list nothing and torch says why.

@@ -21,8 +21,9 @@ from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.probes.cuda import VARIANTS
 from whichdevice.hardware.probes.hpu import GAUDI_GENERATIONS, gaudi_generation
 from whichdevice.hardware.probes.mps import MACOS_RELEASES, MPS_MIN_MACOS
+from whichdevice.hardware.probes.nvidia_platforms import HOSTS
 from whichdevice.hardware.registry import backend_names, unknown_name_message
-from whichdevice.testing.gpus import capabilities, gpu_details, name_conflict
+from whichdevice.testing.gpus import capabilities, gpu_details, host_conflict, name_conflict
 from whichdevice.testing.spec_values import (
     MAX_COUNT,
     _bad,
@@ -63,6 +64,9 @@ _DETAIL_KEYS = {
     "driver": ("driver", {"cuda"}),
     "cuda": ("cuda", {"cuda"}),
     "arch": ("arch", {"cuda"}),
+    # the host's architecture as platform.machine() names it (aarch64: Grace, DGX Spark, Jetson);
+    # default: the GPU's own host where the model has one, else x86_64
+    "host": ("host", {"cuda"}),
     "calib": ("calibration", {"cpu"}),
     # the weight dtypes oneDNN packs there ("float32+bfloat16", or nothing); default: from the flags
     "packs": ("packs", {"cpu"}),
@@ -97,6 +101,7 @@ class SimulatedDevice:
     driver: str | None = None
     cuda: str | None = None
     arch: tuple[str, ...] | None = None
+    host: str | None = None
     # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.hardware.calibration)
     calibration: str | None = None
     # the weight dtypes oneDNN packs on the simulated CPU (None: as its flags imply)
@@ -154,6 +159,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "driver": _parse_driver,
     "cuda": _parse_cuda_version,
     "arch": _parse_arch,
+    "host": _choice("a host architecture as platform.machine() names it", HOSTS),
     "calib": _parse_calibration,
     "packs": _parse_packs,
 }
@@ -299,7 +305,9 @@ def _check_gpu(spec: str, device: SimulatedDevice) -> None:
             f"simulate: cc={device.capability[0]}.{device.capability[1]} in {_quote(spec, 80)} is not a compute "
             f"capability of a {variant} GPU; cc= takes {accepted}"
         )
-    conflict = name_conflict(device.name, variant, device.capability, device.memory)
+    conflict = name_conflict(device.name, variant, device.capability, device.memory) or host_conflict(
+        device.name, variant, device.host
+    )
     if conflict is not None:
         raise DeviceError(f"simulate: {_quote(spec, 80)}: {conflict}")
 

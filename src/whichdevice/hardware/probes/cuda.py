@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import whichdevice.hardware.probes.nvidia as nvidia
+import whichdevice.hardware.probes.nvidia_platforms as platforms
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.hardware.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.hardware.envhooks import scoped_env
@@ -58,7 +59,9 @@ class CudaReadings(RuntimeReadings):
     ``earlier_visible``: other CUDA_VISIBLE_DEVICES values seen by earlier probes in this process;
     ``driver_version``: the NVIDIA driver NVML or nvidia-smi reported; ``driver_error``: torch's own
     words when no NVIDIA driver could be loaded; ``nvml_error``: why nvidia-ml-py could not be read;
-    ``arch_list``: the kernel architectures of the build (``torch.cuda.get_arch_list()``).
+    ``arch_list``: the kernel architectures of the build (``torch.cuda.get_arch_list()``);
+    ``machine``: the host architecture (``platform.machine()``); ``tegra``: the first line of Jetson
+    Linux's release file, None where there is none (nvidia_platforms.py reads both).
     """
 
     torch_version: str = ""
@@ -72,6 +75,8 @@ class CudaReadings(RuntimeReadings):
     driver_error: str | None = None
     nvml_error: str | None = None
     arch_list: tuple[str, ...] = ()
+    machine: str = ""
+    tegra: str | None = None
 
 
 _cuda_visible_seen: list[str | None] = []
@@ -80,15 +85,22 @@ _cuda_visible_seen: list[str | None] = []
 def read_cuda(backend: Backend) -> CudaReadings:
     import torch
 
+    machine, tegra = platforms.read_host()
     build = CudaReadings(
         installed=False,
         versions=installed_versions(backend),
         torch_version=str(torch.__version__),
         cuda_version=_text(getattr(torch.version, "cuda", None)),
         hip_version=_text(getattr(torch.version, "hip", None)),
+        machine=machine,
+        tegra=tegra,
     )
     if not hasattr(torch._C, "_cuda_getDeviceCount"):
-        return build
+        if machine != platforms.ARM64 or tegra is not None:
+            return build
+        # A CPU-only torch on ARM64: the GPUs NVML lists say which machine this is, and so what to install.
+        nvml = nvidia.nvml_devices()
+        return replace(build, inventory=tuple(nvml.devices or nvidia.smi_devices().devices) or None)
     env = read_env(ENV_VARIABLES)
     initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
     inventory = driver_error = None
@@ -147,13 +159,18 @@ def _mem_free(torch: Any, index: int) -> int | None:
 
 
 def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
+    names = [d.name for d in (*readings.devices, *(readings.inventory or ()))]
+    platform = platforms.nvidia_platform(readings.machine, readings.tegra, names)
+    l4t = platforms.tegra_release(readings.tegra)
     if not readings.installed:
-        return not_installed(
+        install = platforms.install_line(platform, l4t) if platform else backend.install_command
+        where = f"; for {platform.name}" if platform else ""
+        result = not_installed(
             backend,
-            f"this torch ({readings.torch_version}) is a CPU-only build without CUDA or ROCm: "
-            f"{backend.install_command}",
+            f"this torch ({readings.torch_version}) is a CPU-only build without CUDA or ROCm{where}: {install}",
             versions=readings.versions,
         )
+        return replace(result, platform=platform.key if platform else None)
     raise_import_error(readings)
     variant = VARIANTS[1] if readings.hip_version else VARIANTS[0]
     vis = visible_devices("cuda", readings.env, variant=variant)
@@ -173,9 +190,11 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
         versions[variant] = runtime
     if readings.driver_version:
         versions["nvidia-driver"] = readings.driver_version
+    if l4t is not None:
+        versions["jetson-linux"] = l4t
     present = len(inventory) if inventory else None
     reason = unusable_reason(backend, readings, vis, present) or _no_gpu_reason(readings, variant, devices, vis)
-    return finish(
+    result = finish(
         backend,
         devices,
         visibility=vis,
@@ -186,6 +205,7 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
         unavailable_reason=reason,
         incompatible=_incompatible(readings, variant, devices),
     )
+    return replace(result, platform=platform.key if platform and variant == "cuda" else None)
 
 
 def _build(readings: CudaReadings, variant: str) -> str:

@@ -1,7 +1,11 @@
 """The Intel Gaudi probe: accelerate's minimum first, the int64 hook before the import, then torch.hpu.
 
-Importing ``habana_frameworks.torch`` patches torch (gather, scatter, compile, ...), so the reader
-stops before it when accelerate is too old for the result to be usable anyway.
+Importing ``habana_frameworks.torch`` registers ``torch.hpu`` and loads the Gaudi software into the
+process, so the reader stops before it when accelerate is too old for the result to be usable anyway.
+The patches that change torch itself (``torch.gather``, ``take_along_dim``, ``scatter``, and
+``torch.compile`` defaulting to the HPU backend) are transformers' own: its
+``is_torch_hpu_available()`` installs them on first call (transformers/utils/import_utils.py, 5.25),
+and this probe never calls it.
 """
 
 from __future__ import annotations
