@@ -10,11 +10,14 @@ from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.capacity import can_split, capacities, memory_step
+from whichdevice.hardware import probing
+from whichdevice.memory.capacity import can_split, capacities, cpu_memory, memory_step
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
 from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
 from whichdevice.memory.largest import LargestFit, largest_fit
-from whichdevice.memory.offload import offload_placement, remedies
+from whichdevice.memory.load_peak import LoadPeak
+from whichdevice.memory.offload import offload_placement, with_ways_out
+from whichdevice.memory.room import fitted_load, whole_job_device
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.size import ModelSize
 
@@ -53,16 +56,18 @@ def place_model(
     job: Job | None = None,
     compute_dtype: str | None = None,
     limits: list[LargestFit] | None = None,
+    movable: bool = False,
+    loads: list[LoadPeak] | None = None,
 ) -> Placed:
     """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
-    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job that fits.
+    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job
+    that fits, ``loads`` the load's peak (memory/room.py); ``movable``: ``device`` was detected, so
+    another device the whole job fits on alone is taken where ``device`` would need a split.
 
-    The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
-    cache, activations, gradients and optimizer state, against each device's free memory where the
-    runtime says it. A model that does not fit in ``dtype`` is quantized with bitsandbytes when
-    ``quantize`` allows it (one device when the quantized weights fit there, else split like an
-    unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It is
-    offloaded to the CPU or disk only when ``job.offload`` asks.
+    The fit counts the whole job (:mod:`whichdevice.memory.job`) against each device's free memory
+    where the runtime says it. A model that does not fit in ``dtype`` is quantized with bitsandbytes
+    when ``quantize`` allows it; ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. It
+    is offloaded to the CPU or disk only when ``job.offload`` asks.
     """
     job = job or Job()  # quantize= and job= come checked (resolve_device's argument checks)
     caps = capacities(backend, result, device, dist, max_memory)
@@ -72,22 +77,19 @@ def place_model(
     weights = size.bytes_in(dtype)
     if max_memory is None and caps is not None:
         trace.append(memory_step(backend, result, device, dist))
-    if size.quantized is not None:
-        # Already quantized: the resolver checked quantize= against it; never quantized again.
-        quantize = None
+    quantize = None if size.quantized is not None else quantize  # pre-quantized: checked already, never again
     if caps is None:
         return _unchecked(size, backend, result, device, dtype, quantize, trace)
     fit = _Fit(device, caps, max_memory is not None, can_split(backend, dist), backend.name, memory.bytes, job)
     if size.quantized is not None:
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
-    explicit = quantize in ("4bit", "8bit")
+    explicit, does_not_fit = quantize in ("4bit", "8bit"), None
+    fit = _moved(fit, weights, backend, trace) if movable and not explicit else fit
     largest = None if explicit else _largest(model, fit, job, dtype, weights, trace, limits)
-    does_not_fit: str | None = None
     if not explicit:
         placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
-            trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
-            return placement.device_map, placement.max_memory, None, None
+            return _loaded(placement, (model, size, dtype, memory, weights), fit, result, trace, loads)
         does_not_fit = f"in {dtype}, {placement.note}"
         adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace)
         if adapters is not None:
@@ -95,11 +97,47 @@ def place_model(
         if job.offload is not None and quantize is None:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
     try:
-        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace)
+        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace, loads)
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
-        raise _with_ways_out(err, (model, size, memory, backend), fit, dtype, largest) from None
+        raise with_ways_out(err, (model_shape(model), size, memory, backend), fit.caps, dtype, job, largest) from None
+
+
+def _moved(fit: _Fit, weights: int, backend: Backend, trace: list[TraceStep]) -> _Fit:
+    """``fit`` on another device the whole job fits on alone, where its own would need a split."""
+    fraction = 1.0 if fit.budget_given else FIT_FRACTION
+    found, steps = whole_job_device(fit.caps, fit.device, weights + fit.extra, fraction, backend.name)
+    if found is None:
+        return fit
+    trace.extend(steps)
+    caps = {found: fit.caps[found], **{k: v for k, v in fit.caps.items() if k != found}}
+    return replace(fit, device=f"{backend.name}:{found}", caps=caps)
+
+
+def _loaded(
+    placement: Placement,
+    sized: tuple[Any, ModelSize, str, JobMemory, int],
+    fit: _Fit,
+    result: ProbeResult,
+    trace: list[TraceStep],
+    loads: list[LoadPeak] | None,
+) -> Placed:
+    """The placement that fits at rest, kept or changed so that its load fits too (memory/room.py)."""
+    model, size, dtype, memory, weights = sized
+
+    def spread(overhead: int) -> tuple[Any, dict[int | str, str] | None] | None:
+        if not fit.can_split or len(fit.caps) < 2:
+            return None
+        low = replace(fit, caps={k: max(0, v - overhead) for k, v in fit.caps.items()})
+        placed = _checked(model, dtype, low.plan(weights), low, memory, weights)
+        return (placed.device_map, placed.max_memory) if placed.fits else None
+
+    trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
+    device_map, max_memory = fitted_load(
+        (placement.device_map, placement.max_memory), size, dtype, result, None, cpu_available, spread, trace, loads
+    )
+    return device_map, max_memory, None, None
 
 
 def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: JobMemory, weights: int) -> Placement:
@@ -268,6 +306,7 @@ def _place_quantized(
     does_not_fit: str | None,
     job: Job,
     trace: list[TraceStep],
+    loads: list[LoadPeak] | None = None,
 ) -> Placed:
     """Quantized: on one device when the quantized weights fit there, else split like any model,
     minus the share of max_memory that bitsandbytes keeps for its buffers. Training a quantized
@@ -309,7 +348,9 @@ def _place_quantized(
             what = f"the {bits}-bit weights and the job's memory ({format_bytes(quantized + fit.extra)})"
         note = f"device_map={fit.device!r}: {what} fit there {room}"
     trace.append(TraceStep("placement", note))
-    return qplace.device_map, qplace.max_memory, plan, None
+    placed = (qplace.device_map, qplace.max_memory)
+    device_map, max_memory = fitted_load(placed, size, dtype, result, bits, cpu_available, None, trace, loads)
+    return device_map, max_memory, plan, None
 
 
 def _place_prequantized(
@@ -331,13 +372,7 @@ def _place_prequantized(
 
 def cpu_available() -> int | None:
     """The CPU memory a process can take now (psutil's available), else the total; None if unknown."""
-    from whichdevice.hardware import probing
-
-    result = probing.probe("cpu")
-    if not result.devices:
-        return None
-    info = result.devices[0]
-    return info.free_memory if info.free_memory is not None else info.total_memory
+    return cpu_memory(probing.probe("cpu"))
 
 
 def _offload(weights: int, extra: int, backend: Backend, fit: _Fit, job: Job, trace: list[TraceStep]) -> Placed:
@@ -353,13 +388,3 @@ def _budget_only(device: str, caps: dict[int | str, int] | None, trace: list[Tra
     budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
     trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
     return device, budget, None, None
-
-
-def _with_ways_out(
-    err: DoesNotFitError, sized: tuple[Any, ModelSize, JobMemory, Backend], fit: _Fit, dtype: str, largest: Any
-) -> DoesNotFitError:
-    """The error, with what would fit instead: other dtypes, devices, offload, and the largest job here."""
-    model, size, memory, backend = sized
-    said = f". On these devices, {largest.text()}" if largest is not None else ""
-    ways = remedies(model_shape(model), size, memory, backend, fit.caps, dtype, fit.job)
-    return DoesNotFitError(f"{err}{ways}{said}")

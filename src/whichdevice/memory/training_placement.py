@@ -29,10 +29,11 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
 
 __all__ = ["TrainingPlaced", "place_training", "plan_training", "trainer_parallel_steps"]
 
-TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None"]
+TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None", "LoadPeak | None"]
 
 
 # accelerate 1.x AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
@@ -97,9 +98,11 @@ def place_training(
     quantize: str | None,
     trace: list[TraceStep],
     job: Job,
+    movable: bool = False,
 ) -> TrainingPlaced:
-    """(placement, the plan or None, the weights' dtype to load in, the largest job that fits) for ``job``;
-    a training job with ``model`` on several devices gets a plan, any other job place_model's answer."""
+    """(placement, the plan or None, the weights' dtype to load in, the largest job that fits, the load's
+    peak) for ``job``; a training job with ``model`` on several devices gets a plan, any other job
+    place_model's answer. ``movable``: the device was detected (place_model moves an inference job)."""
     training = job.task == "training" and model is not None
     devices = _device_count(backend, result, dist) if training else 1
     caps = capacities(backend, result, device, dist, max_memory) if devices > 1 else None
@@ -115,13 +118,15 @@ def place_training(
         # This rank loads the whole model where the strategy wants it; Trainer then shards it.
         where = device if chosen == "zero2" else "cpu"
         trace.append(TraceStep("placement", f"device_map={where!r}: {_loading(chosen, where, dist.world_size)}"))
-        return (where, None, None, None), plan, dtype, None
+        return (where, None, None, None), plan, dtype, None, None
     sized: list[TraceStep] = []
     limits: list[LargestFit] = []
+    loads: list[LoadPeak] = []
     try:
         placed = place_model(
             model, backend, result, device, dist, dtype, max_memory, quantize, sized, job,
-            compute_dtype=compute_dtype, limits=limits,
+            compute_dtype=compute_dtype, limits=limits, loads=loads,
+            movable=movable and dist is None and job.task == "inference",
         )  # fmt: skip
     except DoesNotFitError as err:
         if plan is None:
@@ -138,7 +143,7 @@ def place_training(
                 f"peft keeps the adapters in float32), instead of {dtype}",
             )
         )
-    return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None
+    return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None, loads[0] if loads else None
 
 
 def _loading(key: str, where: str, ranks: int) -> str:

@@ -220,6 +220,7 @@ class Arguments(NamedTuple):
     max_new_tokens: int | None = None
     offload: str | None = None
     offload_folder: Any = None
+    devices: Any = None
 
     def job(self) -> Job:
         """The job these arguments describe (checked first: check_arguments)."""

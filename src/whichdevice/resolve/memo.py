@@ -91,11 +91,12 @@ def memo_key(args: Arguments, environment: Reading | None = None) -> Any:
     if args.model is not None or args.max_memory is not None:
         return None
     device, prefer, exclude = args.device, args.prefer, args.exclude
-    if type(device).__name__ == "device" or type(prefer) is list or type(exclude) is list:
+    if type(device).__name__ == "device" or list in (type(prefer), type(exclude), type(args.devices)):
         args = args._replace(
             device=str(device) if type(device).__name__ == "device" else device,
             prefer=tuple(prefer) if isinstance(prefer, list) else prefer,
             exclude=tuple(exclude) if isinstance(exclude, list) else exclude,
+            devices=tuple(args.devices) if isinstance(args.devices, list) else args.devices,
         )
     key = (args, (read_environment() if environment is None else environment)[1], packages.generation())
     try:

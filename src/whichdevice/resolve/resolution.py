@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
     from whichdevice.tuning.record import Tuning
@@ -63,6 +64,12 @@ class Resolution:
     training_plan: TrainingPlan | None = field(default=None, repr=False)
     # For model= with batch_size=/max_length=: the longest length and largest batch that fit (memory/largest.py).
     fit_limits: LargestFit | None = field(default=None, repr=False)
+    # With model= on one device: the load's own peak there (transformers' allocator warm-up,
+    # memory/load_peak.py) and its remedy where only the load does not fit ("cpu": load, then move).
+    load_peak: LoadPeak | None = field(default=None, repr=False)
+    # The device indices (as this process numbers them) the resolution is limited to: devices= asked,
+    # or those this process can use (DeviceInfo.unusable); None: every visible device.
+    devices: tuple[int, ...] | None = None
     # accelerate's variables and config file as this resolution read them (training_arguments()
     # follows the same reading); None for a Resolution built by hand.
     accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
@@ -182,9 +189,13 @@ class Resolution:
         return self.tuning.generate_kwargs() if self.tuning is not None else {}
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
-        """Keyword arguments for ``transformers.pipeline``."""
+        """Keyword arguments for ``transformers.pipeline``. Where the model is loaded on the CPU first
+        (``load_peak.remedy == "cpu"``), ``device=`` instead of ``device_map``: pipeline then loads
+        it on the CPU and moves it there itself."""
         model_kwargs = self.model_kwargs()
-        kwargs: dict[str, Any] = {"device_map": model_kwargs.pop("device_map")}
+        device_map = model_kwargs.pop("device_map")
+        via_cpu = self.load_peak is not None and self.load_peak.remedy == "cpu"
+        kwargs: dict[str, Any] = {"device": self.device} if via_cpu else {"device_map": device_map}
         key = _dtype_keyword()
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
@@ -261,6 +272,7 @@ class Resolution:
             "task": self.task,
             "source": self.source,
             "device_count": self.device_count,
+            "devices": list(self.devices) if self.devices is not None else None,
             "device_map": self.device_map,
             "dtype": self.dtype_name,
             "attn_implementation": self.attn_implementation,
@@ -280,6 +292,7 @@ class Resolution:
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,
+            "load_peak": self.load_peak.to_dict() if self.load_peak else None,
             "simulated": self.simulated,
             "trace": [s.to_dict() for s in self.trace],
         }

@@ -26,6 +26,7 @@ from whichdevice.core.packages import transformers_problem
 from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
 from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
+from whichdevice.device.selection import parse_devices, select_devices
 from whichdevice.hardware import probing
 from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
 from whichdevice.hardware.store import current_store
@@ -57,6 +58,7 @@ from whichdevice.tuning.decide import Loaded, decide_tuning
 if TYPE_CHECKING:
     from whichdevice.hardware.calibration import Calibration
     from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
     from whichdevice.model.facts import ModelFacts
@@ -84,6 +86,7 @@ def resolve_device(
     max_new_tokens: int | None = None,
     offload: str | None = None,
     offload_folder: Any = None,
+    devices: Any = None,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -98,7 +101,8 @@ def resolve_device(
     and optimizer state); ``max_new_tokens`` (as ``generate(max_new_tokens=)``) is what a one-time
     setup on a CPU (weights packed ahead) is counted against. ``offload="cpu"`` (or ``"disk"`` with
     ``offload_folder=path``) lets a model that fits no device spill to CPU memory (then disk);
-    without it whichdevice never offloads.
+    without it whichdevice never offloads. ``devices`` (Lightning's forms: a count, a list of indices,
+    -1, or a string such as "0,2") limits the resolution to those devices, as making them visible would.
     ``use_kernels`` is off unless asked: "auto" turns Hub kernels on where they can work, True
     insists (transformers downloads and runs their compiled code from the Hub).
     A repeated call with the same arguments and environment returns the same Resolution.
@@ -124,6 +128,7 @@ def resolve_device(
         max_new_tokens=max_new_tokens,
         offload=offload,
         offload_folder=offload_folder,
+        devices=devices,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -152,6 +157,7 @@ def _attention_registered(res: Resolution) -> Resolution:
 
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
+    asked = parse_devices(args.devices)  # its form, before anything is probed
     # model= is read here, once, and checked for damage before anything is decided from it.
     model = _read_model(args.model)
     check_shapes(args)
@@ -163,6 +169,7 @@ def _resolve(args: Arguments) -> Resolution:
     # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
     quant, (backend, result), dequantize = trace.take(_prequantized(model, args, (backend, result), request))
     dist = launch_of(backend, args.task)
+    result, selection = trace.take(select_devices(backend, result, asked, dist, args.task, request))
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
     parallel_at = len(trace)
     parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
@@ -182,8 +189,10 @@ def _resolve(args: Arguments) -> Resolution:
         choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
-    placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job))
+    placed = trace.take(_placement(backend, result, device, dist, (dtype, computes_in), args, model, job, request))
     dtype = placed.dtype or dtype
+    if isinstance(placed.device_map, str) and placed.device_map.startswith(f"{backend.name}:"):
+        device = placed.device_map  # placement moved to a device the whole job fits on (memory/placement.py)
     if parallel or placed.plan is not None:
         from whichdevice.memory.training_placement import trainer_parallel_steps
 
@@ -222,6 +231,8 @@ def _resolve(args: Arguments) -> Resolution:
         accelerate=accelerate,
         training_plan=placed.plan,
         fit_limits=placed.limits,
+        devices=selection,
+        load_peak=placed.load,
     )
 
 
@@ -329,6 +340,7 @@ class _Placed(NamedTuple):
     plan: TrainingPlan | None = None
     dtype: str | None = None  # the weights' dtype placement chose instead (LoRA's 16-bit base)
     limits: LargestFit | None = None
+    load: LoadPeak | None = None
 
 
 def _placement(
@@ -340,6 +352,7 @@ def _placement(
     args: Arguments,
     model: ModelFacts | None,
     job: Job,
+    request: DeviceRequest,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device."""
     if args.max_memory is not None:
@@ -359,10 +372,11 @@ def _placement(
 
         dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
         sized: list[TraceStep] = []
-        done, plan, loads, limits = place_training(
-            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job
-        )
-        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
+        done, plan, loads, limits, peak = place_training(
+            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job,
+            movable=request.index is None,
+        )  # fmt: skip
+        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits, load=peak), sized
     return _Placed(device), [
         TraceStep(
             "placement",
