@@ -20,6 +20,7 @@ from whichdevice.device import request
 from whichdevice.hardware import calibration
 from whichdevice.hardware.registry import backends, on_change
 from whichdevice.launch import accelerate_settings, distributed
+from whichdevice.precision import tf32
 from whichdevice.resolve.arguments import Arguments
 from whichdevice.tuning import compile_support
 
@@ -27,7 +28,7 @@ __all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variabl
 
 # The modules on the resolve path that read the environment (tests/resolve/test_memo.py fails when a
 # module reads a variable it does not declare, or declares one this list does not reach).
-DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings, calibration, compile_support)
+DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings, calibration, compile_support, tf32)
 
 # os.environ.get costs about 0.7 us a name (str -> bytes, Mapping.get); the backing dict of bytes
 # answers in a tenth of that, which keeps a repeated resolve_device() well under 20 us.

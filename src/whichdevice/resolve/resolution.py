@@ -67,6 +67,9 @@ class Resolution:
     # With model= on one device: the load's own peak there (transformers' allocator warm-up,
     # memory/load_peak.py) and its remedy where only the load does not fit ("cpu": load, then move).
     load_peak: LoadPeak | None = field(default=None, repr=False)
+    # True where training_kwargs() hands tf32=True over (fp32 training on a GPU with TF32, an
+    # architecture cleared for it: precision/tf32.py); None: not handed over.
+    tf32: bool | None = None
     # The device indices (as this process numbers them) the resolution is limited to: devices= asked,
     # or those this process can use (DeviceInfo.unusable); None: every visible device.
     devices: tuple[int, ...] | None = None
@@ -206,7 +209,8 @@ class Resolution:
 
     def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
         """Keyword arguments for ``TrainingArguments`` (or a subclass such as TRL's SFTConfig): device,
-        ddp and compile settings, and both precision flags, ``bf16`` and ``fp16``, stated either way."""
+        ddp and compile settings, both precision flags, ``bf16`` and ``fp16``, stated either way, and
+        ``tf32=True`` where the resolution cleared it (``tf32``)."""
         from whichdevice.launch.trainer_kwargs import training_kwargs_for
 
         if torch_compile is not None:
@@ -215,6 +219,8 @@ class Resolution:
             check_flag(torch_compile, "torch_compile")
         compile_ = self.torch_compile if torch_compile is None else torch_compile
         kwargs = training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
+        if self.tf32:
+            kwargs["tf32"] = True
         if self.training_plan is not None and self.distributed is not None:
             # Only a launched rank shards: in one process fsdp/deepspeed have no process group to run in.
             kwargs.update(self.training_plan.kwargs())

@@ -43,6 +43,7 @@ from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.estimate import CpuJob
+from whichdevice.precision.tf32 import decide_tf32
 from whichdevice.resolve.arguments import (
     Arguments,
     check_arguments,
@@ -185,6 +186,7 @@ def _resolve(args: Arguments) -> Resolution:
         )
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
+    tf32 = trace.take(decide_tf32(backend, result, computes_in, args.task, model))
     attention = trace.take(
         choose_attention(backend, result, computes_in, attn, task=args.task, model=model, measured=calibration)
     )
@@ -233,6 +235,7 @@ def _resolve(args: Arguments) -> Resolution:
         fit_limits=placed.limits,
         devices=selection,
         load_peak=placed.load,
+        tf32=tf32,
     )
 
 
