@@ -81,6 +81,20 @@ def test_under_1_2_gib_the_installed_warmup_asks_for_a_negative_size() -> None:
     assert warmup_bytes("cuda", 10**8, GiB) == 0
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_quantized_warmup_is_what_the_installed_transformers_allocates(bits: int) -> None:
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    config = _config()
+    meta = _meta(config, torch.bfloat16)
+    quantizer = AutoHfQuantizer.from_config(BitsAndBytesConfig(load_in_4bit=bits == 4, load_in_8bit=bits == 8))
+    quantizer.preprocess_model(meta, dtype=torch.bfloat16, device_map={"": "cuda:0"})  # bitsandbytes' layers, on meta
+    theirs = installed_warmup(meta, _everything_on(meta, "cuda:0"), {"cuda:0": (80 * GiB, 80 * GiB)}, quantizer)
+    ours = load_peak(size_from_config(config), "bfloat16", "cuda:0", None, 80 * GiB, bits=bits)
+    assert ours.warmup == theirs["cuda:0"]
+
+
 def test_bitsandbytes_element_sizes_are_the_installed_quantizers() -> None:
     from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
     from transformers.quantizers.quantizer_bnb_8bit import Bnb8BitHfQuantizer
