@@ -195,6 +195,16 @@ def test_an_unusable_gpu_is_left_out_and_the_launch_skips_it() -> None:
         assert any(s.message.startswith("cuda:1 not used: exclusive-process") for s in res.trace)
 
 
+def test_check_counts_the_usable_gpus_and_says_why_one_is_left_out() -> None:
+    from whichdevice.report.check import check
+
+    spec = ["cuda:4,compute=default/exclusive,held=0/1GiB"]
+    assert check("cuda", min_devices=3, simulate=spec)["exit_code"] == 0
+    short = check("cuda", min_devices=4, simulate=spec)
+    assert short["exit_code"] == 1 and short["device_count"] == 3
+    assert "3 devices are usable, fewer than --min-devices 4; cuda:1 not used: exclusive-process" in short["message"]
+
+
 def test_asking_for_an_unusable_gpu_says_why_and_what_is_usable() -> None:
     with simulate("cuda:4,compute=default/exclusive,held=0/1GiB"), pytest.raises(wd.DeviceUnavailableError) as raised:
         wd.resolve_device("cuda:1")

@@ -136,6 +136,7 @@ class LoadPeak:
             else f"transformers skips the allocator warm-up on {self.device.split(':')[0]}"
         )
         small = f", {format_bytes(self.small)} of tensors of 1 MiB or less in 2 MiB segments of their own"
+        small = small if self.small else ""
         free = f"{format_bytes(self.free)} free" if self.free is not None else "free memory not reported"
         verdict = "" if self.free is None else (": fits" if self.fits else ": does not fit")
         return f"{block}{small}{quantizing}: the load peaks at {format_bytes(self.peak)}, {free}{verdict}"
