@@ -227,3 +227,33 @@ def test_the_trial_runs_in_a_child_and_leaves_cuda_alone_here() -> None:
 def test_a_trial_that_gives_no_answer_is_no_evidence() -> None:
     assert cuda_trial.try_contexts([0, 1], timeout=0.001) == {0: None, 1: None}
     assert cuda_trial.try_contexts([]) == {}
+
+
+def test_after_the_users_cuda_init_the_driver_gives_the_mode_and_no_exclusive_gpu_is_taken(
+    fake_cuda: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With CUDA started in the process, the probe asks the driver for the modes (no context made),
+    asks torch for free memory only where that takes no exclusive GPU, and tries the others in a child."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    props = types.SimpleNamespace(name="NVIDIA A100-SXM4-80GB", total_memory=80 * GiB, major=8, minor=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    asked: list[int] = []
+
+    def mem_get_info(index: int) -> tuple[int, int]:
+        asked.append(index)
+        return (70 * GiB, 80 * GiB)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda i: i == 2, raising=False)
+    modes = ("default", "exclusive_process", "exclusive_process", "prohibited")
+    monkeypatch.setattr(nvidia, "driver_compute_modes", lambda count: modes[:count])
+    result = wd.probe("cuda", refresh=True)
+    assert asked == [0, 2]  # cuda:2 is this process's own: asking makes no new context
+    assert fake_cuda == [[1]]  # the exclusive GPU this process does not hold, tried in a child
+    assert [d.compute_mode for d in result.devices] == list(modes)
+    assert [d.free_memory for d in result.devices] == [70 * GiB, None, 70 * GiB, None]
+    assert [d.unusable is None for d in result.devices] == [True, False, True, False]
