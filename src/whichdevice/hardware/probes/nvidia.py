@@ -163,23 +163,22 @@ def _decoded(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _smi(smi: str, query: str) -> str | None:
+    """What ``nvidia-smi <query> --format=csv,noheader,nounits`` prints (None: it failed)."""
+    try:
+        return subprocess.run(
+            [smi, query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def smi_devices() -> NvidiaStack:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return NvidiaStack()
-    try:
-        out = subprocess.run(
-            [
-                smi,
-                "--query-gpu=name,memory.total,compute_cap,uuid,driver_version,memory.free,compute_mode",
-                "--format=csv,noheader,nounits",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = _smi(smi, "--query-gpu=name,memory.total,compute_cap,uuid,driver_version,memory.free,compute_mode")
+    if out is None:
         return NvidiaStack()
     devices = []
     driver = None
@@ -211,15 +210,8 @@ def smi_devices() -> NvidiaStack:
 
 def _smi_processes(smi: str) -> dict[str, list[int]] | None:
     """GPU UUID -> the pids with a compute context there (None: nvidia-smi would not say)."""
-    try:
-        out = subprocess.run(
-            [smi, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = _smi(smi, "--query-compute-apps=gpu_uuid,pid")
+    if out is None:
         return None
     holders: dict[str, list[int]] = {}
     for line in out.strip().splitlines():
