@@ -197,7 +197,26 @@ def spec_for(result: wd.ProbeResult) -> str | None:
     frees = [d.free_memory for d in result.devices]
     if all(f is not None for f in frees):
         parts.append("free=" + "/".join(str(f) for f in frees))
+    if kind == "cuda" and result.variant != "rocm":
+        parts += _nvml_keys(result)
     return ",".join(parts)
+
+
+def _nvml_keys(result: wd.ProbeResult) -> list[str]:
+    """compute= and held= as NVML read them: each GPU's mode, and a holder where other processes are
+    (a simulated holder is one process, holding what is not free)."""
+    keys = []
+    modes = [d.compute_mode for d in result.devices]
+    if all(modes):
+        keys.append("compute=" + "/".join(str(m) for m in modes))
+    others = [d.other_processes for d in result.devices]
+    if all(o is not None for o in others):
+        held = [
+            (d.total_memory or 0) - (d.free_memory or 0) if d.free_memory is not None and o else 0
+            for d, o in zip(result.devices, others, strict=True)
+        ]
+        keys.append("held=" + "/".join(str(h) for h in held))
+    return keys
 
 
 def _calibration_keys() -> list[str]:

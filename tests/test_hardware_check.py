@@ -32,6 +32,8 @@ def _load() -> ModuleType:
     [
         "cuda:8,cc=9.0,mem=141GiB,name=NVIDIA H200",
         "cuda:2,cc=8.0,free=2GiB/80GiB,driver=580.65.06,cuda=13.0,arch=sm_80+sm_90",
+        "cuda:4,compute=default/exclusive/prohibited,held=0/1GiB",
+        "cuda:2,compute=exclusive,held=78GiB/0,free=2GiB/80GiB",
         "cuda:2,variant=rocm",
         "hpu:8,gen=gaudi3",
         "npu:4,bf16=no",

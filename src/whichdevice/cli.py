@@ -100,6 +100,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             "batch_size": args.batch_size,
             "max_length": args.max_length,
             "max_new_tokens": args.max_new_tokens,
+            "devices": args.devices,
         },
     )
     if args.json:

@@ -28,6 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     "batch_size": None,
     "max_length": None,
     "max_new_tokens": None,
+    "devices": None,
 }
 
 
@@ -105,6 +106,12 @@ def _job_options() -> _Parser:
         default=argparse.SUPPRESS,
         metavar="PATH",
         help="a local model folder or a cached model id, as resolve_device(model=) takes it",
+    )
+    group.add_argument(
+        "--devices",
+        default=argparse.SUPPRESS,
+        metavar="LIST",
+        help="use only these devices, as resolve_device(devices=) takes them: a count (2), indices (0,2), -1 for all",
     )
     for flag, what in (
         ("--batch-size", "sequences run together"),

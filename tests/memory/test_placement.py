@@ -65,6 +65,19 @@ def test_busy_gpu0_for_training_says_how_to_move_the_trainer():
     assert "CUDA_VISIBLE_DEVICES=1 python train.py" in _lines(res, "warning")
 
 
+def test_inference_takes_the_device_the_whole_job_fits_on_before_splitting():
+    # cuda:0 stays the choice by free memory (13 GiB is within 90% of 14), but the 11.05 GiB model fits
+    # only cuda:1's 80%: one device rather than a split over both.
+    with simulate("cuda:2,mem=24GiB,free=13GiB/14GiB"):
+        moved = wd.resolve_device(model=_llama(), dtype="bfloat16", quantize=None)
+        asked = wd.resolve_device("cuda:0", model=_llama(), dtype="bfloat16", quantize=None)
+        training = wd.resolve_device(model=_llama(), task="training", quantize=None)
+    assert moved.device == moved.device_map == "cuda:1" and moved.max_memory is None
+    assert "cuda:1: the whole job (11.05 GiB) fits there alone (11.20 GiB usable)" in _lines(moved, "device")
+    assert asked.device == "cuda:0" and asked.device_map in ("auto", "balanced_low_0")  # an index as given
+    assert training.device == "cuda:0"  # Trainer in one process trains on cuda:0 whatever is chosen
+
+
 def test_a_distributed_rank_keeps_its_local_rank_device(monkeypatch):
     for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)

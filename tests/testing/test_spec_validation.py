@@ -11,6 +11,7 @@ from whichdevice.hardware.probes.cpu import ONEDNN_ISAS
 from whichdevice.hardware.probes.cuda import VARIANTS
 from whichdevice.hardware.probes.hpu import GAUDI_GENERATIONS
 from whichdevice.hardware.probes.mps import MACOS_RELEASES
+from whichdevice.hardware.probes.nvidia import COMPUTE_MODES
 from whichdevice.hardware.probes.nvidia_platforms import HOSTS
 from whichdevice.testing import parse_spec, simulate
 from whichdevice.testing.gpus import MODELS, capabilities
@@ -116,6 +117,22 @@ REFUSED = [
     ("cuda:1,variant=rocm,name=Tesla T4", ("NVIDIA GPU", "drop variant=rocm")),
     ("cuda:1,variant=rocm,name=NVIDIA H100", ("NVIDIA GPU",)),
     ("cuda:1,variant=rocm,cc=9.4,mem=64GiB,name=AMD Instinct MI300X", ("has 192 GiB",)),
+    # compute modes and other processes' memory: NVML's names, one per device, within the memory
+    ("cuda:2,compute=shared", ("not a list of NVIDIA compute modes", "exclusive_process", "prohibited")),
+    ("cuda:2,compute=default/", ("not a list of NVIDIA compute modes",)),
+    ("cuda:2,compute=", ("not a list of NVIDIA compute modes",)),
+    ("cuda:2,compute=default/default/default", ("3 values for 2 device(s)",)),
+    ("cuda:2,held=5", ("5 bytes", "held=5GiB")),
+    ("cuda:2,held=lots", ("not a size",)),
+    ("cuda:2,held=-1GiB", ("not a size",)),
+    ("cuda:2,held=1GiB/1GiB/1GiB", ("3 values for 2 device(s)",)),
+    ("cuda:1,mem=80GiB,held=81GiB", ("held= in", "at most mem=")),
+    ("cuda:1,mem=80GiB,free=60GiB,held=30GiB", ("60.00 GiB free", "30.00 GiB held", "at most mem=")),
+    ("cuda:1,free=60GiB,held=30GiB", ("more than its 80.00 GiB",)),
+    ("cuda:1,variant=rocm,compute=exclusive", ("NVIDIA's driver (NVML)", "variant=rocm takes neither")),
+    ("cuda:1,variant=rocm,held=1GiB", ("variant=rocm takes neither",)),
+    ("npu:2,held=1GiB", ("held= applies to cuda",)),
+    ("xpu:2,compute=default", ("compute= applies to cuda",)),
     # keys the backend's runtime does not report
     ("hpu:8,cc=9.0", ("cc= applies to cuda",)),
     ("tpu:4,variant=rocm", ("variant= applies to cuda",)),
@@ -198,6 +215,10 @@ def test_accepted_values_come_from_the_probes_tables() -> None:
     assert parse_spec("cpu,packs=Float32+bfloat16").packs == frozenset({"float32", "bfloat16"})
     assert parse_spec("cpu,packs=").packs == frozenset()
     assert parse_spec("hpu:1,name=HL-325L").name == "HL-325L"  # a name without a generation is the runtime's
+    for mode in COMPUTE_MODES.values():
+        assert parse_spec(f"cuda:2,compute={mode.upper()}").compute_modes == (mode,)
+    assert parse_spec("cuda:2,compute=Default/exclusive").compute_modes == ("default", "exclusive_process")
+    assert parse_spec("cuda:2,held=0/1GiB").held == (0, GiB)
 
 
 def test_a_mac_before_mps_shows_mps_unavailable() -> None:

@@ -93,6 +93,14 @@ class DeviceInfo:
     # Bytes free now, where the runtime says so without starting a device context (NVML, psutil);
     # None: unknown, and placement sizes against total_memory instead.
     free_memory: int | None = None
+    # The GPU's compute mode as the driver reports it: "default", "exclusive_process",
+    # "exclusive_thread" (NVIDIA's legacy mode) or "prohibited"; None where it is not read.
+    compute_mode: str | None = None
+    # How many other processes hold a context on it (None: unknown).
+    other_processes: int | None = None
+    # Why this process cannot use it (an exclusive-process GPU another process holds, a prohibited
+    # one); None: usable as far as the runtime says. Resolutions leave such a device out.
+    unusable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +112,9 @@ class DeviceInfo:
             "physical_id": self.physical_id,
             "bf16": self.bf16,
             "free_memory": self.free_memory,
+            "compute_mode": self.compute_mode,
+            "other_processes": self.other_processes,
+            "unusable": self.unusable,
         }
 
 

@@ -29,26 +29,37 @@ def _free(info: DeviceInfo) -> int | None:
 def least_busy(backend: Backend, result: ProbeResult, task: str) -> tuple[int, list[TraceStep]]:
     """The index to use among ``result``'s devices, and the trace lines that say why."""
     devices = list(result.devices)
+    # The first device this resolution may use: device 0, or the first of a selection (device/selection.py).
+    first_index = devices[0].index if devices else 0
     if len(devices) < 2 or any(_free(d) is None for d in devices):
-        return 0, []
+        return first_index, []
     best = max(devices, key=lambda d: (_free(d) or 0, -d.index))
     first = devices[0]
     if (_free(first) or 0) >= BUSY_FRACTION * (_free(best) or 0):
-        return 0, []
+        return first_index, []
     busy = (
-        f"{backend.name}:0 has {format_bytes(_free(first) or 0)} free of {format_bytes(first.total_memory or 0)} "
-        "(another process uses it)"
+        f"{backend.name}:{first.index} has {format_bytes(_free(first) or 0)} free of "
+        f"{format_bytes(first.total_memory or 0)} (another process uses it)"
     )
+    if task == "training" and first.index != 0:
+        return first_index, []  # a selection: its own warning names the variable that makes Trainer use it
     if task == "training":
         # Trainer in one process always trains on device 0: only the visible-devices variable moves it.
         variable = result.visible.variable if result.visible and result.visible.variable else None
         variable = variable or (backend.visible_devices_env[0] if backend.visible_devices_env else None)
         fix = f"{variable or 'the visible-devices variable'}={best.physical_id or best.index}"
+        idle = [d.index for d in devices if (_free(d) or 0) >= BUSY_FRACTION * (_free(best) or 0)]
+        every = (
+            f"; to train on every idle device, resolve with devices={idle} (res.launch_command then starts one "
+            "process on each)"
+            if len(idle) > 1
+            else ""
+        )
         return 0, [
             TraceStep(
                 "warning",
                 f"{busy}; {backend.name}:{best.index} has {format_bytes(_free(best) or 0)} free. Trainer trains on "
-                f"{backend.name}:0 in one process: start with {fix} python train.py to train there",
+                f"{backend.name}:0 in one process: start with {fix} python train.py to train there{every}",
             )
         ]
     why = (

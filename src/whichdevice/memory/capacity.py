@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
     from whichdevice.launch.distributed import DistributedContext
 
-__all__ = ["can_split", "capacities", "memory_step", "usable_memory"]
+__all__ = ["can_split", "capacities", "cpu_memory", "memory_step", "usable_memory"]
 
 
 def capacities(
@@ -82,3 +82,12 @@ def memory_step(backend: Backend, result: ProbeResult, device: str, dist: Distri
 def can_split(backend: Backend, dist: DistributedContext | None) -> bool:
     """Whether Accelerate may split a model over several of ``backend``'s devices in this process."""
     return backend.device_map_auto and dist is None and not backend.memory_by_name
+
+
+def cpu_memory(result: ProbeResult) -> int | None:
+    """The CPU memory a process can take now (psutil's available) from the CPU's probe result, else
+    the total; None if unknown."""
+    if not result.devices:
+        return None
+    info = result.devices[0]
+    return info.free_memory if info.free_memory is not None else info.total_memory

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
 
 __all__ = ["FIT_FRACTION", "SPLIT_FRACTION", "Placement", "plan_placement"]
@@ -69,3 +70,49 @@ def plan_placement(
         else f"{device} ({format_bytes(first * fraction)} usable)"
     )
     return Placement(device, None, f"{what} ({need}) do not fit {where}", fits=False)
+
+
+@dataclass(frozen=True)
+class JobFit:
+    """The devices a model goes on, how plan_placement is to fit weights into them, and the job's
+    memory besides the weights (``extra``)."""
+
+    device: str
+    caps: dict[int | str, int]
+    budget_given: bool
+    can_split: bool
+    backend: str
+    extra: int = 0
+    job: Job = field(default_factory=Job)
+
+    def plan(self, weights: int) -> Placement:
+        what = "the weights and the job's memory" if self.extra else "the weights"
+        placed = plan_placement(
+            weights + self.extra,
+            self.device,
+            self.caps,
+            budget_given=self.budget_given,
+            can_split=self.can_split,
+            backend=self.backend,
+            what=what,
+        )
+        if not (placed.fits and placed.device_map == "auto"):
+            return placed
+        # max_memory bounds the weights only: each device keeps its share of the rest free.
+        fraction = 1.0 if self.budget_given else SPLIT_FRACTION
+        total = sum(self.caps.values())
+        budget = {
+            k: f"{max(0, int(c * fraction - self.extra * c / total)) // 1024**2}MiB" for k, c in self.caps.items()
+        }
+        if not self.job.generation:
+            return replace(placed, max_memory=budget)
+        note = (
+            f"{placed.note}; 'balanced_low_0' keeps {self.device.split(':')[0]}:0 light for generate()'s "
+            "inputs and logits, as transformers advises for generation"
+        )
+        return replace(
+            placed,
+            device_map="balanced_low_0",
+            max_memory=budget,
+            note=note.replace("device_map='auto'", "device_map='balanced_low_0'"),
+        )

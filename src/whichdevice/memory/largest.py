@@ -1,7 +1,7 @@
 """The largest job that fits: the longest ``max_length`` at the given batch, the largest batch at the given length.
 
 vLLM (``--max-model-len auto``) and llama.cpp (``--fit``) answer this before a long-context run; here
-it is the same fit placement makes (:class:`whichdevice.memory.placement._Fit`: one device, or the
+it is the same fit placement makes (:class:`whichdevice.memory.fit.JobFit`: one device, or the
 split over several), with the same terms (KV cache and activations for inference; gradients,
 optimizer state and activations for training), searched by bisection since every term grows with
 the tokens and the batch.

@@ -8,7 +8,7 @@ keep what they can and accelerate puts the rest in ``max_memory["cpu"]``, then `
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DoesNotFitError
 from whichdevice.core.job import Job
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend
     from whichdevice.model.shape import ModelShape
 
-__all__ = ["offload_placement", "remedies"]
+__all__ = ["offload_placement", "remedies", "with_ways_out"]
 
 _MiB = 1024**2
 
@@ -110,3 +110,17 @@ def remedies(
         spill = format_bytes(max(0, need - int(one * FIT_FRACTION)))
         ways.append(f"offload='cpu' or offload='disk' (a slow run: about {spill} would leave the device)")
     return f". The whole job needs {memory.describe(weights)}; ways out: " + "; ".join(ways) if ways else ""
+
+
+def with_ways_out(
+    err: DoesNotFitError,
+    sized: tuple[ModelShape | None, ModelSize, JobMemory, Backend],
+    caps: dict[int | str, int],
+    dtype: str,
+    job: Job,
+    largest: Any,
+) -> DoesNotFitError:
+    """The error, with what would fit instead: other dtypes, devices, offload, and the largest job here."""
+    shape, size, memory, backend = sized
+    said = f". On these devices, {largest.text()}" if largest is not None else ""
+    return DoesNotFitError(f"{err}{remedies(shape, size, memory, backend, caps, dtype, job)}{said}")

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.capacity import can_split, capacities, memory_step
-from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement, plan_placement
+from whichdevice.hardware import probing
+from whichdevice.memory.capacity import can_split, capacities, cpu_memory, memory_step
+from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, JobFit, Placement
 from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
 from whichdevice.memory.largest import LargestFit, largest_fit, say_limits, whole_job_plan
-from whichdevice.memory.offload import offload_placement, remedies
+from whichdevice.memory.load_peak import LoadPeak
+from whichdevice.memory.offload import offload_placement, with_ways_out
+from whichdevice.memory.room import fitted_load, whole_job_device
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.model.size import ModelSize
 
@@ -53,15 +56,15 @@ def place_model(
     job: Job | None = None,
     compute_dtype: str | None = None,
     limits: list[LargestFit] | None = None,
+    movable: bool = False,
+    loads: list[LoadPeak] | None = None,
 ) -> Placed:
     """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
     splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job
-    that fits. The fit counts the whole job (:mod:`whichdevice.memory.job`): the weights, and for ``job`` the KV
-    cache, activations, gradients and optimizer state, against each device's free memory where the
-    runtime says it. A model that does not fit in ``dtype`` is quantized with bitsandbytes when
-    ``quantize`` allows it (one device when the quantized weights fit there, else split like an
-    unquantized model); ``quantize="4bit"``/``"8bit"`` quantizes even a model that fits. Offloaded to the
-    CPU or disk only when ``job.offload`` asks."""
+    that fits, ``loads`` the load's peak (memory/room.py); ``movable``: ``device`` was detected, so
+    another device the whole job fits on alone is taken where ``device`` would need a split. The fit
+    counts the whole job (memory/job.py) against each device's free memory; bitsandbytes quantizes
+    where ``quantize`` allows and the model does not fit (or is asked to); offload only where asked."""
     job = job or Job()  # quantize= and job= come checked (resolve_device's argument checks)
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
@@ -70,23 +73,21 @@ def place_model(
     weights = size.bytes_in(dtype)
     if max_memory is None and caps is not None:
         trace.append(memory_step(backend, result, device, dist))
-    if size.quantized is not None:
-        # Already quantized: the resolver checked quantize= against it; never quantized again.
-        quantize = None
+    quantize = None if size.quantized is not None else quantize  # pre-quantized: checked already, never again
     if caps is None:
         return _unchecked(size, backend, result, device, dtype, quantize, trace)
-    fit = _Fit(device, caps, max_memory is not None, can_split(backend, dist), backend.name, memory.bytes, job)
+    fit = JobFit(device, caps, max_memory is not None, can_split(backend, dist), backend.name, memory.bytes, job)
     if size.quantized is not None:
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
-    explicit = quantize in ("4bit", "8bit")
+    explicit, does_not_fit = quantize in ("4bit", "8bit"), None
+    fit = _moved(fit, weights, backend, trace) if movable and not explicit else fit
+    # The whole job's limits are said only where it is the plan chosen (LoRA says its own).
     largest = None if explicit else _largest(model, fit, job, dtype, weights, [], None, plan=whole_job_plan(job, dtype))
-    does_not_fit: str | None = None
     if not explicit:
         placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
             say_limits(largest, trace, limits)
-            trace.extend(_placed_steps(model, placement, fit, weights, memory, (backend, result)))
-            return placement.device_map, placement.max_memory, None, None
+            return _loaded(placement, (model, size, dtype, memory, weights), fit, (backend, result), trace, loads)
         does_not_fit = f"in {dtype}, {placement.note}"
         adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace, limits)
         if adapters is not None:
@@ -95,15 +96,51 @@ def place_model(
         if job.offload is not None and quantize is None:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
     try:
-        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace)
+        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace, loads)
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
             return _offload(weights, memory.bytes, backend, fit, job, trace)
-        raise _with_ways_out(err, (model, size, memory, backend), fit, dtype, largest) from None
+        raise with_ways_out(err, (model_shape(model), size, memory, backend), fit.caps, dtype, job, largest) from None
+
+
+def _moved(fit: JobFit, weights: int, backend: Backend, trace: list[TraceStep]) -> JobFit:
+    """``fit`` on another device the whole job fits on alone, where its own would need a split."""
+    fraction = 1.0 if fit.budget_given else FIT_FRACTION
+    found, steps = whole_job_device(fit.caps, fit.device, weights + fit.extra, fraction, backend.name)
+    if found is None:
+        return fit
+    trace.extend(steps)
+    caps = {found: fit.caps[found], **{k: v for k, v in fit.caps.items() if k != found}}
+    return replace(fit, device=f"{backend.name}:{found}", caps=caps)
+
+
+def _loaded(
+    placement: Placement,
+    sized: tuple[Any, ModelSize, str, JobMemory, int],
+    fit: JobFit,
+    on: tuple[Backend, ProbeResult],
+    trace: list[TraceStep],
+    loads: list[LoadPeak] | None,
+) -> Placed:
+    """The placement that fits at rest, kept or changed so that its load fits too (memory/room.py)."""
+    model, size, dtype, memory, weights = sized
+
+    def spread(overhead: int) -> tuple[Any, dict[int | str, str] | None] | None:
+        if not fit.can_split or len(fit.caps) < 2:
+            return None
+        low = replace(fit, caps={k: max(0, v - overhead) for k, v in fit.caps.items()})
+        placed = _checked(model, dtype, low.plan(weights), low, memory, weights)
+        return (placed.device_map, placed.max_memory) if placed.fits else None
+
+    trace.extend(_placed_steps(model, placement, fit, weights, memory, on))
+    device_map, max_memory = fitted_load(
+        (placement.device_map, placement.max_memory), size, dtype, on[1], None, cpu_available, spread, trace, loads
+    )
+    return device_map, max_memory, None, None
 
 
 def _placed_steps(
-    model: Any, placement: Placement, fit: _Fit, weights: int, memory: JobMemory, on: tuple[Backend, ProbeResult]
+    model: Any, placement: Placement, fit: JobFit, weights: int, memory: JobMemory, on: tuple[Backend, ProbeResult]
 ) -> list[TraceStep]:
     """The placement's line; for an inference split, tensor parallelism beside it."""
     steps = [TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}")]
@@ -116,7 +153,7 @@ def _placed_steps(
     return steps
 
 
-def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: JobMemory, weights: int) -> Placement:
+def _checked(model: Any, dtype: str, placement: Placement, fit: JobFit, memory: JobMemory, weights: int) -> Placement:
     """A split as transformers' own placement makes it on a meta build (memory/split_check.py)."""
     if not (placement.fits and placement.device_map in _SPLITS):
         return placement
@@ -140,7 +177,7 @@ def _checked(model: Any, dtype: str, placement: Placement, fit: _Fit, memory: Jo
 
 def _largest(
     model: Any,
-    fit: _Fit,
+    fit: JobFit,
     job: Job,
     dtype: str,
     weights: int,
@@ -209,57 +246,11 @@ _SPLITS = ("auto", "balanced_low_0")
 LORA_STEP = "with LoRA adapters (base in the compute dtype, adapters in the weights' dtype):"
 
 
-@dataclass(frozen=True)
-class _Fit:
-    """The devices a model goes on, how plan_placement is to fit weights into them, and the job's
-    memory besides the weights (``extra``)."""
-
-    device: str
-    caps: dict[int | str, int]
-    budget_given: bool
-    can_split: bool
-    backend: str
-    extra: int = 0
-    job: Job = field(default_factory=Job)
-
-    def plan(self, weights: int) -> Placement:
-        what = "the weights and the job's memory" if self.extra else "the weights"
-        placed = plan_placement(
-            weights + self.extra,
-            self.device,
-            self.caps,
-            budget_given=self.budget_given,
-            can_split=self.can_split,
-            backend=self.backend,
-            what=what,
-        )
-        if not (placed.fits and placed.device_map == "auto"):
-            return placed
-        # max_memory bounds the weights only: each device keeps its share of the rest free.
-        fraction = 1.0 if self.budget_given else SPLIT_FRACTION
-        total = sum(self.caps.values())
-        budget = {
-            k: f"{max(0, int(c * fraction - self.extra * c / total)) // 1024**2}MiB" for k, c in self.caps.items()
-        }
-        if not self.job.generation:
-            return replace(placed, max_memory=budget)
-        note = (
-            f"{placed.note}; 'balanced_low_0' keeps {self.device.split(':')[0]}:0 light for generate()'s "
-            "inputs and logits, as transformers advises for generation"
-        )
-        return replace(
-            placed,
-            device_map="balanced_low_0",
-            max_memory=budget,
-            note=note.replace("device_map='auto'", "device_map='balanced_low_0'"),
-        )
-
-
 def _lora_fits(
     model: Any,
     job: Job,
     dtype: str,
-    fit: _Fit,
+    fit: JobFit,
     size: ModelSize,
     base: str,
     does_not_fit: str,
@@ -295,12 +286,13 @@ def _place_quantized(
     size: ModelSize,
     backend: Backend,
     result: ProbeResult,
-    fit: _Fit,
+    fit: JobFit,
     dtype: str,
     quantize: str | None,
     does_not_fit: str | None,
     job: Job,
     trace: list[TraceStep],
+    loads: list[LoadPeak] | None = None,
 ) -> Placed:
     """Quantized: on one device when the quantized weights fit there, else split like any model,
     minus the share of max_memory that bitsandbytes keeps for its buffers. Training a quantized
@@ -342,11 +334,13 @@ def _place_quantized(
             what = f"the {bits}-bit weights and the job's memory ({format_bytes(quantized + fit.extra)})"
         note = f"device_map={fit.device!r}: {what} fit there {room}"
     trace.append(TraceStep("placement", note))
-    return qplace.device_map, qplace.max_memory, plan, None
+    placed = (qplace.device_map, qplace.max_memory)
+    device_map, max_memory = fitted_load(placed, size, dtype, result, bits, cpu_available, None, trace, loads)
+    return device_map, max_memory, plan, None
 
 
 def _place_prequantized(
-    size: ModelSize, fit: _Fit, weights: int, extra: int, backend: Backend, job: Job, trace: list[TraceStep]
+    size: ModelSize, fit: JobFit, weights: int, extra: int, backend: Backend, job: Job, trace: list[TraceStep]
 ) -> Placed:
     """A quantized checkpoint fits as stored, or is offloaded when asked; quantizing is no way out."""
     placement = fit.plan(weights)
@@ -364,16 +358,10 @@ def _place_prequantized(
 
 def cpu_available() -> int | None:
     """The CPU memory a process can take now (psutil's available), else the total; None if unknown."""
-    from whichdevice.hardware import probing
-
-    result = probing.probe("cpu")
-    if not result.devices:
-        return None
-    info = result.devices[0]
-    return info.free_memory if info.free_memory is not None else info.total_memory
+    return cpu_memory(probing.probe("cpu"))
 
 
-def _offload(weights: int, extra: int, backend: Backend, fit: _Fit, job: Job, trace: list[TraceStep]) -> Placed:
+def _offload(weights: int, extra: int, backend: Backend, fit: JobFit, job: Job, trace: list[TraceStep]) -> Placed:
     """offload_placement's answer for the CPU memory here, its reasons added to ``trace``."""
     answer, steps = offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job, cpu_available() or 0)
     trace.extend(steps)
@@ -386,13 +374,3 @@ def _budget_only(device: str, caps: dict[int | str, int] | None, trace: list[Tra
     budget = {k: f"{v // 1024**2}MiB" for k, v in caps.items()}
     trace.append(TraceStep("placement", f"device_map={device!r} with your max_memory {budget}"))
     return device, budget, None, None
-
-
-def _with_ways_out(
-    err: DoesNotFitError, sized: tuple[Any, ModelSize, JobMemory, Backend], fit: _Fit, dtype: str, largest: Any
-) -> DoesNotFitError:
-    """The error, with what would fit instead: other dtypes, devices, offload, and the largest job here."""
-    model, size, memory, backend = sized
-    said = f". On these devices, {largest.text()}" if largest is not None else ""
-    ways = remedies(model_shape(model), size, memory, backend, fit.caps, dtype, fit.job)
-    return DoesNotFitError(f"{err}{ways}{said}")

@@ -31,10 +31,11 @@ if TYPE_CHECKING:
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.launch.launch_strategy import LaunchStrategy
     from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
 
 __all__ = ["TrainingPlaced", "place_training", "plan_training", "trainer_parallel_steps"]
 
-TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None"]
+TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None", "LoadPeak | None"]
 
 
 # accelerate 1.x AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
@@ -109,10 +110,11 @@ def place_training(
     trace: list[TraceStep],
     job: Job,
     launched: LaunchStrategy | None = None,
+    movable: bool = False,
 ) -> TrainingPlaced:
-    """(placement, the plan or None, the weights' dtype to load in, the largest job that fits) for ``job``;
-    a training job with ``model`` on several devices gets a plan, any other job place_model's answer.
-    ``launched``: the strategy the launch's variables carry, which a launched rank's plan sizes and keeps."""
+    """(placement, plan or None, dtype to load in, largest job that fits, load peak) for ``job``: a
+    training job on several devices gets a plan (``launched``: the launch's own strategy, kept), any
+    other job place_model's answer (``movable``: the device was detected, an inference job may move)."""
     training = job.task == "training" and model is not None
     devices = _device_count(backend, result, dist) if training else 1
     caps = capacities(backend, result, device, dist, max_memory) if devices > 1 else None
@@ -132,13 +134,15 @@ def place_training(
         # This rank loads the whole model where the strategy wants it; Trainer then shards it.
         where = device if chosen == "zero2" else "cpu"
         trace.append(TraceStep("placement", _loading(chosen, where, dist.world_size)))
-        return (where, None, None, None), plan, dtype, None
+        return (where, None, None, None), plan, dtype, None, None
     sized: list[TraceStep] = []
     limits: list[LargestFit] = []  # place_model's limits of the plan it chooses
+    loads: list[LoadPeak] = []
     try:
         placed = place_model(
             model, backend, result, device, dist, dtype, max_memory, quantize, sized, job,
-            compute_dtype=compute_dtype, limits=limits,
+            compute_dtype=compute_dtype, limits=limits, loads=loads,
+            movable=movable and dist is None and job.task == "inference",
         )  # fmt: skip
     except DoesNotFitError as err:
         if plan is None:
@@ -147,14 +151,11 @@ def place_training(
     trace.extend(sized)
     lora = any(s.message.startswith(LORA_STEP) for s in sized)
     if lora and compute_dtype != dtype:
+        why = f"it computes in {compute_dtype} already; peft keeps the adapters in float32"
         trace.append(
-            TraceStep(
-                "dtype",
-                f"{compute_dtype} weights for the frozen base under LoRA (it computes in {compute_dtype} already; "
-                f"peft keeps the adapters in float32), instead of {dtype}",
-            )
+            TraceStep("dtype", f"{compute_dtype} weights for the frozen base under LoRA ({why}), instead of {dtype}")
         )
-    return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None
+    return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None, loads[0] if loads else None
 
 
 def _runs(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -54,6 +54,11 @@ class ModelSize:
     # The parameters of the module that holds the most of its own (DeepSpeed's "largest layer",
     # deepspeed/runtime/zero/stage3.py model_to_params: each module's parameters(recurse=False)); 0: unknown.
     largest_module: int = 0
+    # The element count of every floating-point tensor (tied ones once), largest first, and of the
+    # largest linear weight: what a load allocates tensor by tensor (memory/load_peak.py). Empty where
+    # the source does not say.
+    tensors: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    largest_linear: int = 0
 
     @property
     def parameters(self) -> int:
@@ -181,10 +186,11 @@ def size_from_headers(
 ) -> ModelSize:
     """The size of already read and checked safetensors headers. In a quantized checkpoint only the
     float tensors (F64/F32/F16/BF16) follow the load dtype; FP8/FP4 and packed integers stay as stored."""
-    float_params = linear = other = 0
+    float_params = linear = other = largest = 0
     quantized = read_quantization(dict(config or {}), f"{where}", cast(Any, list(headers)))
     floats = CAST_CODES if quantized is not None else FLOAT_CODES
     modules: dict[str, int] = {}
+    tensors = []
     for header in headers:
         for name, info in header.items():
             count = math.prod(info["shape"])
@@ -192,12 +198,23 @@ def size_from_headers(
             modules[module] = modules.get(module, 0) + count
             if info["dtype"] in floats:
                 float_params += count
+                tensors.append(count)
                 if _is_linear(name, info["shape"]):
                     linear += count
+                    largest = max(largest, count)
             else:
                 other += count * SAFETENSORS_BITS[info["dtype"]] // 8
     source = f"safetensors headers ({len(headers)} file(s) in {where})"
-    return ModelSize(source, float_params, linear, other, quantized, max(modules.values(), default=0))
+    return ModelSize(
+        source,
+        float_params,
+        linear,
+        other,
+        quantized,
+        max(modules.values(), default=0),
+        tuple(sorted(tensors, reverse=True)),
+        largest,
+    )
 
 
 def build_on_meta(config: Any) -> tuple[Any, list[str]]:
@@ -224,29 +241,34 @@ def size_from_config(config: Any) -> ModelSize:
             f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "
             "device explicitly, or a folder with safetensors weights"
         )
-    float_params = linear = matrices = 0
+    float_params = linear = matrices = largest = 0
     seen: set[int] = set()
+    tensors = []
     for name, param in model.named_parameters(remove_duplicate=True):
         if id(param) in seen:
             continue
         seen.add(id(param))
         if param.is_floating_point():
             float_params += param.numel()
+            tensors.append(param.numel())
             if _is_linear(name, list(param.shape)):
                 linear += param.numel()
+                largest = max(largest, param.numel())
             if param.dim() > 2 and _is_linear(name + ".weight", [1, 1]):
                 matrices += param.numel()  # fused MoE experts ([experts, in, out]): quantized like linears
     source = f"a meta-device build of {type(config).__name__}"
     # DeepSpeed's largest layer: the module whose own parameters (not its children's) are the most.
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    largest_module = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     quantizable = linear + matrices
     params = (quantizable, float_params - quantizable)
     quantized = read_quantization(_config_dict(config), source, params=params)
     if quantized is None or quantized.estimated_bytes is None:
-        return ModelSize(source, float_params, linear, 0, quantized, largest)
+        return ModelSize(
+            source, float_params, linear, 0, quantized, largest_module, tuple(sorted(tensors, reverse=True)), largest
+        )
     # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
     packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
-    return ModelSize(source, float_params - quantizable, 0, packed, quantized, largest)
+    return ModelSize(source, float_params - quantizable, 0, packed, quantized, largest_module)
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

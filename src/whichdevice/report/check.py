@@ -72,7 +72,8 @@ def _check_tasks(result: dict[str, Any], device: str | None, tasks: Sequence[str
         probe = res.probe
         result.update(device=res.device, backend=res.backend.name, device_count=probe.device_count)
         if probe.device_count < min_devices:
-            return 1, _too_few(res.backend.name, probe, min_devices)
+            left_out = [s.message for s in res.trace if s.chosen is False and " not used: " in s.message]
+            return 1, _too_few(res.backend.name, probe, min_devices, left_out)
         if probe.incompatible:
             # The devices are there, but the installed stack cannot run on them (see compatibility.py).
             return 1, f"{res.device} is present, but this installation cannot run on it: " + "; ".join(
@@ -84,10 +85,13 @@ def _check_tasks(result: dict[str, Any], device: str | None, tasks: Sequence[str
     return 0, message
 
 
-def _too_few(backend: str, probe: ProbeResult, min_devices: int) -> str:
+def _too_few(backend: str, probe: ProbeResult, min_devices: int, left_out: Sequence[str] = ()) -> str:
     count = probe.device_count
     vis = probe.visible
-    if vis is not None and vis.variable and vis.ids is not None:
+    if left_out:
+        # The resolution left out devices this process cannot use (DeviceInfo.unusable).
+        why = "; ".join(left_out)
+    elif vis is not None and vis.variable and vis.ids is not None:
         why = f"{vis.variable}={vis.raw!r} makes only {count} visible; widen or unset it"
     else:
         why = f"run where {min_devices} are visible, or lower --min-devices"

@@ -43,7 +43,8 @@ __all__ = [
 # 1.7: the resolution's ``tuning`` (what prepare() installs, one object; the four flat fields it
 # holds, ``single_row`` ... ``packing_at_generate``, stay, derived from it, for 1.x readers), its
 # ``training_plan.launched`` and ``largest_fit.plan``, and the warning sources calibration and plugin.
-# 1.8: a backend row's ``platform`` (NVIDIA on ARM64); the resolution's ``serving``.
+# 1.8: a backend row's ``platform`` (NVIDIA on ARM64); the resolution's ``serving``, ``devices``,
+# ``load_peak`` and ``tf32``; a device's ``compute_mode``, ``other_processes`` and ``unusable``.
 SCHEMA_VERSION = "1.8"
 
 # The packages whose versions decide how a Transformers program picks its device.

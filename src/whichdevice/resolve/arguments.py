@@ -223,6 +223,7 @@ class Arguments(NamedTuple):
     offload_folder: Any = None
     revision: Any = None
     serving: bool = False
+    devices: Any = None
 
     def job(self) -> Job:
         """The job these arguments describe (checked first: check_arguments)."""

@@ -20,6 +20,7 @@ from whichdevice.device import request
 from whichdevice.hardware import calibration
 from whichdevice.hardware.registry import backends, on_change
 from whichdevice.launch import accelerate_settings, distributed
+from whichdevice.precision import tf32
 from whichdevice.resolve.arguments import Arguments
 from whichdevice.tuning import compile_support
 
@@ -27,7 +28,7 @@ __all__ = ["DECLARING_MODULES", "environment_mapping", "memo_key", "memo_variabl
 
 # The modules on the resolve path that read the environment (tests/resolve/test_memo.py fails when a
 # module reads a variable it does not declare, or declares one this list does not reach).
-DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings, calibration, compile_support)
+DECLARING_MODULES = (request, distributed, kernels_support, accelerate_settings, calibration, compile_support, tf32)
 
 # os.environ.get costs about 0.7 us a name (str -> bytes, Mapping.get); the backing dict of bytes
 # answers in a tenth of that, which keeps a repeated resolve_device() well under 20 us.
@@ -91,11 +92,12 @@ def memo_key(args: Arguments, environment: Reading | None = None) -> Any:
     if args.model is not None or args.max_memory is not None:
         return None
     device, prefer, exclude = args.device, args.prefer, args.exclude
-    if type(device).__name__ == "device" or type(prefer) is list or type(exclude) is list:
+    if type(device).__name__ == "device" or list in (type(prefer), type(exclude), type(args.devices)):
         args = args._replace(
             device=str(device) if type(device).__name__ == "device" else device,
             prefer=tuple(prefer) if isinstance(prefer, list) else prefer,
             exclude=tuple(exclude) if isinstance(exclude, list) else exclude,
+            devices=tuple(args.devices) if isinstance(args.devices, list) else args.devices,
         )
     key = (args, (read_environment() if environment is None else environment)[1], packages.generation())
     try:

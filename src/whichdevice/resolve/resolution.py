@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from whichdevice.attention.serving import Serving
     from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
     from whichdevice.tuning.record import Tuning
@@ -64,6 +65,15 @@ class Resolution:
     training_plan: TrainingPlan | None = field(default=None, repr=False)
     # For model= with batch_size=/max_length=: the longest length and largest batch that fit (memory/largest.py).
     fit_limits: LargestFit | None = field(default=None, repr=False)
+    # With model= on one device: the load's own peak there (transformers' allocator warm-up,
+    # memory/load_peak.py) and its remedy where only the load does not fit ("cpu": load, then move).
+    load_peak: LoadPeak | None = field(default=None, repr=False)
+    # True where training_kwargs() hands tf32=True over (fp32 training on a GPU with TF32, an
+    # architecture cleared for it: precision/tf32.py); None: not handed over.
+    tf32: bool | None = None
+    # The device indices (as this process numbers them) the resolution is limited to: devices= asked,
+    # or those this process can use (DeviceInfo.unusable); None: every visible device.
+    devices: tuple[int, ...] | None = None
     # accelerate's variables and config file as this resolution read them (training_arguments()
     # follows the same reading); None for a Resolution built by hand.
     accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
@@ -207,9 +217,13 @@ class Resolution:
         return {"continuous_batching_config": ContinuousBatchingConfig(**checked)} if checked else {}
 
     def pipeline_kwargs(self, **overrides: Any) -> dict[str, Any]:
-        """Keyword arguments for ``transformers.pipeline``."""
+        """Keyword arguments for ``transformers.pipeline``. Where the model is loaded on the CPU first
+        (``load_peak.remedy == "cpu"``), ``device=`` instead of ``device_map``: pipeline then loads
+        it on the CPU and moves it there itself."""
         model_kwargs = self.model_kwargs()
-        kwargs: dict[str, Any] = {"device_map": model_kwargs.pop("device_map")}
+        device_map = model_kwargs.pop("device_map")
+        via_cpu = self.load_peak is not None and self.load_peak.remedy == "cpu"
+        kwargs: dict[str, Any] = {"device": self.device} if via_cpu else {"device_map": device_map}
         key = _dtype_keyword()
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
@@ -222,7 +236,8 @@ class Resolution:
 
     def training_kwargs(self, *, torch_compile: bool | None = None) -> dict[str, Any]:
         """Keyword arguments for ``TrainingArguments`` (or a subclass such as TRL's SFTConfig): device,
-        ddp and compile settings, and both precision flags, ``bf16`` and ``fp16``, stated either way."""
+        ddp and compile settings, both precision flags, ``bf16`` and ``fp16``, stated either way, and
+        ``tf32=True`` where the resolution cleared it (``tf32``)."""
         from whichdevice.launch.trainer_kwargs import training_kwargs_for
 
         if torch_compile is not None:
@@ -231,6 +246,8 @@ class Resolution:
             check_flag(torch_compile, "torch_compile")
         compile_ = self.torch_compile if torch_compile is None else torch_compile
         kwargs = training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
+        if self.tf32:
+            kwargs["tf32"] = True
         if self.training_plan is not None and self.distributed is not None:
             # Only a launched rank shards: in one process fsdp/deepspeed have no process group to run in.
             kwargs.update(self.training_plan.kwargs())
@@ -288,6 +305,7 @@ class Resolution:
             "task": self.task,
             "source": self.source,
             "device_count": self.device_count,
+            "devices": list(self.devices) if self.devices is not None else None,
             "device_map": self.device_map,
             "dtype": self.dtype_name,
             "attn_implementation": self.attn_implementation,
@@ -310,6 +328,7 @@ class Resolution:
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,
             "revision": self.revision,
+            "load_peak": self.load_peak.to_dict() if self.load_peak else None,
             "simulated": self.simulated,
             "trace": [s.to_dict() for s in self.trace],
         }

@@ -19,18 +19,13 @@ from whichdevice.attention.serving import decide_serving
 from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import import_side_effects_undone, pinned
 from whichdevice.core.job import Job
-from whichdevice.core.packages import transformers_problem
 from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
 from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
+from whichdevice.device.selection import parse_devices, select_devices
 from whichdevice.hardware import probing
-from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
-from whichdevice.hardware.probes.nvidia_platforms import platform_steps
 from whichdevice.hardware.store import current_store
 from whichdevice.launch.accelerate_settings import (
-    ENV_USE_CPU,
-    AccelerateSettings,
-    check_cpu_request,
     read_accelerate_settings,
     settings_steps,
     trainer_device_steps,
@@ -40,6 +35,7 @@ from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.estimate import CpuJob
+from whichdevice.precision.tf32 import decide_tf32
 from whichdevice.resolve.arguments import (
     Arguments,
     check_arguments,
@@ -49,13 +45,14 @@ from whichdevice.resolve.arguments import (
     check_shapes,
 )
 from whichdevice.resolve.memo import environment_mapping, memo_key, read_environment
+from whichdevice.resolve.opening import calibration_step, environment_step, training_request
 from whichdevice.resolve.resolution import Resolution, check_device_map
 from whichdevice.tuning.decide import Loaded, decide_tuning
 
 if TYPE_CHECKING:
-    from whichdevice.hardware.calibration import Calibration
     from whichdevice.launch.launch_strategy import LaunchStrategy
     from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
     from whichdevice.model.facts import ModelFacts
@@ -85,6 +82,7 @@ def resolve_device(
     offload_folder: Any = None,
     revision: str | None = None,
     serving: bool = False,
+    devices: Any = None,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -93,7 +91,8 @@ def resolve_device(
     its config and safetensors headers fetched, never its weights, at ``revision``; or a config) sizes
     the job and checks attention against its classes. ``batch_size``, ``max_length`` (prompt included)
     and ``max_new_tokens`` describe the job where known; ``offload`` lets a model that fits no device
-    spill to the CPU (then disk); ``serving=True`` is many requests through continuous batching;
+    spill to the CPU (then disk); ``devices`` (a count, indices, -1 or "0,2") limits it to those devices;
+    ``serving=True`` is many requests through continuous batching;
     ``use_kernels="auto"`` turns Hub kernels on where they can work. Every argument: docs/api.md.
     A repeated call with the same arguments and environment returns the same Resolution.
     """
@@ -120,6 +119,7 @@ def resolve_device(
         offload_folder=offload_folder,
         revision=revision,
         serving=serving,
+        devices=devices,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -149,6 +149,7 @@ def _attention_registered(res: Resolution) -> Resolution:
 
 def _resolve(args: Arguments) -> Resolution:
     check_arguments(args)
+    asked = parse_devices(args.devices)  # its form, before anything is probed
     # model= is read here, once, and checked for damage before anything is decided from it.
     model = _read_model(args.model, args.revision)
     check_shapes(args)
@@ -157,16 +158,17 @@ def _resolve(args: Arguments) -> Resolution:
     if model is not None and model.hub is not None:
         trace.append(TraceStep("model", model.hub.describe()))
     accelerate = read_accelerate_settings()
-    request = trace.take(_training_request(trace.take(read_request(args.device)), args.task, accelerate))
+    request = trace.take(training_request(trace.take(read_request(args.device)), args.task, accelerate))
     backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
     # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
     quant, (backend, result), dequantize = trace.take(_prequantized(model, args, (backend, result), request))
     dist = launch_of(backend, args.task)
+    result, selection = trace.take(select_devices(backend, result, asked, dist, args.task, request))
     device, count = trace.take(device_string(backend, result, request, dist, args.task))
     parallel_at = len(trace)
     parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
-    env_set = trace.take(_environment(backend, result))
-    calibration = trace.take(_calibration(backend, args))
+    env_set = trace.take(environment_step(backend, result))
+    calibration = trace.take(calibration_step(backend, args))
     checkpoint = model.checkpoint if model is not None else None
     weights = model.stored.step_weights() if model is not None and model.stored is not None else None
     measured = CpuJob(calibration, job, weights) if calibration is not None else None
@@ -181,6 +183,7 @@ def _resolve(args: Arguments) -> Resolution:
         )
     dtype = precision.weights
     computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
+    tf32 = trace.take(decide_tf32(backend, result, computes_in, args.task, model))
     attention = trace.take(
         choose_attention(
             backend, result, computes_in, attn, task=args.task, model=model, measured=calibration, serving=job.serving
@@ -188,9 +191,11 @@ def _resolve(args: Arguments) -> Resolution:
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
     placed = trace.take(
-        _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy)
+        _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy, request)
     )
     dtype = placed.dtype or dtype
+    if isinstance(placed.device_map, str) and placed.device_map.startswith(f"{backend.name}:"):
+        device = placed.device_map  # placement moved to a device the whole job fits on (memory/placement.py)
     if parallel or placed.plan is not None:
         from whichdevice.memory.training_placement import trainer_parallel_steps
 
@@ -237,6 +242,9 @@ def _resolve(args: Arguments) -> Resolution:
         fit_limits=placed.limits,
         revision=model.hub.commit if model is not None and model.hub is not None else None,
         serving=serves,
+        devices=selection,
+        load_peak=placed.load,
+        tf32=tf32,
     )
 
 
@@ -292,52 +300,6 @@ def _read_model(model: Any, revision: str | None) -> ModelFacts | None:
     return read_model_facts(model, revision=revision)
 
 
-def _training_request(
-    request: DeviceRequest, task: str, settings: AccelerateSettings
-) -> tuple[DeviceRequest, list[TraceStep]]:
-    """ACCELERATE_USE_CPU puts TrainingArguments and accelerate on the CPU: training follows it."""
-    if task != "training" or not settings.cpu_forced:
-        return request, []
-    if not request.detect:
-        check_cpu_request(settings, request.name, request.asked or request.name, request.source)
-        return request, []
-    step = TraceStep(
-        "request",
-        f"{ENV_USE_CPU}={settings.use_cpu!r}: training on the CPU, where accelerate and Trainer "
-        "will run (beats detection)",
-    )
-    return DeviceRequest(ENV_USE_CPU, "cpu", "cpu"), [step]
-
-
-def _environment(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:
-    """The env hooks of the chosen backend, and the warnings everything below depends on."""
-    env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
-    steps = [TraceStep("env", action.message) for action in env_set]
-    # A hook that kept the user's value is in the probe's warnings too (the report shows those): said once here.
-    said = {action.message for action in env_set}
-    steps += [TraceStep("warning", warning) for warning in result.warnings if warning not in said]
-    steps += platform_steps(result)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
-    problem = transformers_problem()
-    if problem is not None:
-        # Everything resolved here is handed to transformers: say so before it fails there.
-        steps.append(TraceStep("warning", problem))
-    return env_set, steps
-
-
-def _calibration(backend: Backend, args: Arguments) -> tuple[Calibration | None, list[TraceStep]]:
-    """The CPU's measured speeds (whichdevice.hardware.calibration): measured on first need when the dtype is
-    "auto", else read from the cache only."""
-    if backend.name != "cpu":
-        return None, []
-    from whichdevice.hardware.calibration import calibration
-
-    auto = isinstance(args.dtype, str) and args.dtype == "auto"
-    calib, why = calibration(measure=auto)
-    if calib is None:
-        return None, [TraceStep("calibration", f"not used: {why}; the CPU's flags decide")] if auto else []
-    return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
-
-
 def _computes_in(precision: Precision, task: str) -> str | None:
     # Under mixed precision the layers compute in the autocast dtype, not the fp32 weights' dtype.
     if task == "training" and precision.mixed is not None:
@@ -353,6 +315,7 @@ class _Placed(NamedTuple):
     plan: TrainingPlan | None = None
     dtype: str | None = None  # the weights' dtype placement chose instead (LoRA's 16-bit base)
     limits: LargestFit | None = None
+    load: LoadPeak | None = None
 
 
 def _placement(
@@ -364,7 +327,8 @@ def _placement(
     args: Arguments,
     model: ModelFacts | None,
     job: Job,
-    launched: LaunchStrategy | None = None,
+    launched: LaunchStrategy | None,
+    request: DeviceRequest,
 ) -> tuple[_Placed, list[TraceStep]]:
     """device_map and max_memory: as asked, sized to the model, or the whole model on the device
     (``launched``: the FSDP/DeepSpeed strategy the launch carries, sized as launched)."""
@@ -385,10 +349,11 @@ def _placement(
 
         dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
         sized: list[TraceStep] = []
-        done, plan, loads, limits = place_training(
-            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job, launched
-        )
-        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits), sized
+        done, plan, loads, limits, peak = place_training(
+            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job,
+            launched, movable=request.index is None,
+        )  # fmt: skip
+        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits, load=peak), sized
     return _Placed(device), [
         TraceStep(
             "placement",

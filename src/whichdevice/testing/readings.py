@@ -21,6 +21,7 @@ from whichdevice.core.records import Backend
 from whichdevice.hardware.envhooks import apply_env_defaults
 from whichdevice.hardware.probes import cuda, hpu, tpu, vendor, xpu
 from whichdevice.hardware.probes.common import DeviceReading, RuntimeReadings, index_present, read_env
+from whichdevice.hardware.probes.compute_mode import needs_trial
 from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, CpuReadings, read_cpu
 from whichdevice.hardware.probes.cuda import CudaReadings
 from whichdevice.hardware.probes.hpu import HpuReadings, accelerate_block
@@ -33,7 +34,7 @@ from whichdevice.hardware.visible import visible_devices
 from whichdevice.testing.gpus import known_model
 from whichdevice.testing.spec import SimulatedDevice, family, gpu_details, parse_spec
 
-__all__ = ["DEFAULTS", "RUNTIME_TEXTS", "simulated_readings"]
+__all__ = ["BUSY_GPU_TEXT", "DEFAULTS", "RUNTIME_TEXTS", "simulated_readings"]
 
 _GiB = 1024**3
 
@@ -75,6 +76,11 @@ RUNTIME_TEXTS = {
         "WRONG PACKAGE. Please install the package from Neuron Repository - pip.repos.neuron.amazonaws.com"
     ),
 }
+
+# What torch says when a context cannot be made on an exclusive-process GPU another process holds:
+# its "CUDA error: " and the CUDA runtime's string for cudaErrorDevicesUnavailable (46), the first
+# line the trial child keeps (hardware/probes/cuda_trial.py). Not recorded from a real GPU here.
+BUSY_GPU_TEXT = "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
 
 # The import failure of a simulated broken package, where the real runtime's is recorded.
 _BROKEN_TEXTS = {"npu": RUNTIME_TEXTS["npu-no-cann"], "neuron": RUNTIME_TEXTS["neuron-placeholder"]}
@@ -198,10 +204,7 @@ def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> R
     name, memory, cc = gpu_details(sim.name, sim.variant or cuda.VARIANTS[0], sim.capability, sim.memory)
     gpu = replace(_details(sim, defaults, name), memory=memory, capability=cc)
     # NVML's list: every GPU with its UUID; the simulated machine has no MIG instances.
-    inventory = tuple(
-        replace(gpu, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}", free=free_at(sim, i, gpu.memory))
-        for i in range(sim.count)
-    )
+    inventory = tuple(_nvml_gpu(gpu, sim, i) for i in range(sim.count))
     readings = CudaReadings(inventory=inventory or None, mig_uuids=())
     fields = _runtime(
         backend,
@@ -232,6 +235,35 @@ def _cuda(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> R
             readings, available=False, devices=(), inventory=None, driver_error=RUNTIME_TEXTS["cuda-no-driver"]
         )
     return replace(readings, driver_version=sim.driver)
+
+
+def _nvml_gpu(gpu: DeviceReading, sim: SimulatedDevice, index: int) -> DeviceReading:
+    """One GPU as NVML lists it: its UUID, free memory, compute mode and the other processes there,
+    and what the child process's trial context said where the reader would try one."""
+    held = _per_device(sim.held, index, 0)
+    free = free_at(sim, index, gpu.memory)
+    if free is None and sim.held is not None and gpu.memory is not None:
+        free = max(gpu.memory - held, 0)
+    reading = replace(
+        gpu,
+        uuid=f"GPU-00000000-0000-0000-0000-{index:012d}",
+        free=free,
+        compute_mode=_per_device(sim.compute_modes, index, "default") if sim.compute_modes else None,
+        other_processes=(1 if held else 0) if sim.held is not None else None,
+    )
+    if needs_trial(reading):
+        # What the child's torch.zeros(1, device=...) meets: the holder keeps every other context out.
+        reading = replace(reading, trial=BUSY_GPU_TEXT if held else "")
+    return reading
+
+
+def _per_device(values: tuple[Any, ...] | None, index: int, default: Any) -> Any:
+    """A per-device spec value: one value for all, the list's entry, or ``default`` past the list."""
+    if not values:
+        return default
+    if len(values) == 1:
+        return values[0]
+    return values[index] if index < len(values) else default
 
 
 def _hpu(backend: Backend, sim: SimulatedDevice, versions: dict[str, str]) -> Readings:

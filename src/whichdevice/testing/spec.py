@@ -31,10 +31,12 @@ from whichdevice.testing.spec_values import (
     _parse_arch,
     _parse_bool,
     _parse_cc,
+    _parse_compute,
     _parse_cuda_version,
     _parse_driver,
     _parse_flags,
     _parse_free,
+    _parse_held,
     _parse_isa,
     _parse_memory,
     _parse_name,
@@ -70,6 +72,10 @@ _DETAIL_KEYS = {
     "calib": ("calibration", {"cpu"}),
     # the weight dtypes oneDNN packs there ("float32+bfloat16", or nothing); default: from the flags
     "packs": ("packs", {"cpu"}),
+    # per GPU, "/"-separated: its compute mode ("default/exclusive_process"), and the memory other
+    # processes hold there ("held=79GiB/1GiB"), which NVML reports with their processes
+    "compute": ("compute_modes", {"cuda"}),
+    "held": ("held", {"cuda"}),
 }
 # Keys every backend takes: spec key -> field of SimulatedDevice
 _COMMON_KEYS = {"name": "name", "mem": "memory", "free": "free"}
@@ -110,6 +116,10 @@ class SimulatedDevice:
     # Free memory per physical device ("free=2GiB/80GiB": device 0 busy, device 1 idle); one value
     # applies to every device, and devices past the list are idle (free = total).
     free: tuple[int, ...] | None = None
+    # Per physical device, like free=: the compute mode (devices past the list: "default"), and the
+    # memory another process holds (past the list: none). Without free=, free is the memory less it.
+    compute_modes: tuple[str, ...] | None = None
+    held: tuple[int, ...] | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -162,6 +172,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "host": _choice("a host architecture as platform.machine() names it", HOSTS),
     "calib": _parse_calibration,
     "packs": _parse_packs,
+    "compute": _parse_compute,
+    "held": _parse_held,
 }
 
 
@@ -283,18 +295,35 @@ def _check(spec: str, device: SimulatedDevice) -> None:
 
 
 def _check_free(spec: str, device: SimulatedDevice) -> None:
-    if not device.free:
-        return
-    if len(device.free) > max(device.count, 1):
-        raise DeviceError(
-            f"simulate: free= in {_quote(spec, 80)} gives {len(device.free)} values for {device.count} device(s); "
-            "give one value per device, or one for all"
-        )
-    if device.memory is not None and max(device.free) > device.memory:
-        raise DeviceError(
-            f"simulate: free= in {_quote(spec, 80)} is more than the device's memory "
-            f"({format_bytes(device.memory)}); free memory is at most mem="
-        )
+    for key, values in (("free", device.free), ("compute", device.compute_modes), ("held", device.held)):
+        if values and len(values) > max(device.count, 1):
+            raise DeviceError(
+                f"simulate: {key}= in {_quote(spec, 80)} gives {len(values)} values for {device.count} device(s); "
+                "give one value per device, or one for all"
+            )
+    for key, sizes in (("free", device.free), ("held", device.held)):
+        if sizes and device.memory is not None and max(sizes) > device.memory:
+            raise DeviceError(
+                f"simulate: {key}= in {_quote(spec, 80)} is more than the device's memory "
+                f"({format_bytes(device.memory)}); {key} memory is at most mem="
+            )
+    if device.free and device.held:
+        total = device.memory or gpu_details(device.name, device.variant or VARIANTS[0], device.capability, None)[1]
+        for index in range(max(len(device.free), len(device.held))):
+            free, held = _at(device.free, index), _at(device.held, index)
+            if free is not None and held is not None and free + held > total:
+                raise DeviceError(
+                    f"simulate: {_quote(spec, 80)}: device {index} has {format_bytes(free)} free and "
+                    f"{format_bytes(held)} held by other processes, more than its {format_bytes(total)}; "
+                    "give one of free= and held=, or values that add up to at most mem="
+                )
+
+
+def _at(values: tuple[int, ...], index: int) -> int | None:
+    """A per-device value as simulate reads it: one value for all, else the list's (None past it)."""
+    if len(values) == 1:
+        return values[0]
+    return values[index] if index < len(values) else None
 
 
 def _check_gpu(spec: str, device: SimulatedDevice) -> None:
@@ -318,6 +347,12 @@ def _check_build(spec: str, device: SimulatedDevice) -> None:
     if given and device.variant == "rocm":
         raise DeviceError(
             f"simulate: {'=, '.join(given)}= in {_quote(spec, 80)} describe a CUDA build; variant=rocm has none"
+        )
+    nvml = [k for k, attr in (("compute", "compute_modes"), ("held", "held")) if getattr(device, attr) is not None]
+    if nvml and device.variant == "rocm":
+        raise DeviceError(
+            f"simulate: {'=, '.join(nvml)}= in {_quote(spec, 80)} describe what NVIDIA's driver (NVML) reports; "
+            "whichdevice reads neither for AMD GPUs, so variant=rocm takes neither"
         )
     if device.driver not in (None, "none") and device.cuda is None:
         raise DeviceError(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.sizes import format_bytes, parse_size
 from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISAS
+from whichdevice.hardware.probes.nvidia import COMPUTE_MODES
 
 # More devices than one machine has (a trn2 shows 128 NeuronCores); also keeps int() from long digits.
 MAX_COUNT = 1024
@@ -103,6 +104,27 @@ def _parse_free(key: str, text: str) -> tuple[int, ...]:
     if len(parts) > MAX_COUNT:
         raise DeviceError(f"simulate: {key}= lists {len(parts)} devices; give at most one value per device")
     return tuple(0 if _is_zero(part) else _parse_memory(key, part) for part in parts)
+
+
+def _parse_held(key: str, text: str) -> tuple[int, ...]:
+    """Memory other processes hold per device ("held=79GiB/1GiB"): 0 where none does."""
+    return _parse_free(key, text)
+
+
+# nvidia-smi's short word for the mode most clusters use, beside NVML's names.
+_MODE_ALIASES = {"exclusive": "exclusive_process"}
+
+
+def _parse_compute(key: str, text: str) -> tuple[str, ...]:
+    parts = [p.strip().lower() for p in text.split("/")]
+    if len(parts) > MAX_COUNT:
+        raise DeviceError(f"simulate: {key}= lists {len(parts)} devices; give at most one value per device")
+    modes = [_MODE_ALIASES.get(p, p) for p in parts]
+    wrong = [p for p, m in zip(parts, modes, strict=True) if m not in COMPUTE_MODES.values()]
+    if wrong:
+        accepted = ", ".join([*COMPUTE_MODES.values(), *_MODE_ALIASES])
+        raise _bad(key, text, "a list of NVIDIA compute modes", f"one per device, joined with '/': {accepted}")
+    return tuple(modes)
 
 
 def _is_zero(text: str) -> bool:

@@ -15,6 +15,7 @@ from whichdevice.core.errors import (
     PackageVersionError,
 )
 from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
+from whichdevice.device.selection import narrowed_training
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import (
     ENV_MIXED_PRECISION,
@@ -229,6 +230,11 @@ def _check_launch(res: Resolution) -> None:
         refuse_leftovers(launch_leftovers(cpu=res.backend.name == "cpu"))
     if res.task != "training" or not checked_when_resolved(res.distributed):
         check_training_launch(res.distributed)
+    # A device list (devices=, or the GPUs this process can use) binds Trainer only through the
+    # visible-devices variable, which a running process cannot change: say how to start it instead.
+    narrowed = narrowed_training(res.backend, res.devices, res.probe) if res.distributed is None else None
+    if narrowed is not None:
+        raise ConfigConflictError(narrowed)
 
 
 def check_resolution(resolution: Any) -> None:

@@ -53,6 +53,14 @@ class DeviceReading:
     uuid: str | None = None
     bf16: bool | None = None
     free: int | None = None
+    # The compute mode the driver reports ("default", "exclusive_process", "exclusive_thread",
+    # "prohibited"; None: not read), how many other processes hold a context on the device (None:
+    # not read), whether this process holds one, and what a trial context made in a child process
+    # said (None: not tried; "": it was made; else the error text).
+    compute_mode: str | None = None
+    other_processes: int | None = None
+    own_context: bool = False
+    trial: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The CUDA probe (NVIDIA, and AMD through the ROCm build): counted without starting CUDA.
 
 The count comes from ``torch.cuda`` with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` so no cuInit happens
-and the process can still fork; names, memory and compute capability come from NVML or
-``nvidia-smi``, matched to visible indices through the visible-devices variables.
+and the process can still fork; names, memory, compute capability and compute mode come from NVML
+or ``nvidia-smi``, matched to visible indices through the visible-devices variables. A GPU this
+process cannot use (exclusive-process mode held by another process, prohibited mode) stays listed
+under its index, marked ``unusable`` with the reason (compute_mode.py); resolutions leave it out.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import whichdevice.hardware.probes.cuda_trial as cuda_trial
 import whichdevice.hardware.probes.nvidia as nvidia
 import whichdevice.hardware.probes.nvidia_platforms as platforms
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
@@ -28,6 +31,8 @@ from whichdevice.hardware.probes.common import (
     read_env,
     unusable_reason,
 )
+from whichdevice.hardware.probes.compute_mode import EXCLUSIVE_MODES, needs_trial
+from whichdevice.hardware.probes.compute_mode import unusable_reason as unusable
 from whichdevice.hardware.visible import Visibility, visible_devices
 
 __all__ = [
@@ -108,7 +113,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
     if initialized:
         count = torch.cuda.device_count()
         available = count > 0
-        devices = tuple(_properties(torch.cuda.get_device_properties(i), _mem_free(torch, i)) for i in range(count))
+        devices = _initialised_devices(torch, count)
     else:
         # NVML-based counting does not call cuInit, so the process can still fork afterwards.
         with scoped_env(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
@@ -118,7 +123,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
         # Also when CUDA is unavailable: GPUs that NVML lists then point at the driver.
         nvml = nvidia.nvml_devices()
         smi = nvidia.NvidiaStack() if nvml.devices else nvidia.smi_devices()
-        inventory = tuple(nvml.devices or smi.devices) or None
+        inventory = _tried(tuple(nvml.devices or smi.devices) or None, env, count, build.hip_version)
         nvml = replace(nvml, driver=nvml.driver or smi.driver)
         if not available and build.cuda_version:
             driver_error = nvidia.driver_error(torch)
@@ -146,8 +151,53 @@ def _text(value: object) -> str | None:
     return str(value) if value else None
 
 
-def _properties(p: Any, free: int | None) -> DeviceReading:
-    return DeviceReading(p.name, int(p.total_memory), (p.major, p.minor), free=free)
+def _tried(
+    inventory: tuple[DeviceReading, ...] | None, env: dict[str, str], count: int, hip: str | None
+) -> tuple[DeviceReading, ...] | None:
+    """The inventory with a child process's trial context on each visible GPU that needs one."""
+    if not inventory:
+        return inventory
+    vis = visible_devices("cuda", env, variant=VARIANTS[1] if hip else VARIANTS[0])
+    wanted: dict[int, int] = {}  # visible index -> position in the inventory
+    for index in range(count):
+        found = _match_physical(inventory, physical_id(vis, index))
+        if found is not None and needs_trial(found):
+            wanted[index] = inventory.index(found)
+    if not wanted:
+        return inventory
+    said = cuda_trial.try_contexts(sorted(wanted))
+    out = list(inventory)
+    for index, position in wanted.items():
+        out[position] = replace(out[position], trial=said.get(index))
+    return tuple(out)
+
+
+def _initialised_devices(torch: Any, count: int) -> tuple[DeviceReading, ...]:
+    """CUDA is started here already: properties and free memory through torch, and the compute mode
+    from the driver, so that asking for free memory (which makes a context) never takes a GPU in an
+    exclusive mode that this process does not hold yet; such a GPU is tried in a child instead."""
+    modes = nvidia.driver_compute_modes(count)
+    devices = []
+    for i in range(count):
+        own = _has_context(torch, i)
+        reading = DeviceReading(compute_mode=modes[i], own_context=own)
+        guarded = modes[i] == "prohibited" or (modes[i] in EXCLUSIVE_MODES and not own)
+        props = torch.cuda.get_device_properties(i)
+        free = None if guarded else _mem_free(torch, i)
+        devices.append(replace(reading, **_properties(props, free)))
+    tried = cuda_trial.try_contexts([i for i, d in enumerate(devices) if needs_trial(d)])
+    return tuple(replace(d, trial=tried[i]) if i in tried else d for i, d in enumerate(devices))
+
+
+def _has_context(torch: Any, index: int) -> bool:
+    try:
+        return bool(torch._C._cuda_hasPrimaryContext(index))
+    except Exception:
+        return False
+
+
+def _properties(p: Any, free: int | None) -> dict[str, Any]:
+    return {"name": p.name, "memory": int(p.total_memory), "capability": (p.major, p.minor), "free": free}
 
 
 def _mem_free(torch: Any, index: int) -> int | None:
@@ -193,7 +243,11 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
     if l4t is not None:
         versions["jetson-linux"] = l4t
     present = len(inventory) if inventory else None
-    reason = unusable_reason(backend, readings, vis, present) or _no_gpu_reason(readings, variant, devices, vis)
+    reason = (
+        unusable_reason(backend, readings, vis, present)
+        or _no_gpu_reason(readings, variant, devices, vis)
+        or _all_unusable(devices)
+    )
     result = finish(
         backend,
         devices,
@@ -248,10 +302,7 @@ def _cuda_devices(readings: CudaReadings, vis: Visibility, warnings: list[str]) 
     if count <= 0:
         return []
     if readings.initialized:
-        return [
-            DeviceInfo(i, d.name, d.memory, d.capability, physical_id=physical_id(vis, i), free_memory=d.free)
-            for i, d in enumerate(readings.devices)
-        ]
+        return [_info(i, d, physical_id(vis, i)) for i, d in enumerate(readings.devices)]
     if not readings.inventory:
         warnings.append(
             "GPU model and compute capability are unknown without initialising CUDA; "
@@ -262,11 +313,30 @@ def _cuda_devices(readings: CudaReadings, vis: Visibility, warnings: list[str]) 
     for i in range(count):
         pid = physical_id(vis, i)
         info = _match_physical(readings.inventory, pid)
-        if info is None:
-            out.append(DeviceInfo(i, physical_id=pid))
-        else:
-            out.append(DeviceInfo(i, info.name, info.memory, info.capability, physical_id=pid, free_memory=info.free))
+        out.append(DeviceInfo(i, physical_id=pid) if info is None else _info(i, info, pid))
     return out
+
+
+def _info(index: int, reading: DeviceReading, pid: str) -> DeviceInfo:
+    return DeviceInfo(
+        index,
+        reading.name,
+        reading.memory,
+        reading.capability,
+        physical_id=pid,
+        free_memory=reading.free,
+        compute_mode=reading.compute_mode,
+        other_processes=reading.other_processes,
+        unusable=unusable(reading),
+    )
+
+
+def _all_unusable(devices: Sequence[DeviceInfo]) -> str | None:
+    """Why the backend is unavailable when every visible GPU is unusable here (None: one is usable)."""
+    if not devices or any(d.unusable is None for d in devices):
+        return None
+    each = "; ".join(f"cuda:{d.index} ({d.physical_id}): {d.unusable}" for d in devices)
+    return f"every visible GPU is unusable by this process: {each}"
 
 
 def _initialised_warnings(readings: CudaReadings, vis: Visibility) -> list[str]:

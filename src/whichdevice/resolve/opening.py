@@ -1,0 +1,65 @@
+"""The resolver's opening steps: the request training follows, the chosen backend's environment, the CPU's
+calibration. Each returns its value and its trace lines; ``_resolve`` runs them in order."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from whichdevice.core.packages import transformers_problem
+from whichdevice.core.records import Backend, ProbeResult, TraceStep
+from whichdevice.device.request import DeviceRequest
+from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
+from whichdevice.hardware.probes.nvidia_platforms import platform_steps
+from whichdevice.launch.accelerate_settings import ENV_USE_CPU, AccelerateSettings, check_cpu_request
+
+if TYPE_CHECKING:
+    from whichdevice.hardware.calibration import Calibration
+    from whichdevice.resolve.arguments import Arguments
+
+__all__ = ["calibration_step", "environment_step", "training_request"]
+
+
+def training_request(
+    request: DeviceRequest, task: str, settings: AccelerateSettings
+) -> tuple[DeviceRequest, list[TraceStep]]:
+    """ACCELERATE_USE_CPU puts TrainingArguments and accelerate on the CPU: training follows it."""
+    if task != "training" or not settings.cpu_forced:
+        return request, []
+    if not request.detect:
+        check_cpu_request(settings, request.name, request.asked or request.name, request.source)
+        return request, []
+    step = TraceStep(
+        "request",
+        f"{ENV_USE_CPU}={settings.use_cpu!r}: training on the CPU, where accelerate and Trainer "
+        "will run (beats detection)",
+    )
+    return DeviceRequest(ENV_USE_CPU, "cpu", "cpu"), [step]
+
+
+def environment_step(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:
+    """The env hooks of the chosen backend, and the warnings everything below depends on."""
+    env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
+    steps = [TraceStep("env", action.message) for action in env_set]
+    # A hook that kept the user's value is in the probe's warnings too (the report shows those): said once here.
+    said = {action.message for action in env_set}
+    steps += [TraceStep("warning", warning) for warning in result.warnings if warning not in said]
+    steps += platform_steps(result)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
+    problem = transformers_problem()
+    if problem is not None:
+        # Everything resolved here is handed to transformers: say so before it fails there.
+        steps.append(TraceStep("warning", problem))
+    return env_set, steps
+
+
+def calibration_step(backend: Backend, args: Arguments) -> tuple[Calibration | None, list[TraceStep]]:
+    """The CPU's measured speeds (whichdevice.hardware.calibration): measured on first need when the dtype is
+    "auto", else read from the cache only."""
+    if backend.name != "cpu":
+        return None, []
+    from whichdevice.hardware.calibration import calibration
+
+    auto = isinstance(args.dtype, str) and args.dtype == "auto"
+    calib, why = calibration(measure=auto)
+    if calib is None:
+        return None, [TraceStep("calibration", f"not used: {why}; the CPU's flags decide")] if auto else []
+    return calib, [TraceStep("calibration", f"{calib.summary()} ({why})")]
