@@ -23,13 +23,16 @@ _SCRIPT = textwrap.dedent(
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, **extra)
     out = model.generate(torch.tensor([[1, 5, 9, 13]]), max_new_tokens=8, do_sample=False)
     kind = type(model.model.layers[0].self_attn.q_proj.weight).__name__
-    print("TOKENS", os.environ.get("RANK", "-"), out.tolist(), kind, flush=True)
+    rank = os.environ.get("RANK", "-")
+    # One file a process: two ranks printing to one pipe at once ran their lines together.
+    with open(os.path.join(sys.argv[2], f"tokens-{rank}.txt"), "w") as f:
+        f.write(f"TOKENS {rank} {out.tolist()} {kind}")
     """
 )
 
 
-def _tokens(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("TOKENS")]
+def _tokens(folder: Path) -> list[str]:
+    return [p.read_text() for p in sorted(folder.glob("tokens-*.txt"))]
 
 
 def test_tp_keywords_load_sharded_under_torchrun_and_generate_the_same_tokens(tmp_path: Path) -> None:
@@ -37,15 +40,24 @@ def test_tp_keywords_load_sharded_under_torchrun_and_generate_the_same_tokens(tm
     script = tmp_path / "tp.py"
     script.write_text(_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    single_out, ranks_out = tmp_path / "one", tmp_path / "two"
+    single_out.mkdir()
+    ranks_out.mkdir()
     one = subprocess.run(
-        [sys.executable, str(script), str(folder)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), str(folder), str(single_out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert one.returncode == 0, one.stderr[-2000:]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    two = subprocess.run([*torchrun, str(script), str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [*torchrun, str(script), str(folder), str(ranks_out)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert two.returncode == 0, two.stderr[-3000:]
-    (single,) = _tokens(one.stdout)
-    ranks = _tokens(two.stdout)
+    (single,) = _tokens(single_out)
+    ranks = _tokens(ranks_out)
     assert len(ranks) == 2
     expected = single.split(" ", 2)[2].rsplit(" ", 1)[0]
     for line in ranks:
