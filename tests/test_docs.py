@@ -164,3 +164,25 @@ def test_the_command_synopsis_names_every_option() -> None:
     named = set(re.findall(r"--[a-z][a-z-]*", synopsis.group(1)))
     assert sorted(options - named) == []
     assert all(re.search(rf"^whichdevice \[?{c}\b", synopsis.group(1), re.M) for c in commands)
+
+
+def test_the_tiny_llama_recipe_and_the_test_fixture_build_the_same_model(tmp_path: Path, monkeypatch) -> None:
+    """Issue 46: the fixture added a tokenizer the docs never mentioned. docs/end-to-end.md's recipe and
+    tests/tiny_models.py build the same config and the same tokenizer."""
+    import json
+
+    from tiny_models import save_tiny_llama
+
+    text = (ROOT / "docs" / "end-to-end.md").read_text(encoding="utf-8")
+    recipe = re.search(r"```python\n(from tokenizers import .*?)```", text, re.S)
+    assert recipe is not None
+    monkeypatch.chdir(tmp_path)
+    exec(compile(recipe.group(1), "end-to-end.md recipe", "exec"), {})  # the page's own code
+    fixture = save_tiny_llama(tmp_path / "fixture")
+    ignored = {"transformers_version", "dtype", "torch_dtype"}
+    for name in ("config.json", "tokenizer.json"):
+        mine = json.loads((tmp_path / "tiny-llama" / name).read_text())
+        theirs = json.loads((fixture / name).read_text())
+        if name == "config.json":
+            mine, theirs = ({k: v for k, v in d.items() if k not in ignored} for d in (mine, theirs))
+        assert mine == theirs, name

@@ -37,6 +37,7 @@ def save_tiny_llama(path: Path, dtype: torch.dtype = torch.float32, tokenizer: b
 
 
 def save_tokenizer(path: Path) -> None:
+    """The word-level tokenizer docs/end-to-end.md's recipe builds (the same vocabulary and tokens)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
