@@ -256,6 +256,25 @@ def test_report_does_not_import_transformers() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize(("argv", "paused"), [("check", True), ("--json", True), ("smoke --help", False)])
+def test_the_command_pauses_the_collector_in_its_own_process_only(argv: str, paused: bool) -> None:
+    # As the command (main() with no argv): the collector is off for a command that runs no model.
+    # Called in a program's process (main(argv)): the program's collector is left as it was.
+    code = (
+        "import atexit, contextlib, gc, io, os, sys\n"
+        "from whichdevice.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main({argv.split()!r})\n"
+        "assert gc.isenabled(), 'main(argv) changed the caller collector'\n"
+        "atexit.register(lambda: os.write(2, f'collector on at exit: {gc.isenabled()}'.encode()))\n"
+        f"sys.argv = ['whichdevice', *{argv.split()!r}]\n"
+        "raise SystemExit(main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.endswith(f"collector on at exit: {not paused}")
+
+
 def test_a_plugin_backend_from_an_entry_point_is_in_the_json_report(tmp_path: Path) -> None:
     # A third-party package, installed as far as importlib.metadata can tell: a module and a
     # dist-info folder whose entry point names its Backend record.
