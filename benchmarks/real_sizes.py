@@ -2,7 +2,7 @@
 
     python benchmarks/real_sizes.py                                  # 0.1B, 0.4B, 1.1B; native and capped
     python benchmarks/real_sizes.py --sizes 0.1B --kinds native --rounds 2
-    python benchmarks/real_sizes.py --kinds native avx2 --prompt 512 --new 16 --tell-new   # issue 48
+    python benchmarks/real_sizes.py --kinds native avx2 --batches 1 --prompt 512 --new 16 --split both   # issue 48
 
 For each kind of CPU (``native``: as this machine is; ``capped``: ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``,
 oneDNN capped below bf16) a child process, with an empty calibration cache, measures the memory read
@@ -10,7 +10,8 @@ bandwidth (all torch threads summing 512 MiB, best of 5), then for each Llama si
 and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and batch:
 
 1. ``resolve_device(model=path, batch_size=b, max_length=PROMPT + NEW)`` for each checkpoint (with
-   ``--tell-new`` also ``max_new_tokens=NEW``: the job's length as generate gets it), loaded
+   ``--split stated`` also ``max_new_tokens=NEW``: the job's length as generate gets it; ``--split
+   both`` resolves each checkpoint both ways, each a resolved load of its own in the same rounds), loaded
    exactly as a user does, in a fresh process: ``from_pretrained(path, **res.model_kwargs())`` then
    ``res.prepare(model)``, its setup timed there (as is every candidate's packing, from each
    checkpoint, so each is priced as its own user pays it; each ``--fresh``
@@ -18,7 +19,8 @@ and 1.1B parameters, random weights saved as bf16 and as fp32 safetensors) and b
    next); where that load
    is exactly a candidate's configuration, the resolved load takes the candidate's runs (with its
    own setup), otherwise it is timed on its own load in this process;
-2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa) on one model per dtype
+2. every dtype (fp32, bf16, fp16) x attention (sdpa, eager, whichdevice_sdpa; ``--attention`` narrows
+   it where time is short: the best of those left is then the bar) on one model per dtype
    (``set_attn_implementation`` switches it), bf16 with the single-row GEMV hook at batch 1 and fp32
    and bf16 with packed weights at batch 2 and more (the settings the resolver can hand over; the
    packed copy is switched on and off per run on the same model), and the static KV cache of the
@@ -233,7 +235,7 @@ def fresh_label(got: dict[str, Any]) -> str:
     return label + ("+single_row" if got["single_row"] else "") + (part if packed else "")
 
 
-def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str]) -> list[Config]:
+def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str], attention: list[str]) -> list[Config]:
     from whichdevice.tuning.packed_weights import install_packed_weights
     from whichdevice.tuning.single_row import install_single_row
 
@@ -243,12 +245,12 @@ def candidates(torch: Any, auto: Any, path: Path, batch: int, dtypes: list[str])
         start = time.perf_counter()
         if batch >= 2 and install_packed_weights(model, dtype, batch)[0]:
             setup = time.perf_counter() - start  # paid once per load: counted against the job below
-            configs += [Config(f"{SHORT[dtype]}/{a}+packed", model, a, packed=True, setup_s=setup) for a in ATTENTION]
-        configs += [Config(f"{SHORT[dtype]}/{a}", model, a, packed=False) for a in ATTENTION]
+            configs += [Config(f"{SHORT[dtype]}/{a}+packed", model, a, packed=True, setup_s=setup) for a in attention]
+        configs += [Config(f"{SHORT[dtype]}/{a}", model, a, packed=False) for a in attention]
         if dtype == "bfloat16" and batch == 1:
             hooked = auto.from_pretrained(path, dtype=torch.bfloat16).eval()
             install_single_row(hooked)
-            configs += [Config(f"bf16/{a}+single_row", hooked, a) for a in ATTENTION]
+            configs += [Config(f"bf16/{a}+single_row", hooked, a) for a in attention]
     return configs
 
 
@@ -288,7 +290,8 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     read 10.06 and 8.49 tokens/s in the same rounds here (1.1B, batch 1), which is noise."""
     ids = torch.randint(3, COMMON["vocab_size"], (batch, args.prompt), generator=torch.Generator().manual_seed(0))
     length = args.prompt + args.new
-    told = args.new if args.tell_new else None  # max_new_tokens= as resolve_device gets it
+    # max_new_tokens= as resolve_device gets it: NEW where the split is stated, None where it is not
+    splits = {"stated": [args.new], "unstated": [None], "both": [None, args.new]}[args.split]
     from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES
     from whichdevice.tuning.single_row import install_single_row
 
@@ -309,11 +312,15 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     }
     fresh_loads = {}
     for ckpt, path in paths.items():
-        runs = [setup_in_fresh_process(path, "resolved", batch, length, told, args.prompt) for _ in range(args.fresh)]
-        fresh_loads[ckpt] = median_run(runs)
-        if len({fresh_label(run) for run in runs}) > 1:
-            log(f"{ckpt}: fresh loads got " + ", ".join(f"{fresh_label(r)} ({r['setup_s']:.2f} s)" for r in runs))
-    configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes)
+        for told in splits:
+            runs = [
+                setup_in_fresh_process(path, "resolved", batch, length, told, args.prompt) for _ in range(args.fresh)
+            ]
+            fresh_loads[(ckpt, told)] = median_run(runs)
+            if len({fresh_label(run) for run in runs}) > 1:
+                got = ", ".join(f"{fresh_label(r)} ({r['setup_s']:.2f} s)" for r in runs)
+                log(f"{ckpt} {split_name(told)}: fresh loads got {got}")
+    configs = candidates(torch, auto, paths["bfloat16"], batch, args.dtypes, args.attention)
     packed_dtype = {  # a packed candidate's label: its dtype
         c.label: next(d for d in DTYPES if c.label.startswith(SHORT[d] + "/")) for c in configs if c.packed
     }
@@ -321,16 +328,16 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         if config.packed:
             config.setup_s = packing[("bfloat16", packed_dtype[config.label])]
     by_label = {c.label: c for c in configs}
-    for ckpt, path in paths.items():
+    for (ckpt, told), fresh in fresh_loads.items():
+        path = paths[ckpt]
         res = wd.resolve_device(model=str(path), batch_size=batch, max_length=length, max_new_tokens=told)
         label = label_of(res)
-        fresh = fresh_loads[ckpt]
         if fresh_label(fresh) != label:  # what the user's job got, e.g. a packing prepare() or generate declined
             log(f"{ckpt}: resolved {label}, a fresh load got {fresh_label(fresh)} (setup {fresh['setup_s']:.2f} s)")
             label = fresh_label(fresh)
-        resolved[ckpt] = (res, label)
+        resolved[(ckpt, told)] = (res, label)
         twin = by_label.get(label)
-        mine = f"resolved {ckpt}={label}"
+        mine = f"resolved {ckpt} {split_name(told)}={label}"
         if twin is not None:
             # The twin's own runs are the resolved load's: timed once, they cannot differ by noise.
             alias[mine] = (twin.label, fresh["setup_s"])
@@ -374,8 +381,8 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         for lb in timed["full"]
     }
     out = []
-    for ckpt, (res, label) in resolved.items():
-        mine = f"resolved {ckpt}={label}"
+    for (ckpt, told), (res, label) in resolved.items():
+        mine = f"resolved {ckpt} {split_name(told)}={label}"
         others = [lb for lb in tok_s if not lb.startswith("resolved") and not lb.endswith("static_cache")] + [mine]
         # This checkpoint's own packing prices, as its user pays them (runs are shared: same values).
         own_setup = setup | {lb: packing[(ckpt, d)] for lb, d in packed_dtype.items() if lb in timed["full"]}
@@ -392,6 +399,9 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
             {
                 "checkpoint": ckpt,
                 "batch": batch,
+                "split": split_name(told),
+                "prompt": args.prompt,
+                "new": args.new,
                 "resolved": label,
                 # The estimate's whole job (prompt, steps, packing) beside the measured one (issue 48).
                 "predicted_s": predicted_seconds(res, paths[ckpt], batch, length, args.new),
@@ -411,6 +421,11 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
             }
         )
     return out
+
+
+def split_name(told: int | None) -> str:
+    """Whether resolve_device was told how many of the job's tokens are new (``max_new_tokens=``)."""
+    return "unstated" if told is None else "stated"
 
 
 def predicted_seconds(res: Any, path: Path, batch: int, length: int, new: int) -> float | None:
@@ -486,7 +501,8 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     for c in cells:
         exact = "bf16" if c["checkpoint"] == "bfloat16" else "fp32"
         lines.append(
-            f"{c['size']} {exact} checkpoint, batch {c['batch']}: resolved {c['resolved']} = "
+            f"{c['size']} {exact} checkpoint, batch {c['batch']}, {c.get('prompt', '?')} + {c.get('new', '?')} "
+            f"tokens, split {c.get('split', 'unstated')}: resolved {c['resolved']} = "
             f"{c['resolved_over_best']:.2f}x best ({c['best']}; resolved runs on {c.get('runs_on', 'its own load')}); "
             f"{exact} limit {c['limit_tok_s']} tok/s "
             f"at {c['bandwidth_gbps']} GB/s; {c['rounds']} rounds; "
@@ -511,6 +527,31 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# Issue 48's bars: the resolved load over the best dtype x attention, where the split is stated and not.
+BAR = {"stated": 0.95, "unstated": 0.80}
+
+
+def matrix(report: list[dict[str, Any]]) -> str:
+    """One line per cell and kind: the resolved load over the best, against its bar."""
+    lines = [
+        "| kind | size | checkpoint | batch | prompt + new | split | resolved | best | resolved / best | "
+        "bar | estimated s | measured s |",
+        "|" + "---|" * 12,
+    ]
+    for entry in report:
+        for c in entry["cells"]:
+            split = c.get("split", "unstated")
+            ratio = c["resolved_over_best"]
+            verdict = "ok" if ratio >= BAR[split] else "**below**"
+            est = "-" if c.get("predicted_s") is None else f"{c['predicted_s']:.2f}"
+            lines.append(
+                f"| {entry['kind']} | {c['size']} | {SHORT[c['checkpoint']]} | {c['batch']} | "
+                f"{c.get('prompt', '?')} + {c.get('new', '?')} | {split} | {c['resolved']} | {c['best']} | "
+                f"{ratio:.2f}x | {BAR[split]:.2f} {verdict} | {est} | {c['measured_s']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
@@ -521,7 +562,13 @@ def main() -> int:
     parser.add_argument("--min-seconds", type=float, default=30.0)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=9)
-    parser.add_argument("--tell-new", action="store_true", help="pass max_new_tokens=NEW to resolve_device too")
+    parser.add_argument(
+        "--split",
+        choices=("unstated", "stated", "both"),
+        default="unstated",
+        help="pass max_new_tokens=NEW to resolve_device (stated), not (unstated), or resolve both ways",
+    )
+    parser.add_argument("--attention", nargs="+", default=list(ATTENTION), choices=list(ATTENTION))
     parser.add_argument(
         "--fresh", type=int, default=3, help="fresh processes per setup timed, the median kept (packing is noisy)"
     )
@@ -545,6 +592,7 @@ def main() -> int:
         cells = [r["cell"] for r in rows if "cell" in r]
         report.append({"kind": kind, **rows[0], "cells": cells})
         print(table(kind, rows[0], cells), flush=True)
+    print(matrix(report), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
