@@ -44,6 +44,7 @@ from whichdevice.resolve.arguments import (
     check_memory_devices,
     check_shapes,
 )
+from whichdevice.resolve.busy_devices import idle_devices, passed_over_step
 from whichdevice.resolve.memo import environment_mapping, memo_key, read_environment
 from whichdevice.resolve.opening import calibration_step, environment_step, training_request
 from whichdevice.resolve.resolution import Resolution, check_device_map
@@ -132,6 +133,11 @@ def resolve_device(
     # Reading model= may import the architecture's module, which sets TORCHINDUCTOR_CACHE_DIR: undone.
     with pinned(environment_mapping(environment)), import_side_effects_undone():
         res = _resolve(args)
+        idle = idle_devices(args.task, args.devices, res.distributed is not None, res.training_plan, res.probe)
+        if idle is not None:  # other processes fill some devices, and nothing fits all of them
+            again = _resolve(args._replace(devices=list(idle)))
+            if again.training_plan is not None and again.training_plan.chosen is not None:
+                res = replace(again, trace=(passed_over_step(res.probe, idle), *again.trace))
     if key is not None:
         store.resolutions[key] = res
     return _attention_registered(res)
