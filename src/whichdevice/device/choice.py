@@ -7,6 +7,7 @@ has about as much as the best, device 0 stays, so a single-user machine behaves 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from whichdevice.core.records import TraceStep
@@ -15,7 +16,7 @@ from whichdevice.core.sizes import format_bytes
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 
-__all__ = ["BUSY_FRACTION", "least_busy"]
+__all__ = ["BUSY_FRACTION", "idle_indices", "least_busy"]
 
 # Device 0 counts as busy when it has less than this share of the best device's free memory: a few
 # hundred MiB held by a driver or a desktop must not move a job off device 0.
@@ -24,6 +25,15 @@ BUSY_FRACTION = 0.9
 
 def _free(info: DeviceInfo) -> int | None:
     return info.free_memory
+
+
+def idle_indices(devices: Sequence[DeviceInfo]) -> tuple[int, ...] | None:
+    """The indices of ``devices`` with at least ``BUSY_FRACTION`` of the best one's free memory (None:
+    some device's free memory is unknown, so none can be called busy)."""
+    if any(_free(d) is None for d in devices):
+        return None
+    best = max((_free(d) or 0 for d in devices), default=0)
+    return tuple(d.index for d in devices if (_free(d) or 0) >= BUSY_FRACTION * best)
 
 
 def least_busy(backend: Backend, result: ProbeResult, task: str) -> tuple[int, list[TraceStep]]:
@@ -48,7 +58,7 @@ def least_busy(backend: Backend, result: ProbeResult, task: str) -> tuple[int, l
         variable = result.visible.variable if result.visible and result.visible.variable else None
         variable = variable or (backend.visible_devices_env[0] if backend.visible_devices_env else None)
         fix = f"{variable or 'the visible-devices variable'}={best.physical_id or best.index}"
-        idle = [d.index for d in devices if (_free(d) or 0) >= BUSY_FRACTION * (_free(best) or 0)]
+        idle = list(idle_indices(devices) or ())
         every = (
             f"; to train on every idle device, resolve with devices={idle} (res.launch_command then starts one "
             "process on each)"

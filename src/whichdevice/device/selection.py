@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, shown
 from whichdevice.core.records import ProbeResult, TraceStep, Visibility
 from whichdevice.core.sizes import format_bytes
-from whichdevice.device.choice import BUSY_FRACTION
+from whichdevice.device.choice import idle_indices
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, DeviceInfo
@@ -214,10 +214,8 @@ def _chosen(backend: Backend, devices: list[DeviceInfo], asked: DevicesAsked) ->
 
 
 def _busy(info: DeviceInfo, usable: Sequence[DeviceInfo]) -> bool:
-    if info.free_memory is None or any(d.free_memory is None for d in usable):
-        return False
-    best = max(d.free_memory or 0 for d in usable)
-    return info.free_memory < BUSY_FRACTION * best
+    idle = idle_indices(usable)
+    return idle is not None and info.index not in idle
 
 
 def _busy_text(info: DeviceInfo) -> str:

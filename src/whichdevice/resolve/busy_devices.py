@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.device.choice import BUSY_FRACTION
+from whichdevice.device.choice import idle_indices
 
 if TYPE_CHECKING:
     from whichdevice.core.records import ProbeResult
@@ -31,12 +31,8 @@ def idle_devices(
         return None
     if plan is None or plan.chosen is not None or plan.launched is not None:
         return None
-    found = probe.devices
-    if len(found) < 2 or any(d.free_memory is None for d in found):
-        return None
-    best = max(d.free_memory or 0 for d in found)
-    idle = tuple(d.index for d in found if (d.free_memory or 0) >= BUSY_FRACTION * best)
-    return idle if 0 < len(idle) < len(found) else None
+    idle = idle_indices(probe.devices)
+    return idle if idle is not None and 0 < len(idle) < len(probe.devices) else None
 
 
 def passed_over_step(probe: ProbeResult, idle: tuple[int, ...]) -> TraceStep:
