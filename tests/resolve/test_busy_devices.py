@@ -68,3 +68,14 @@ def test_inference_is_not_replanned(one_billion: str) -> None:
         res = wd.resolve_device(model=one_billion, batch_size=1, max_length=512)
     assert res.device == "cuda:1" and res.devices is None
     assert not any(s.message.startswith("no training strategy fits all") for s in res.trace)
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cuda"])
+def test_a_device_the_caller_names_is_kept_and_only_a_bare_backend_is_replanned(one_billion: str, device: str) -> None:
+    with simulate(FULL_FIRST):
+        res = wd.resolve_device(device, model=one_billion, task="training", batch_size=1, max_length=512)
+    if device == "cuda:0":  # named: resolved as asked (nothing fits there, and the trace says so)
+        assert res.device == "cuda:0" and res.devices is None
+        assert res.training_plan is not None and res.training_plan.chosen is None
+    else:
+        assert res.devices == (1, 2, 3)

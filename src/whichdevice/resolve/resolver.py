@@ -18,6 +18,7 @@ from whichdevice.attention.kernels import decide_kernels
 from whichdevice.attention.serving import decide_serving
 from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import import_side_effects_undone, pinned
+from whichdevice.core.errors import DeviceError
 from whichdevice.core.job import Job
 from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
 from whichdevice.device.detection import choose_backend, device_string
@@ -135,12 +136,22 @@ def resolve_device(
         res = _resolve(args)
         idle = idle_devices(args.task, args.devices, res.distributed is not None, res.training_plan, res.probe)
         if idle is not None:  # other processes fill some devices, and nothing fits all of them
-            again = _resolve(args._replace(devices=list(idle)))
-            if again.training_plan is not None and again.training_plan.chosen is not None:
-                res = replace(again, trace=(passed_over_step(res.probe, idle), *again.trace))
+            res = _on_idle_devices(args, res, idle)
     if key is not None:
         store.resolutions[key] = res
     return _attention_registered(res)
+
+
+def _on_idle_devices(args: Arguments, res: Resolution, idle: tuple[int, ...]) -> Resolution:
+    """The training planned again on ``idle`` devices only, where a strategy fits there; else ``res``.
+    A device the caller named (device="cuda:0", WHICHDEVICE_DEVICE) conflicts with a list: kept as asked."""
+    try:
+        again = _resolve(args._replace(devices=list(idle)))
+    except DeviceError:
+        return res
+    if again.training_plan is None or again.training_plan.chosen is None:
+        return res
+    return replace(again, trace=(passed_over_step(res.probe, idle), *again.trace))
 
 
 def _attention_registered(res: Resolution) -> Resolution:
