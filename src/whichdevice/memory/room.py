@@ -13,6 +13,7 @@ allocates tensor by tensor, so it peaks at the weights), or a lower max_memory t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DoesNotFitError
@@ -99,7 +100,7 @@ def check_load(
             f"(Trainer moves it itself; pipeline_kwargs() passes device={device!r}): a move allocates tensor by "
             f"tensor, so {device} peaks at {format_bytes(peak.moved)}"
         )
-        done = LoadPeak(**{**_fields(peak), "remedy": "cpu"})
+        done = replace(peak, remedy="cpu")
         return done, ("cpu", None), [TraceStep("warning", f"{said}; {how}")]
     overhead = peak.peak - peak.weights + ROUND_LARGE
     placed = spread(overhead) if spread is not None else None
@@ -108,7 +109,7 @@ def check_load(
             f"device_map={placed[0]!r} with max_memory={placed[1]}: each device's budget lowered by the load's "
             f"own {format_bytes(overhead)} spreads the weights so that each device's load fits"
         )
-        done = LoadPeak(**{**_fields(peak), "remedy": "split"})
+        done = replace(peak, remedy="split")
         return done, placed, [TraceStep("warning", f"{said}; {how}")]
     cpu = "" if bits is not None else f"; the CPU has {format_bytes(room or 0)} available to load it on first"
     held = format_bytes((info.total_memory or 0) - free)
@@ -116,10 +117,6 @@ def check_load(
         f"{said}{cpu}: free memory on {device} (other processes hold {held}), use more devices (devices=, "
         "max_memory=), or offload='cpu'"
     )
-
-
-def _fields(peak: LoadPeak) -> dict[str, Any]:
-    return {name: getattr(peak, name) for name in ("device", "weights", "warmup", "small", "transient", "free")}
 
 
 def fitted_load(
