@@ -59,6 +59,9 @@ class ModelSize:
     # the source does not say.
     tensors: tuple[int, ...] = field(default=(), repr=False, compare=False)
     largest_linear: int = 0
+    # The rows plus columns of every linear weight LoRA adapts by default (lora_training: every linear
+    # layer but the head): rank r adds r x this many parameters. 0: unknown.
+    lora_fan: int = 0
 
     @property
     def parameters(self) -> int:
@@ -71,7 +74,14 @@ class ModelSize:
 
     def dequantized(self) -> ModelSize:
         """The same model with its packed weights unpacked to floats (transformers' dequantizing load)."""
-        return ModelSize(f"{self.source}, dequantized", self.parameters, self.linear_params, 0, self.quantized)
+        return ModelSize(
+            f"{self.source}, dequantized",
+            self.parameters,
+            self.linear_params,
+            0,
+            self.quantized,
+            lora_fan=self.lora_fan,
+        )
 
     def bytes_in(self, dtype: str) -> int:
         return self.float_params * item_size(dtype) + self.other_bytes
@@ -186,7 +196,7 @@ def size_from_headers(
 ) -> ModelSize:
     """The size of already read and checked safetensors headers. In a quantized checkpoint only the
     float tensors (F64/F32/F16/BF16) follow the load dtype; FP8/FP4 and packed integers stay as stored."""
-    float_params = linear = other = largest = 0
+    float_params = linear = other = largest = fan = 0
     quantized = read_quantization(dict(config or {}), f"{where}", cast(Any, list(headers)))
     floats = CAST_CODES if quantized is not None else FLOAT_CODES
     modules: dict[str, int] = {}
@@ -202,8 +212,16 @@ def size_from_headers(
                 if _is_linear(name, info["shape"]):
                     linear += count
                     largest = max(largest, count)
+                    fan += sum(info["shape"])
             else:
                 other += count * SAFETENSORS_BITS[info["dtype"]] // 8
+    if quantized is None and _has_experts(config):
+        # How the installed transformers builds the experts decides what is a linear layer: fused
+        # [experts, in, out] parameters (transformers 5) are neither quantized by bitsandbytes nor
+        # adapted by LoRA, while the checkpoint stores one 2-D weight per expert.
+        layout = _meta_linear_layout(config)
+        if layout is not None:
+            linear, fan, largest = layout
     source = f"safetensors headers ({len(headers)} file(s) in {where})"
     return ModelSize(
         source,
@@ -214,7 +232,49 @@ def size_from_headers(
         max(modules.values(), default=0),
         tuple(sorted(tensors, reverse=True)),
         largest,
+        fan,
     )
+
+
+def _has_experts(config: Mapping[str, Any] | None) -> bool:
+    from whichdevice.model.shape import shape_of_config
+
+    shape = shape_of_config(config)
+    return shape is not None and shape.experts > 0
+
+
+def linear_layout(model: Any) -> tuple[int, int, int]:
+    """(weights of the linear layers bitsandbytes quantizes, their rows plus columns, the largest one) of a
+    built model: every ``nn.Linear`` (and GPT-2's Conv1D) but the output head, which transformers keeps
+    unquantized (``get_keys_to_not_convert``) and LoRA leaves alone. A fused expert parameter is no linear
+    layer (transformers' ``replace_with_bnb_linear`` swaps ``nn.Linear`` modules only)."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weights = fan = largest = 0
+    for module in model.modules():
+        linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+        if not linear or module is head or getattr(module, "weight", None) is None:
+            continue
+        count = module.weight.numel()
+        weights += count
+        fan += sum(module.weight.shape)
+        largest = max(largest, count)
+    return weights, fan, largest
+
+
+def _meta_linear_layout(config: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
+    """linear_layout of a config.json's model built on the meta device with transformers' own classes;
+    None where it cannot be built (a model with its own code is never built)."""
+    if config is None or config.get("auto_map") or not isinstance(config.get("model_type"), str):
+        return None
+    try:
+        from transformers import AutoConfig
+
+        built, _ = build_on_meta(AutoConfig.for_model(**dict(config)))
+    except Exception:
+        return None
+    return linear_layout(built) if built is not None else None
 
 
 def build_on_meta(config: Any) -> tuple[Any, list[str]]:
@@ -241,7 +301,7 @@ def size_from_config(config: Any) -> ModelSize:
             f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "
             "device explicitly, or a folder with safetensors weights"
         )
-    float_params = linear = matrices = largest = 0
+    float_params = matrices = 0
     seen: set[int] = set()
     tensors = []
     for name, param in model.named_parameters(remove_duplicate=True):
@@ -251,11 +311,9 @@ def size_from_config(config: Any) -> ModelSize:
         if param.is_floating_point():
             float_params += param.numel()
             tensors.append(param.numel())
-            if _is_linear(name, list(param.shape)):
-                linear += param.numel()
-                largest = max(largest, param.numel())
             if param.dim() > 2 and _is_linear(name + ".weight", [1, 1]):
-                matrices += param.numel()  # fused MoE experts ([experts, in, out]): quantized like linears
+                matrices += param.numel()  # fused MoE experts ([experts, in, out]): a checkpoint's method may pack them
+    linear, fan, largest = linear_layout(model)
     source = f"a meta-device build of {type(config).__name__}"
     # DeepSpeed's largest layer: the module whose own parameters (not its children's) are the most.
     largest_module = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
@@ -264,7 +322,15 @@ def size_from_config(config: Any) -> ModelSize:
     quantized = read_quantization(_config_dict(config), source, params=params)
     if quantized is None or quantized.estimated_bytes is None:
         return ModelSize(
-            source, float_params, linear, 0, quantized, largest_module, tuple(sorted(tensors, reverse=True)), largest
+            source,
+            float_params,
+            linear,
+            0,
+            quantized,
+            largest_module,
+            tuple(sorted(tensors, reverse=True)),
+            largest,
+            fan,
         )
     # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
     packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
