@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, cast
 
 from whichdevice.core.dtypes import FLOAT_CODES, NAMES, SAFETENSORS_BITS, code_name, item_size
 from whichdevice.core.errors import DeviceError
+from whichdevice.model.built import build_on_meta, linear_layout
 from whichdevice.model.files import (
     DamagedModelError,
     read_config,
@@ -31,10 +32,10 @@ __all__ = [
     "StepWeights",
     "StoredWeights",
     "auto_config",
-    "build_on_meta",
     "config_object_dtype",
     "resolve_model_path",
     "size_from_config",
+    "size_of_config_folder",
     "stored_dtype",
     "stored_weights",
 ]
@@ -215,13 +216,6 @@ def size_from_headers(
                     fan += sum(info["shape"])
             else:
                 other += count * SAFETENSORS_BITS[info["dtype"]] // 8
-    if quantized is None and _has_experts(config):
-        # How the installed transformers builds the experts decides what is a linear layer: fused
-        # [experts, in, out] parameters (transformers 5) are neither quantized by bitsandbytes nor
-        # adapted by LoRA, while the checkpoint stores one 2-D weight per expert.
-        layout = _meta_linear_layout(config)
-        if layout is not None:
-            linear, fan, largest = layout
     source = f"safetensors headers ({len(headers)} file(s) in {where})"
     return ModelSize(
         source,
@@ -236,61 +230,11 @@ def size_from_headers(
     )
 
 
-def _has_experts(config: Mapping[str, Any] | None) -> bool:
-    from whichdevice.model.shape import shape_of_config
-
-    shape = shape_of_config(config)
-    return shape is not None and shape.experts > 0
-
-
-def linear_layout(model: Any) -> tuple[int, int, int]:
-    """(weights of the linear layers bitsandbytes quantizes, their rows plus columns, the largest one) of a
-    built model: every ``nn.Linear`` (and GPT-2's Conv1D) but the output head, which transformers keeps
-    unquantized (``get_keys_to_not_convert``) and LoRA leaves alone. A fused expert parameter is no linear
-    layer (transformers' ``replace_with_bnb_linear`` swaps ``nn.Linear`` modules only)."""
-    import torch
-
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weights = fan = largest = 0
-    for module in model.modules():
-        linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
-        if not linear or module is head or getattr(module, "weight", None) is None:
-            continue
-        count = module.weight.numel()
-        weights += count
-        fan += sum(module.weight.shape)
-        largest = max(largest, count)
-    return weights, fan, largest
-
-
-def _meta_linear_layout(config: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
-    """linear_layout of a config.json's model built on the meta device with transformers' own classes;
-    None where it cannot be built (a model with its own code is never built)."""
-    if config is None or config.get("auto_map") or not isinstance(config.get("model_type"), str):
-        return None
-    try:
-        from transformers import AutoConfig
-
-        built, _ = build_on_meta(AutoConfig.for_model(**dict(config)))
-    except Exception:
-        return None
-    return linear_layout(built) if built is not None else None
-
-
-def build_on_meta(config: Any) -> tuple[Any, list[str]]:
-    """transformers' own model for ``config`` built on the meta device (no memory for weights, never
-    the model's own code), as a causal LM else a base model; (None, why each failed) when neither builds."""
-    import torch
-    from transformers import AutoModel, AutoModelForCausalLM
-
-    errors = []
-    for auto in (AutoModelForCausalLM, AutoModel):
-        try:
-            with torch.device("meta"):
-                return auto.from_config(config, trust_remote_code=False), []  # type: ignore[no-untyped-call]
-        except Exception as exc:
-            errors.append(f"{auto.__name__}: {exc}")
-    return None, errors
+def _config_dict(config: Any) -> dict[str, Any]:
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return {}
+    return {"quantization_config": qc if isinstance(qc, dict) else qc.to_dict()}
 
 
 def size_from_config(config: Any) -> ModelSize:
@@ -335,22 +279,6 @@ def size_from_config(config: Any) -> ModelSize:
     # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
     packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
     return ModelSize(source, float_params - quantizable, 0, packed, quantized, largest_module)
-
-
-def _config_dict(config: Any) -> dict[str, Any]:
-    qc = getattr(config, "quantization_config", None)
-    if qc is None:
-        return {}
-    return {"quantization_config": qc if isinstance(qc, dict) else qc.to_dict()}
-
-
-def adapter_bytes(folder: Path) -> int:
-    """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
-    total = 0
-    for file in sorted(folder.glob("adapter_model*.safetensors")):
-        for info in read_header(file).values():
-            total += math.prod(info["shape"]) * SAFETENSORS_BITS.get(info["dtype"], 32) // 8
-    return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
 def size_of_config_folder(folder: Path, config: Mapping[str, Any]) -> ModelSize:
@@ -402,6 +330,15 @@ def auto_config(folder: Path) -> Any:
             f"{folder / 'config.json'}: transformers cannot build a config from it ({type(exc).__name__}: {exc}); "
             f"if this transformers knows the model, the file is damaged: {refetch_hint(folder)}"
         ) from None
+
+
+def adapter_bytes(folder: Path) -> int:
+    """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
+    total = 0
+    for file in sorted(folder.glob("adapter_model*.safetensors")):
+        for info in read_header(file).values():
+            total += math.prod(info["shape"]) * SAFETENSORS_BITS.get(info["dtype"], 32) // 8
+    return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
 @dataclass(frozen=True)

@@ -213,9 +213,9 @@ def _answer(facts: Any, res: Any, row: PlanRow, task: str, batch: int, length: i
     size = facts.size
     weights = size.bytes_quantized(res.quantization.bits, dtype) if res.quantization else size.bytes_in(dtype)
     strategy, keywords, launch, parallel = _strategy(facts, res, row.devices, task, batch, length, weights)
-    # The limits are searched for the unquantized full job (memory/largest.py): none for a quantized
-    # load or for LoRA, which placement chose after them.
-    limits = res.fit_limits if res.quantization is None and "LoRA" not in strategy else None
+    # The limits are searched for the way placement chose (memory/largest.py), none for an inference
+    # job's quantized load.
+    limits = res.fit_limits if res.quantization is None or task == "training" else None
     speed = source = None
     row_bandwidth = bandwidth_of(row.device_name) if row.spec else _cpu_bandwidth()
     if task == "inference" and row_bandwidth is not None:
@@ -237,9 +237,10 @@ def _strategy(
     plan = res.training_plan
     if task == "training":
         chosen = plan.chosen if plan is not None else None
-        name = chosen.name if chosen is not None else ("one device" if devices == 1 else "one process")
-        if any("LoRA adapters" in s.message for s in res.trace) and chosen is None:
-            name = "LoRA adapters on the frozen base"
+        setup = res.training_setup
+        name = chosen.name if chosen is not None else setup.describe() if setup is not None else "one device"
+        if chosen is not None and setup is not None and setup.checkpointing:
+            name += ", gradient checkpointing"
         launch = _launch(res, devices) if chosen is not None and devices > 1 else None
         return name, {**kwargs, **{k: _shown(v) for k, v in res.training_kwargs().items()}}, launch, 1
     split = isinstance(res.device_map, dict) or res.device_map in ("auto", "balanced", "balanced_low_0", "sequential")
@@ -261,7 +262,7 @@ def _tensor_parallel(facts: Any, res: Any, devices: int, batch: int, length: int
     from whichdevice.memory.job import job_memory
     from whichdevice.memory.tensor_parallel import tensor_parallel
 
-    memory = job_memory(facts.shape, facts.size.parameters, "inference", res.dtype_name or "float32", batch, length)
+    memory = job_memory(facts.shape, res.dtype_name or "float32", batch, length)
     kv = sum(t.bytes for t in memory.terms if t.name == "KV cache")
     caps = [d.free_memory or d.total_memory for d in res.probe.devices if (d.free_memory or d.total_memory)]
     if not caps:
