@@ -4,9 +4,10 @@
 
 Each strategy runs as ``torchrun --nproc-per-node=2 benchmarks/strategy_rank.py`` over gloo (see that
 file for what is measured). The estimate is memory/strategy.py's per-device figure for 2 devices in
-float32 (the CPU has no mixed precision here): DDP's W + the job at its step's peak (memory/training_job.py)
-+ buckets, FSDP's (W + G + O)/2 + gathered units + A. The script prints both per rank, checks that the ranks end with equal weights,
-and exits 1 if an estimate is below a measured peak.
+float32 (the CPU has no mixed precision here): DDP's W + the job at its step's peak
+(memory/training_job.py) + buckets, FSDP's (W + G + O)/2 + gathered units + A. The script prints both
+per rank, checks that the ranks end with equal weights, and exits 1 if an estimate is below a measured
+peak.
 """
 
 from __future__ import annotations
