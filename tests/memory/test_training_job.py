@@ -43,7 +43,9 @@ def test_an_8b_trains_on_one_24gib_gpu_with_bf16_compute(tokens):
     RTX 4090); asked for 4-bit it fits as QLoRA computing in bf16, and left to decide it fits unquantized
     as LoRA on the bf16 weights (torchtune: 8B LoRA on one 4090 too)."""
     with simulate("cuda:1,mem=24GiB,cc=8.9,name=NVIDIA GeForce RTX 4090"):
-        qlora = wd.resolve_device(model=_llama_3_8b(), task="training", batch_size=1, max_length=tokens, quantize="4bit")
+        qlora = wd.resolve_device(
+            model=_llama_3_8b(), task="training", batch_size=1, max_length=tokens, quantize="4bit"
+        )
         auto = wd.resolve_device(model=_llama_3_8b(), task="training", batch_size=1, max_length=tokens)
     assert qlora.training_setup.train == "qlora" and qlora.quantization.compute_dtype == "bfloat16"
     assert qlora.model_kwargs()["quantization_config"].bnb_4bit_use_double_quant is True
@@ -232,7 +234,9 @@ def test_a_class_that_cannot_checkpoint_is_priced_without_it():
 # --------------------------------------------------------------------------------- ways out that run
 
 
-@pytest.mark.parametrize("spec", ["neuron:1,mem=16GiB", "tpu:1,mem=16GiB", "hpu:1,gen=gaudi1,mem=16GiB", "mlu:1,mem=16GiB"])
+@pytest.mark.parametrize(
+    "spec", ["neuron:1,mem=16GiB", "tpu:1,mem=16GiB", "hpu:1,gen=gaudi1,mem=16GiB", "mlu:1,mem=16GiB"]
+)
 def test_no_bitsandbytes_advice_where_bitsandbytes_does_not_run(spec):
     with simulate(spec), pytest.raises(wd.DoesNotFitError) as err:
         wd.resolve_device(model=_llama_3_8b(), task="training", batch_size=1, max_length=4096)
