@@ -249,8 +249,9 @@ def test_no_bitsandbytes_advice_where_bitsandbytes_does_not_run(spec):
 
 
 def test_training_arguments_for_a_model_that_does_not_fit_in_full_says_what_does():
-    with simulate("cpu,mem=23GiB,flags=avx512_bf16"), pytest.warns(UserWarning) as caught:
-        with contextlib.suppress(wd.DeviceError):  # SimulatedTrainingError: a simulated CPU builds no arguments
-            wd.training_arguments("out", model=_llama_3_8b())
+    # A simulated CPU builds no arguments (SimulatedTrainingError): the warning comes before it.
+    simulated = simulate("cpu,mem=23GiB,flags=avx512_bf16")
+    with simulated, pytest.warns(UserWarning) as caught, contextlib.suppress(wd.DeviceError):
+        wd.training_arguments("out", model=_llama_3_8b())
     said = " ".join(str(w.message) for w in caught)
     assert "full fine-tuning" in said and "GiB" in said and "lora_training" in said
