@@ -255,3 +255,59 @@ def test_training_arguments_for_a_model_that_does_not_fit_in_full_says_what_does
         wd.training_arguments("out", model=_llama_3_8b())
     said = " ".join(str(w.message) for w in caught)
     assert "full fine-tuning" in said and "GiB" in said and "lora_training" in said
+
+
+def _one(spec: str) -> str:
+    head, comma, rest = spec.partition(",")
+    return f"{head.split(':')[0]}:1{comma}{rest}"
+
+
+def test_every_path_prices_the_same_job_the_same_way_on_every_default_machine():
+    """plan_hardware's one-device rows, resolve_device and training_arguments(model=) on each default
+    machine: the same way to train, dtype and keywords (issue 53: "one plan through every path")."""
+    from whichdevice.training.simulated import SimulatedTrainingError
+    from whichdevice.report.plan import DEFAULT_MACHINES, plan_hardware
+
+    config = _llama_3_8b()
+    machines = [(name, spec) for name, spec in DEFAULT_MACHINES if spec]
+    plan = plan_hardware(config, task="training", batch_size=1, max_length=2048, machines=machines)
+    for name, spec in machines:
+        row = next(r for r in plan.rows if r.machine == name and r.spec in (_one(spec), spec))
+        with simulate(row.spec):
+            try:
+                res = wd.resolve_device(model=config, task="training", batch_size=1, max_length=2048)
+            except wd.DoesNotFitError as err:
+                assert not row.fits and row.note and row.note in str(err), name
+                continue
+            assert row.fits and row.dtype == res.dtype_name, name
+            assert row.strategy == res.training_setup.describe() or res.training_plan is not None, name
+            kwargs = {k: v for k, v in res.training_kwargs().items() if k not in ("bf16", "fp16")}
+            if res.backend.name == "cpu":
+                continue
+            with pytest.raises(SimulatedTrainingError) as built, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                wd.training_arguments("out", model=config)
+            # training_arguments(model=) resolves without the job's length: the same way, undecided checkpointing
+            assert all(built.value.kwargs.get(k) == v for k, v in kwargs.items() if "checkpointing" not in k), name
+
+
+def test_lora_training_takes_what_the_plan_priced(tmp_path):
+    """The rank, targets and checkpointing lora_training applies by default are the ones the resolution
+    priced; a different rank is said with what it costs. A 17M-parameter Llama whose full fine-tune (about
+    270 MB) does not fit 150 MiB, and whose LoRA on the bf16 weights does."""
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "small", tokenizer=False, hidden_size=512, intermediate_size=1376,
+                             num_attention_heads=8, num_key_value_heads=4, vocab_size=32000)  # fmt: skip
+    res = wd.resolve_device("cpu", model=str(folder), task="training", max_memory={"cpu": "150MiB"}, dtype="bfloat16")
+    assert res.training_setup is not None and res.training_setup.train == "lora"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        same = wd.lora_training(AutoModelForCausalLM.from_pretrained(folder, **res.model_kwargs()), res)
+        other = wd.lora_training(AutoModelForCausalLM.from_pretrained(folder, **res.model_kwargs()), res, r=64)
+    assert same.trainable_parameters == res.training_setup.adapters
+    assert res.gradient_checkpointing is None and same.gradient_checkpointing is True  # undecided: peft's default
+    assert not any("priced" in n for n in same.notes)
+    assert any("the resolution priced" in n and "r=64" in n for n in other.notes)

@@ -58,7 +58,12 @@ class ActivationMode:
         cast = "bfloat16" if self.autocast == "float16" else (self.autocast or "none")
         if self.train == "qlora":
             weights = "4bit"
-        return f"{self.train}/{weights}/{cast}/{self.attention}/{'ckpt' if self.checkpointing else 'keep'}"
+        elif self.train == "lora" and weights == "bfloat16":
+            cast = "bfloat16"  # adapters on a 16-bit base compute in it, with autocast or without
+        elif self.train == "full" and weights == "bfloat16":
+            cast = "none"  # autocast over 16-bit weights copies nothing: as without it
+        attention = "eager" if self.attention == "eager" else "sdpa"
+        return f"{self.train}/{weights}/{cast}/{attention}/{'ckpt' if self.checkpointing else 'keep'}"
 
 
 def token_widths(shape: ModelShape, layer_params: float, largest_weight: float) -> dict[str, float]:
@@ -144,6 +149,17 @@ def _evaluate(quantity: Mapping[str, Any], widths: Mapping[str, float], rows: in
     return apply("constant") + apply("per_token") * rows * tokens + apply("per_token_squared") * rows * tokens * tokens
 
 
+def _measured(modes: Mapping[str, Any], key: str) -> str:
+    """``key``, or the measured mode closest to it: the same training and checkpointing, then the same
+    weights, autocast and attention as far as they were measured (an eager-only class has no sdpa row)."""
+    if key in modes:
+        return key
+    train, weights, cast, attention, ckpt = key.split("/")
+    same = [k.split("/") for k in modes if k.startswith(f"{train}/") and k.endswith(f"/{ckpt}")]
+    score = lambda k: (k[1] == weights, k[2] == cast, k[3] == attention)  # noqa: E731
+    return "/".join(max(same, key=score))
+
+
 @dataclass(frozen=True)
 class Activations:
     """A training step's activations in bytes: what the forward keeps, and the two backward peaks."""
@@ -170,9 +186,7 @@ def training_activations(
     ``largest_weight`` are the model's parameters and its largest linear weight's."""
     family, note = family_of(shape)
     modes = _table()["families"][family]["modes"]
-    key = mode.key()
-    if key not in modes:  # an attention the family was not measured with (mamba has none; eager-only classes)
-        key = next(k for k in modes if k.rsplit("/", 2)[0] == key.rsplit("/", 2)[0] and k.endswith(key[-4:]))
+    key = _measured(modes, mode.key())
     coefficients = modes[key]
     layers = max(shape.layers, shape.decoder_layers)  # an encoder-decoder's layers were measured in pairs
     outside = shape.vocab * shape.hidden * 2  # the embedding and the head (tied: an over-count of one)

@@ -367,7 +367,7 @@ def _priced_notes(resolution: Resolution, trainable: int, r: int, checkpointing:
             f"{trainable:,} (r={r}): {format_bytes(abs(delta))} {more} for their weights, gradients and "
             "optimizer state"
         )
-    if checkpointing != setup.checkpointing:
+    if setup.checkpointing is not None and checkpointing != setup.checkpointing:
         said = "on" if setup.checkpointing else "off"
         notes.append(
             f"the resolution priced gradient checkpointing {said}; it is {'on' if checkpointing else 'off'} here"
