@@ -265,8 +265,8 @@ def _one(spec: str) -> str:
 def test_every_path_prices_the_same_job_the_same_way_on_every_default_machine():
     """plan_hardware's one-device rows, resolve_device and training_arguments(model=) on each default
     machine: the same way to train, dtype and keywords (issue 53: "one plan through every path")."""
-    from whichdevice.training.simulated import SimulatedTrainingError
     from whichdevice.report.plan import DEFAULT_MACHINES, plan_hardware
+    from whichdevice.training.simulated import SimulatedTrainingError
 
     config = _llama_3_8b()
     machines = [(name, spec) for name, spec in DEFAULT_MACHINES if spec]
