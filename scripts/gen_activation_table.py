@@ -223,7 +223,8 @@ def main() -> None:
         table = json.loads(OUT.read_text())
         for name, entry in table["families"].items():
             family = FAMILIES[name]
-            entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+            entry["sizes"] = len(family.sizes)
+        entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
         OUT.write_text(json.dumps(table, indent=1) + "\n")
         return
     table: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() and args.family else {"families": {}}
@@ -250,7 +251,6 @@ def _write(table: dict[str, Any]) -> None:
         "date": datetime.date.today().isoformat(),
         "versions": versions(),
         "tokens": list(TOKENS),
-        "sizes_per_family": 8,
     }
     table["families"] = dict(sorted(table["families"].items()))
     OUT.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")

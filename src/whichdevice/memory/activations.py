@@ -189,7 +189,7 @@ def training_activations(
     key = _measured(modes, mode.key())
     coefficients = modes[key]
     layers = max(shape.layers, shape.decoder_layers)  # an encoder-decoder's layers were measured in pairs
-    outside = shape.vocab * shape.hidden * 2  # the embedding and the head (tied: an over-count of one)
+    outside = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)  # the embedding and the head
     widths = token_widths(shape, max(0, params - outside) / layers, largest_weight)
     value = {q: max(0.0, _evaluate(coefficients[q], widths, batch, tokens)) for q in QUANTITIES}
     layer_kept = value["layer"] * layers
