@@ -34,6 +34,7 @@ from whichdevice.launch.accelerate_settings import (
 from whichdevice.launch.distributed import DistributedContext
 from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
+from whichdevice.model.context import context_steps
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.estimate import CpuJob
 from whichdevice.precision.tf32 import decide_tf32
@@ -207,6 +208,7 @@ def _resolve(args: Arguments) -> Resolution:
         )
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
+    trace.extend(context_steps(model.shape.context if model is not None and model.shape else None, job.max_length))
     placed = trace.take(
         _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy, request)
     )
