@@ -32,6 +32,7 @@ from whichdevice.launch.accelerate_settings import (
     trainer_device_steps,
 )
 from whichdevice.launch.distributed import DistributedContext
+from whichdevice.launch.launch_strategy import ZERO3_LOADING, partitioned_on_load
 from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
 from whichdevice.model.context import context_steps
@@ -373,6 +374,8 @@ def _placement(
             launched, movable=request.index is None,
         )  # fmt: skip
         return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits, load=peak), sized
+    if args.task == "training" and partitioned_on_load(None, launched, dist is not None):
+        return _Placed(device), [TraceStep("placement", ZERO3_LOADING)]
     return _Placed(device), [
         TraceStep(
             "placement",
