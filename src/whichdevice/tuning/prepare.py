@@ -13,6 +13,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DeviceError, printable
+from whichdevice.tuning.at_generate import INSTALLED as _GENERATE
+from whichdevice.tuning.at_generate import remove_generate_hook
+from whichdevice.tuning.single_row import INSTALLED as _SINGLE_ROW
+from whichdevice.tuning.single_row import remove_single_row
 
 if TYPE_CHECKING:
     from whichdevice.tuning.record import Tuning
@@ -76,10 +80,9 @@ def unprepare(obj: Any) -> Any:
     return ``obj``: its forward and generate are the class's again (or what was there before), no
     layer keeps a packed copy, every weight is a plain Parameter."""
     model = model_of(obj)
-    if "forward" in vars(model) or "generate" in vars(model):
-        from whichdevice.tuning.at_generate import remove_generate_hook
-        from whichdevice.tuning.single_row import remove_single_row
-
+    if any(name in vars(model) for name in ("forward", "generate", _SINGLE_ROW, _GENERATE)):
+        # Wherever they sit: on top, or under another's wrapper (accelerate's, a user's), where they
+        # then pass every call through.
         remove_single_row(model)
         remove_generate_hook(model)
     if "torch" in sys.modules:
