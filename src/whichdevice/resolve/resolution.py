@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
 from whichdevice.core.errors import ConfigConflictError, printable
 from whichdevice.core.records import Backend, EnvAction, ProbeResult, TraceStep
@@ -96,11 +96,11 @@ class Resolution:
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled in another process (multiprocessing, a DataLoader worker): the decode attention
-        # must be registered there too before res.attn_implementation reaches from_pretrained.
+        # Unpickled in another process (multiprocessing, a DataLoader worker): registered there too, for a
+        # script that passes "whichdevice_sdpa" by hand (the keywords name sdpa; prepare() registers it).
         for key, value in state.items():
             object.__setattr__(self, key, value)
-        if state.get("attn_implementation") == ATTENTION_NAME:
+        if getattr(state.get("tuning"), "decode_attention", False):
             ensure_registered()
 
     @property
@@ -141,8 +141,6 @@ class Resolution:
             kwargs[_dtype_keyword()] = self.dtype
         if self.attn_passed and self.attn_implementation is not None:
             kwargs["attn_implementation"] = self.attn_implementation
-        if self.attn_implementation == ATTENTION_NAME:
-            ensure_registered()
         if self.max_memory and "device_map" in kwargs:
             kwargs["max_memory"] = dict(self.max_memory)
         if self.offload_folder is not None:

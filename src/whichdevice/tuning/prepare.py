@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DeviceError, printable
 from whichdevice.tuning.at_generate import INSTALLED as _GENERATE
 from whichdevice.tuning.at_generate import remove_generate_hook
+from whichdevice.tuning.decode_attention import installed_configs, remove_decode_attention
 from whichdevice.tuning.single_row import INSTALLED as _SINGLE_ROW
 from whichdevice.tuning.single_row import remove_single_row
 
@@ -56,6 +57,11 @@ def prepare(tuning: Tuning | None, obj: Any) -> Any:
     if tuning is None:
         return obj
     log = logging.getLogger("whichdevice")
+    if tuning.decode_attention:
+        from whichdevice.tuning.decode_attention import install_decode_attention
+
+        if not install_decode_attention(model) and not installed_configs(model):
+            log.info("prepare: the decode attention is not installed: the model does not run sdpa")
     if tuning.single_row:
         from whichdevice.tuning.single_row import install_single_row
 
@@ -89,4 +95,5 @@ def unprepare(obj: Any) -> Any:
         from whichdevice.tuning.packed_weights import unpack
 
         unpack(model)
+    remove_decode_attention(model)
     return obj
