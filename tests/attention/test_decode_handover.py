@@ -14,12 +14,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
 import whichdevice as wd
 from handover_worker import generate_and_read_back
 from tiny_models import save_tiny_llama
+from whichdevice.report import load_schema
 from whichdevice.testing import simulate
 
 pytestmark = pytest.mark.slow
@@ -80,7 +82,9 @@ def test_the_commands_json_keywords_load_and_generate_where_whichdevice_never_wa
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert report.returncode == 0, report.stderr[-3000:]
-    (res,) = [r["resolution"] for r in json.loads(report.stdout)["resolutions"] if r["task"] == "inference"]
+    data = json.loads(report.stdout)
+    jsonschema.Draft202012Validator(load_schema()).validate(data)  # schema 1.9: tuning.decode_attention
+    (res,) = [r["resolution"] for r in data["resolutions"] if r["task"] == "inference"]
     kwargs = {"device_map": res["device_map"], "dtype": res["dtype"]}
     if res["attn_implementation_passed"]:
         kwargs["attn_implementation"] = res["attn_implementation"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 import whichdevice as wd
 from whichdevice.launch.launch_strategy import read_launch_strategy
+from whichdevice.report import load_schema
 from whichdevice.testing import simulate
 
 GiB = 1024**3
@@ -187,8 +189,13 @@ def test_a_deepspeed_launch_on_cpu_processes_is_planned_as_trainer_runs_it(launc
     assert ("device_map" in bare.model_kwargs()) == (key == "zero2")
     assert ("device_map" in bare.pipeline_kwargs()) == (key == "zero2")
     assert bare.to_dict()["device_map_passed"] == res.to_dict()["device_map_passed"] == (key == "zero2")
-    if key == "zero3":  # and the trace says what is handed over
+    if key == "zero3":  # and the trace and the report say what is handed over
         assert any(s.message.startswith("device_map: none passed: under ZeRO-3") for s in bare.trace)
+        from whichdevice.report import gather, render_text
+
+        data = gather(tasks=("training",), job={"model": tiny})
+        jsonschema.Draft202012Validator(load_schema()).validate(data)
+        assert "no device_map (ZeRO-3 places the weights as they load)" in render_text(data, width=1000)
 
 
 def test_accelerate_use_cpu_makes_a_deepspeed_launch_a_cpu_run_without_it(launch, tiny):
