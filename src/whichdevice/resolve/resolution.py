@@ -130,6 +130,8 @@ class Resolution:
         ``attn_implementation`` is in them only when asked for, or when whichdevice chose something
         better than transformers' own pick and checked that the model's classes support it
         (``attn_passed``); otherwise transformers picks (sdpa where the class supports it, else eager).
+        It is always a name transformers knows (the decode attention is sdpa here; ``prepare`` installs
+        it). Under DeepSpeed ZeRO-3 there is no ``device_map``: from_pretrained refuses one there.
 
         ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
         or tpu raises, since Accelerate's "auto" does not cover them).
