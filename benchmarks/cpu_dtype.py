@@ -140,6 +140,11 @@ def time_cell(
         for attn in ATTENTION:
             plans[f"{SHORT[dt]}/{attn}"] = {"dtype": getattr(torch, dt), "attn_implementation": attn}
     models = {label: auto.from_pretrained(path, **kwargs).eval() for label, kwargs in plans.items()}
+    if res.tuning is not None and res.tuning.decode_attention:
+        # The keywords name sdpa; prepare() installs the decode attention the resolver chose (only it here).
+        from whichdevice.tuning.decode_attention import install_decode_attention
+
+        install_decode_attention(models["resolved"])
     generator = torch.Generator().manual_seed(batch)
     ids = torch.randint(3, models["resolved"].config.vocab_size, (batch, PROMPT), generator=generator)
 

@@ -195,8 +195,14 @@ def main() -> int:
                 for attn in SWEEP_ATTN:
                     plans[f"{SHORT[dt]}/{attn}"] = {"dtype": getattr(torch, dt), "attn_implementation": attn}
 
-            def load(label: str, path: Path = path, plans: dict[str, dict[str, Any]] = plans) -> Any:
-                return AutoModelForCausalLM.from_pretrained(path, **plans[label]).eval()
+            def load(label: str, path: Path = path, plans: dict[str, dict[str, Any]] = plans, res: Any = res) -> Any:
+                model = AutoModelForCausalLM.from_pretrained(path, **plans[label]).eval()
+                if label == "resolved" and res.tuning is not None and res.tuning.decode_attention:
+                    # The keywords name sdpa; prepare() installs the decode attention chosen (only it here).
+                    from whichdevice.tuning.decode_attention import install_decode_attention
+
+                    install_decode_attention(model)
+                return model
 
             def timed(label: str, load: Callable[[str], Any] = load) -> float:
                 m = load(label)

@@ -213,6 +213,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 0
     title = f"{result.model}: {result.task} at batch {result.batch_size} x {result.max_length} tokens"
     lines = [printable(title)] + ([printable(result.fetched)] if result.fetched else [])
+    lines += [printable(f"warning: {w}") for w in result.warnings]
     _emit("\n".join(lines) + "\n\n" + result.table())
     return 0
 

@@ -132,7 +132,8 @@ def test_the_decode_attention_follows_its_measured_speed(tmp_path):
     assert lost.dtype_name == chosen.dtype_name == "bfloat16"
     assert lost.attn_implementation == "sdpa" and not lost.attn_passed
     assert "grouped by key/value head measured 0.90x torch's fused kernel" in _line(lost, "attention")
-    assert chosen.attn_implementation == "whichdevice_sdpa" and chosen.attn_passed
+    assert chosen.attn_implementation == "sdpa" and chosen.attn_passed and chosen.tuning.decode_attention
+    assert lost.tuning is None or not lost.tuning.decode_attention
     assert "measured 1.60x" in _line(chosen, "attention")
 
 

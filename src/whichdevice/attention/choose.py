@@ -46,10 +46,12 @@ def is_hub_kernel(value: str) -> bool:
 
 
 class AttentionChoice(NamedTuple):
-    """The attention decision: what the model runs with, and whether model_kwargs() passes it."""
+    """The attention decision: what the loaded model runs with, whether model_kwargs() passes it, and
+    whether ``prepare()`` runs whichdevice's decode attention under it (``decode``: ``name`` is "sdpa")."""
 
     name: str | None  # None: transformers decides, and whichdevice cannot tell what (no model= to read)
     passed: bool
+    decode: bool = False
 
 
 # benchmarks/decode_accuracy.py's multi-head figures (whichdevice_sdpa against sdpa, dynamic cache).
@@ -74,7 +76,6 @@ def choose_attention(
     ``serving``: the job serves requests through generate_batch, which refuses some attentions
     (attention/serving.py): none of those is chosen, and asking for one is refused.
     Returns the choice and the trace line that says why."""
-    from whichdevice.core.records import TraceStep
     from whichdevice.model.support import support_of_config
 
     # Read from the model's config, once per call (the classes' flags are cached per config's names).
@@ -84,12 +85,31 @@ def choose_attention(
         if serving:
             _refuse_for_serving(name)
         line = why if why.startswith(name) else f"{name}: {why}"
-        return AttentionChoice(name, True), [TraceStep("attention", line + _request_checked(name, support))]
+        return _handed_over(AttentionChoice(name, True), line + _request_checked(name, support))
     wanted, why = _wanted(backend, result, dtype, requested, task, model, measured)
     if serving and wanted is not None:
         wanted, why = _kept_for_serving(wanted, why)
     chosen, passed, line = _settle(wanted, why, support)
-    return AttentionChoice(chosen, passed), [TraceStep("attention", line)]
+    return _handed_over(AttentionChoice(chosen, passed), line)
+
+
+def _handed_over(choice: AttentionChoice, line: str) -> tuple[AttentionChoice, list[TraceStep]]:
+    """The choice as the keywords hand it over. whichdevice's decode attention is a name only a process
+    that imported whichdevice knows: the keywords name sdpa, which it runs under, and ``prepare()``
+    installs it on the loaded model (tuning/decode_attention.py)."""
+    from whichdevice.attention.decode import ATTENTION_NAME
+    from whichdevice.core.records import TraceStep
+
+    if choice.name != ATTENTION_NAME:
+        return choice, [TraceStep("attention", line)]
+    said = line.removeprefix(f"{ATTENTION_NAME}: ")
+    return AttentionChoice("sdpa", True, decode=True), [
+        TraceStep(
+            "attention",
+            f"sdpa handed over (a name transformers knows in any process), and res.prepare(model) runs "
+            f"{ATTENTION_NAME} on the loaded model in its place, res.unprepare(model) puts sdpa back: {said}",
+        )
+    ]
 
 
 def _wanted(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core import envview
@@ -129,7 +129,10 @@ def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> Accele
     path = config_file_path(env)
     config, problem = _read_config(path)
     strategy = launch_strategy.read_launch_strategy(env)
-    return AccelerateSettings(env.get(ENV_USE_CPU), env.get(ENV_MIXED_PRECISION), path, config, problem, strategy)
+    use_cpu = env.get(ENV_USE_CPU)
+    if strategy is not None and use_cpu is not None and truth(use_cpu) is True:
+        strategy = replace(strategy, cpu_forced=f"{ENV_USE_CPU}={use_cpu!r}")
+    return AccelerateSettings(use_cpu, env.get(ENV_MIXED_PRECISION), path, config, problem, strategy)
 
 
 def _read_config(path: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -38,10 +38,15 @@ class LargestFit:
     largest_batch: int | None
     context: int | None
     plan: str = ""
+    # How the context was read (model/context.py's Context.text()): said where the limit is the context.
+    context_said: str = ""
 
     def text(self) -> str:
+        whole = f": {self.context_said}" if self.context_said else ""
         capped = (
-            " (the model's whole context)" if self.context and self.longest and self.longest >= self.context else ""
+            f" (the model's whole context{whole})"
+            if self.context and self.longest and self.longest >= self.context
+            else ""
         )
         longest = (
             f"max_length={self.longest}{capped} at batch_size={self.batch_size}"
@@ -103,7 +108,8 @@ def largest_fit(
 
     longest = _bisect(lambda t: fits(need(batch, t)), context or _MAX_TOKENS)
     largest_batch = _bisect(lambda b: fits(need(b, tokens)), _MAX_BATCH)
-    return LargestFit(batch, tokens, longest or None, largest_batch or None, context, plan)
+    said = shape.context.text() if shape.context is not None else ""
+    return LargestFit(batch, tokens, longest or None, largest_batch or None, context, plan, said)
 
 
 def whole_job_plan(job: Job, dtype: str) -> str:

@@ -168,7 +168,7 @@ def _checked(model: Any, dtype: str, placement: Placement, fit: JobFit, memory: 
     if checked.device_map != placement.device_map:
         note = (
             f"{note.split(';')[0].replace(repr(placement.device_map), repr(checked.device_map))}; "
-            f"{placement.device_map!r} would not keep every layer on the devices"
+            f"{checked.passed_over or f'{placement.device_map!r} would not keep every layer on the devices'}"
         )
     return replace(
         placement, device_map=checked.device_map, max_memory=checked.max_memory, note=f"{note}; {checked.note}"

@@ -19,6 +19,7 @@ from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.launch.accelerate_settings import launch_command
+from whichdevice.launch.launch_strategy import ZERO3_LOADING, fsdp_plugin_steps
 from whichdevice.memory.fit import FIT_FRACTION
 from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
 from whichdevice.memory.placement import LORA_STEP, Placed, capacities, place_model
@@ -38,12 +39,21 @@ __all__ = ["TrainingPlaced", "place_training", "plan_training", "trainer_paralle
 TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None", "LoadPeak | None"]
 
 
-# accelerate 1.x AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
+# accelerate 1.16 AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
 # MULTI_XPU, MULTI_NPU, MULTI_HPU, ... types (state.py, "if ... fsdp_plugin is not None"); a MULTI_CPU run
-# keeps DDP and ignores the plugin without a word, so FSDP is never handed over for the CPU.
+# keeps DDP and ignores the plugin without a word, so FSDP is never handed over for the CPU. The rule is
+# accelerate's, and FSDP's alone.
 _CPU_FSDP = "accelerate ignores fsdp on CPU processes (they train with DDP)"
-# The same for DeepSpeed: AcceleratorState takes DistributedType.DEEPSPEED only "and not cpu" (state.py).
-_CPU_DEEPSPEED = "accelerate ignores deepspeed on CPU processes (they train with DDP)"
+# DeepSpeed is another matter: AcceleratorState takes DistributedType.DEEPSPEED whenever the plugin or
+# ACCELERATE_USE_DEEPSPEED is there "and not cpu" (state.py), and that cpu is the Accelerator's own
+# argument, which Trainer does not pass, or ACCELERATE_USE_CPU: CPU processes run DeepSpeed (its CPU
+# accelerator, gloo). A launch that carries it is planned as such (_runs). Unasked, it is not offered:
+# its first step builds DeepSpeed's shared-memory op with the host's C++ compiler, which is not checked.
+_CPU_DEEPSPEED = (
+    "not offered to CPU processes unless the launch carries it (accelerate launch --use_deepspeed: DeepSpeed "
+    "runs there, AcceleratorState state.py): its first step builds DeepSpeed's shared-memory op with the "
+    "host's C++ compiler, which whichdevice does not check"
+)
 
 
 def plan_training(
@@ -81,7 +91,7 @@ def plan_training(
         deepspeed=package_version("deepspeed") is not None,
         layer_classes=layer_classes(model).names,
         no_fsdp=_CPU_FSDP if backend == "cpu" else None,
-        no_deepspeed=_CPU_DEEPSPEED if backend == "cpu" else None,
+        no_deepspeed=_CPU_DEEPSPEED if backend == "cpu" and not (launched and launched.kind == "deepspeed") else None,
         no_qlora="quantize=None keeps the weights unquantized" if quantize is None else None,
         largest_module=size.largest_module or None,
         launched=launched,
@@ -161,8 +171,9 @@ def place_training(
 def _runs(
     launched: LaunchStrategy | None, backend: Backend, dist: DistributedContext | None, trace: list[TraceStep]
 ) -> LaunchStrategy | None:
-    """The launch's strategy where Trainer will run it: in a launched run, off the CPU (AcceleratorState
-    ignores DeepSpeed and FSDP on CPU processes, state.py); elsewhere the trace says why it is not sized."""
+    """The launch's strategy where Trainer will run it: in a launched run, DeepSpeed anywhere but under
+    ACCELERATE_USE_CPU, FSDP off the CPU (AcceleratorState, state.py); elsewhere the trace says why it is
+    not sized."""
     if launched is None:
         if dist is not None and dist.launcher.startswith("accelerate launch"):
             trace.append(
@@ -174,8 +185,17 @@ def _runs(
             )
         return None
     where = None
-    if backend.name == "cpu":
-        where = "accelerate runs CPU processes with DDP and ignores it (AcceleratorState, state.py)"
+    if launched.cpu_forced:
+        where = (
+            f"{launched.cpu_forced} makes accelerate's AcceleratorState a CPU run (cpu=True), which takes neither "
+            "DeepSpeed nor FSDP (state.py): it trains with DDP"
+        )
+    elif backend.name == "cpu" and launched.kind == "fsdp":
+        where = (
+            "accelerate runs CPU processes with DDP and ignores it (AcceleratorState takes FSDP only for "
+            "accelerator types, state.py)"
+        )
+        trace.extend(fsdp_plugin_steps())
     elif dist is None:
         where = "this is one process, not a launched rank: start it with `accelerate launch` to run it"
     if where is None:
@@ -198,13 +218,7 @@ def _loading(key: str, where: str, ranks: int) -> str:
     if key == "zero2":
         return f"device_map={where!r}: ZeRO-2 keeps the whole weights on each rank's device"
     if key == "zero3":
-        # transformers' from_pretrained under ZeRO-3 builds the model inside deepspeed.zero.Init (set up by
-        # TrainingArguments' HfDeepSpeedConfig, so build it first) and refuses a device_map: model_kwargs()
-        # leaves device_map out.
-        return (
-            "device_map: none passed: under ZeRO-3 from_pretrained partitions the weights over the ranks as it "
-            "loads (deepspeed.zero.Init, once TrainingArguments is built) and refuses a device_map"
-        )
+        return ZERO3_LOADING
     return (
         f"device_map={where!r}: each of the {ranks} ranks loads the weights into CPU memory and Trainer's "
         f"{'DeepSpeed ZeRO-3' if key == 'zero3' else 'FSDP'} wrapper moves its shard to the device "

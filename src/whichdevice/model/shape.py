@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.model.context import Context, model_context
+
 __all__ = ["ModelShape", "shape_of_config"]
 
 
@@ -22,7 +24,9 @@ class ModelShape:
     vocab: int
     sliding_window: int | None = None
     sliding_layers: int = 0
+    # The model's context: its stated positions, stretched where its RoPE scaling says so (model/context.py).
     max_positions: int | None = None
+    context: Context | None = None
 
 
 def _first(config: Mapping[str, Any], *names: str) -> Any:
@@ -55,6 +59,7 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
     if config.get("multi_query") is True:
         kv_heads = 1
     head_dim = _first(config, "head_dim") or hidden // heads
+    context = model_context(config)
     window = _first(config, "sliding_window", "attention_chunk_size")
     types = config.get("layer_types")
     if isinstance(types, list):
@@ -71,5 +76,6 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         vocab=int(_first(config, "vocab_size") or 0),
         sliding_window=int(window) if window else None,
         sliding_layers=sliding if window else 0,
-        max_positions=_first(config, "max_position_embeddings", "n_positions", "max_seq_len"),
+        max_positions=context.tokens if context is not None else None,
+        context=context,
     )

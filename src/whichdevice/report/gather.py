@@ -45,7 +45,10 @@ __all__ = [
 # ``training_plan.launched`` and ``largest_fit.plan``, and the warning sources calibration and plugin.
 # 1.8: a backend row's ``platform`` (NVIDIA on ARM64); the resolution's ``serving``, ``devices``,
 # ``load_peak`` and ``tf32``; a device's ``compute_mode``, ``other_processes`` and ``unusable``.
-SCHEMA_VERSION = "1.8"
+# 1.9: the resolution's ``device_map_passed`` and ``tuning.decode_attention``; ``attn_implementation`` is
+# always a name transformers knows (sdpa where 1.8 said whichdevice_sdpa, which prepare() now installs);
+# ``largest_fit.model_context`` is stretched by RoPE scaling.
+SCHEMA_VERSION = "1.9"
 
 # The packages whose versions decide how a Transformers program picks its device.
 VERSION_PACKAGES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels")

@@ -78,6 +78,8 @@ class HardwarePlan:
     max_length: int
     rows: tuple[PlanRow, ...]
     fetched: str | None = None
+    # What holds on every machine: a max_length beyond the model's context (model/context.py).
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +89,7 @@ class HardwarePlan:
             "batch_size": self.batch_size,
             "max_length": self.max_length,
             "fetched": self.fetched,
+            "warnings": list(self.warnings),
             "rows": [asdict(r) for r in self.rows],
         }
 
@@ -136,7 +139,11 @@ def plan_hardware(
     for name, spec in listed:
         rows += _machine_rows(facts, name, spec, task, batch_size, max_length)
     fetched = facts.hub.describe() if facts.hub is not None else None
-    return HardwarePlan(str(model), task, batch_size, max_length, tuple(rows), fetched)
+    from whichdevice.model.context import context_steps
+
+    context = facts.shape.context if facts.shape is not None else None
+    warnings = tuple(s.message for s in context_steps(context, max_length))
+    return HardwarePlan(str(model), task, batch_size, max_length, tuple(rows), fetched, warnings)
 
 
 def _named(machine: str | tuple[str, str]) -> tuple[str, str]:

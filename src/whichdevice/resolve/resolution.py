@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
 from whichdevice.core.errors import ConfigConflictError, printable
 from whichdevice.core.records import Backend, EnvAction, ProbeResult, TraceStep
 from whichdevice.launch.distributed import DistributedContext, process_group_backend
+from whichdevice.launch.launch_strategy import partitioned_on_load
 
 if TYPE_CHECKING:
     import torch
@@ -95,11 +96,11 @@ class Resolution:
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled in another process (multiprocessing, a DataLoader worker): the decode attention
-        # must be registered there too before res.attn_implementation reaches from_pretrained.
+        # Unpickled in another process (multiprocessing, a DataLoader worker): registered there too, for a
+        # script that passes "whichdevice_sdpa" by hand (the keywords name sdpa; prepare() registers it).
         for key, value in state.items():
             object.__setattr__(self, key, value)
-        if state.get("attn_implementation") == ATTENTION_NAME:
+        if getattr(state.get("tuning"), "decode_attention", False):
             ensure_registered()
 
     @property
@@ -129,21 +130,20 @@ class Resolution:
         ``attn_implementation`` is in them only when asked for, or when whichdevice chose something
         better than transformers' own pick and checked that the model's classes support it
         (``attn_passed``); otherwise transformers picks (sdpa where the class supports it, else eager).
+        It is always a name transformers knows (the decode attention is sdpa here; ``prepare`` installs
+        it). Under DeepSpeed ZeRO-3 there is no ``device_map``: from_pretrained refuses one there.
 
         ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
         or tpu raises, since Accelerate's "auto" does not cover them).
         """
         kwargs: dict[str, Any] = {"device_map": self.device_map}
-        plan = self.training_plan
-        if plan is not None and plan.chosen is not None and plan.chosen.key == "zero3" and self.distributed:
+        if self._partitioned_on_load():
             del kwargs["device_map"]  # from_pretrained refuses a device_map under ZeRO-3 (zero.Init places)
         if self.dtype_name is not None:
             kwargs[_dtype_keyword()] = self.dtype
         if self.attn_passed and self.attn_implementation is not None:
             kwargs["attn_implementation"] = self.attn_implementation
-        if self.attn_implementation == ATTENTION_NAME:
-            ensure_registered()
-        if self.max_memory:
+        if self.max_memory and "device_map" in kwargs:
             kwargs["max_memory"] = dict(self.max_memory)
         if self.offload_folder is not None:
             kwargs["offload_folder"] = self.offload_folder
@@ -160,6 +160,12 @@ class Resolution:
         self._check_overrides(overrides)
         kwargs.update(overrides)
         return kwargs
+
+    def _partitioned_on_load(self) -> bool:
+        plan = self.training_plan
+        planned = plan.chosen.key if plan is not None and plan.chosen is not None else None
+        launched = self.accelerate.strategy if self.accelerate is not None and self.task == "training" else None
+        return partitioned_on_load(planned, launched, self.distributed is not None)
 
     def _check_overrides(self, overrides: dict[str, Any]) -> None:
         from whichdevice.resolve.arguments import check_dtype_override, check_map_devices
@@ -221,9 +227,11 @@ class Resolution:
         (``load_peak.remedy == "cpu"``), ``device=`` instead of ``device_map``: pipeline then loads
         it on the CPU and moves it there itself."""
         model_kwargs = self.model_kwargs()
-        device_map = model_kwargs.pop("device_map")
         via_cpu = self.load_peak is not None and self.load_peak.remedy == "cpu"
-        kwargs: dict[str, Any] = {"device": self.device} if via_cpu else {"device_map": device_map}
+        kwargs: dict[str, Any] = {"device": self.device} if via_cpu else {}
+        if "device_map" in model_kwargs and not via_cpu:  # none under ZeRO-3, which places as it loads
+            kwargs["device_map"] = model_kwargs["device_map"]
+        model_kwargs.pop("device_map", None)
         key = _dtype_keyword()
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
@@ -307,6 +315,8 @@ class Resolution:
             "device_count": self.device_count,
             "devices": list(self.devices) if self.devices is not None else None,
             "device_map": self.device_map,
+            # Since 1.9: false where model_kwargs() passes no device_map (ZeRO-3 places the weights as they load).
+            "device_map_passed": not self._partitioned_on_load(),
             "dtype": self.dtype_name,
             "attn_implementation": self.attn_implementation,
             "attn_implementation_passed": self.attn_passed,

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from whichdevice.attention.choose import choose_attention
-from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.attention.kernel_layers import kernel_layer_steps
 from whichdevice.attention.kernels import decide_kernels
 from whichdevice.attention.serving import decide_serving
@@ -32,8 +32,10 @@ from whichdevice.launch.accelerate_settings import (
     trainer_device_steps,
 )
 from whichdevice.launch.distributed import DistributedContext
+from whichdevice.launch.launch_strategy import ZERO3_LOADING, partitioned_on_load
 from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.memory.quantization import finish_quantization
+from whichdevice.model.context import context_steps
 from whichdevice.precision.decide import Precision, decide_precision
 from whichdevice.precision.estimate import CpuJob
 from whichdevice.precision.tf32 import decide_tf32
@@ -155,11 +157,11 @@ def _on_idle_devices(args: Arguments, res: Resolution, idle: tuple[int, ...]) ->
 
 
 def _attention_registered(res: Resolution) -> Resolution:
-    # whichdevice's decode attention must be registered with transformers before a model is built
-    # with it, or transformers says the name "is not supported". Registered here, so that a caller
-    # who passes res.attn_implementation by hand gets it. It costs nothing extra: the name is only
-    # chosen for a model= whose classes were read (transformers imported already), or when asked for.
-    if res.attn_implementation == ATTENTION_NAME:
+    # The keywords name sdpa and prepare() installs the decode attention, registering it. Registered here
+    # as well, so that a script that passes the name "whichdevice_sdpa" to from_pretrained by hand (what
+    # res.attn_implementation said before schema 1.9) still loads in this process. It costs nothing extra:
+    # it is only chosen for a model= whose classes were read (transformers imported already), or when asked.
+    if res.tuning is not None and res.tuning.decode_attention:
         ensure_registered()
     return res
 
@@ -207,6 +209,7 @@ def _resolve(args: Arguments) -> Resolution:
         )
     )
     job = replace(job, attention=attention.name, dequantize=dequantize)
+    trace.extend(context_steps(model.shape.context if model is not None and model.shape else None, job.max_length))
     placed = trace.take(
         _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy, request)
     )
@@ -227,7 +230,7 @@ def _resolve(args: Arguments) -> Resolution:
         decide_serving(backend, result, job, attention=attention.name, dtype=dtype, use_kernels=use_kernels)
     )
     quantized = quantization or (None if dequantize else quant)
-    loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
+    loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels, attention.decode)
     tuning = trace.take(decide_tuning(backend, result, args.task, measured, model, job, loaded))
     trace.extend(launch_steps(backend, dist))
     mixed = precision.mixed if args.task == "training" else None
@@ -371,6 +374,8 @@ def _placement(
             launched, movable=request.index is None,
         )  # fmt: skip
         return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits, load=peak), sized
+    if args.task == "training" and partitioned_on_load(None, launched, dist is not None):
+        return _Placed(device), [TraceStep("placement", ZERO3_LOADING)]
     return _Placed(device), [
         TraceStep(
             "placement",

@@ -113,8 +113,10 @@ def _verify(model: Any, res: Any) -> None:
     if res.dtype is not None and model.dtype != res.dtype:
         raise SmokeCheckError(f"the model loaded in {model.dtype}, but the resolution says {res.dtype}")
     attn = getattr(model.config, "_attn_implementation", None)
-    if attn != res.attn_implementation:
-        raise SmokeCheckError(f"the model uses attention {attn!r}, but the resolution says {res.attn_implementation!r}")
+    # prepare() ran (_load): where it installs whichdevice's decode attention, that is what the model runs.
+    said = res.tuning.attention_after_prepare(res.attn_implementation) if res.tuning else res.attn_implementation
+    if attn != said:
+        raise SmokeCheckError(f"the model uses attention {attn!r}, but the resolution says {said!r}")
 
 
 def _random_ids(torch: Any, batch: int, length: int, seed: int) -> Any:

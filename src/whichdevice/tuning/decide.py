@@ -5,7 +5,8 @@ made again for the dtype that loads: batch-1 decode steps through torch's GEMV k
 path was measured ``MARGIN`` faster for bf16 weights streamed from memory, and the linear weights
 packed ahead where the whole job, packing counted, is ``PACK_MARGIN`` faster and this CPU's oneDNN
 packs that dtype. Only for an inference load whole on the CPU, unquantized, with every figure its
-estimate reads steady. On an NVIDIA GPU, the static cache (``tuning.static_cache``).
+estimate reads steady. On an NVIDIA GPU, the static cache (``tuning.static_cache``). The CPU decode
+attention is chosen with the attention (attention/choose.py) and recorded here, since prepare() installs it.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def decide_tuning(
         single_row, packing, steps = _cpu_tunings(measured, loaded.dtype)  # type: ignore[arg-type]
     static_cache, more = static_cache_step(backend, result, task, model, job, loaded=loaded)
     steps += more
-    if not (single_row or packing or static_cache):
+    decode = loaded.decode_attention  # chosen with the attention, said in its trace line
+    if not (single_row or packing or static_cache or decode):
         return None, steps
-    return Tuning(single_row, packing, static_cache), steps
+    return Tuning(single_row, packing, static_cache, decode), steps
 
 
 def _whole_on_cpu(loaded: Loaded) -> bool:

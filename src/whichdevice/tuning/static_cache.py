@@ -94,6 +94,8 @@ class Loaded(NamedTuple):
     device_map: Any
     quantization: Any = None
     use_kernels: bool = False
+    # prepare() runs whichdevice's decode attention under the sdpa handed over (attention/choose.py).
+    decode_attention: bool = False
 
     def unusual(self) -> str | None:
         """Why generate's compile is not handed over for this load (as transformers' own checks and
