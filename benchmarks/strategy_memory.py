@@ -4,9 +4,10 @@
 
 Each strategy runs as ``torchrun --nproc-per-node=2 benchmarks/strategy_rank.py`` over gloo (see that
 file for what is measured). The estimate is memory/strategy.py's per-device figure for 2 devices in
-float32 (the CPU has no mixed precision here): DDP's W + G + buckets + O + A, FSDP's (W + G + O)/2 +
-gathered units + A. The script prints both per rank, checks that the ranks end with equal weights,
-and exits 1 if an estimate is below a measured peak.
+float32 (the CPU has no mixed precision here): DDP's W + the job at its step's peak
+(memory/training_job.py) + buckets, FSDP's (W + G + O)/2 + gathered units + A. The script prints both
+per rank, checks that the ranks end with equal weights, and exits 1 if an estimate is below a measured
+peak.
 """
 
 from __future__ import annotations
@@ -29,19 +30,23 @@ def _estimates(batch: int, length: int) -> dict[str, int]:
     from strategy_rank import SMALL
     from transformers import LlamaConfig
 
-    from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
-    from whichdevice.memory.strategy import plan_strategies
+    from whichdevice.core.job import Job
+    from whichdevice.memory.strategy import Priced, plan_strategies
+    from whichdevice.memory.training_job import TrainingSetup, setup_weights, training_memory
     from whichdevice.model.facts import estimate_model_size, model_shape
     from whichdevice.model.layers import layer_classes
 
     config = LlamaConfig(**SMALL)
     size, shape = estimate_model_size(config), model_shape(config)
-    args = (shape, size.parameters, "training", "float32", batch, length)
+    job = Job("training", batch, length, attention="sdpa")
+    lora, qlora = TrainingSetup("lora"), TrainingSetup("qlora")
     plan = plan_strategies(
         params=size.parameters, shape=shape, dtype="float32", compute_dtype="float32",
-        full=job_memory(*args), adapters=job_memory(*args, trainable=ADAPTER_FRACTION),
-        qlora_base=size.bytes_quantized(4, "float32"), devices=2, budget=1 << 50, cpu_memory=1 << 50,
-        deepspeed=False, layer_classes=layer_classes(config).names,
+        full=training_memory(size, shape, job, TrainingSetup("full")),
+        sharded=training_memory(size, shape, job, TrainingSetup("full", sharded=True)),
+        lora=Priced(setup_weights(size, lora), training_memory(size, shape, job, lora)),
+        qlora=Priced(setup_weights(size, qlora), training_memory(size, shape, job, qlora)),
+        devices=2, budget=1 << 50, cpu_memory=1 << 50, deepspeed=False, layer_classes=layer_classes(config).names,
     )  # fmt: skip
     return {s.key: s.per_device for s in plan.strategies if s.key in ("ddp", "fsdp")} | {
         f"{s.key}_formula": s.formula for s in plan.strategies if s.key in ("ddp", "fsdp")

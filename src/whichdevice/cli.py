@@ -207,6 +207,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         max_length=args.plan_length,
         machines=args.machine,
         revision=args.revision,
+        gradient_checkpointing={"auto": None, "on": True, "off": False}[args.plan_checkpointing],
     )
     if args.json:
         _json({"schema_version": SCHEMA_VERSION, **result.to_dict()})

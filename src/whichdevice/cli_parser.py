@@ -202,6 +202,13 @@ def _plan_parser(sub: Any) -> None:
     plan.add_argument("--max-length", dest="plan_length", type=_positive_int, default=4096, metavar="N")
     plan.add_argument("--revision", default=None, help="the Hub revision (branch, tag or commit; default main)")
     plan.add_argument(
+        "--gradient-checkpointing",
+        dest="plan_checkpointing",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="training: 'auto' turns it on where the job fits only with it (default); 'on' or 'off' pins it",
+    )
+    plan.add_argument(
         "--machine",
         action="append",
         default=None,

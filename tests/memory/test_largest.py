@@ -57,26 +57,26 @@ def test_largest_fit_needs_the_job():
 
 
 def test_the_limits_are_those_of_the_plan_chosen_and_resolve_again_to_it():
-    """1.1B, training at batch 1 x 512 on 24 GiB resolves to LoRA on bf16 weights: the limits are LoRA's
+    """1.1B, training at batch 1 x 512 on 16 GiB resolves to LoRA on bf16 weights: the limits are LoRA's
     (they were full fine-tuning's, with largest_batch=0, which resolve_device refuses)."""
     config = _llama(2048)
-    with simulate("cuda:1,mem=24GiB,cc=8.6"):
-        res = wd.resolve_device(model=config, task="training", batch_size=1, max_length=512, quantize=None)
+    pinned = dict(task="training", max_length=512, quantize=None, gradient_checkpointing=False)
+    with simulate("cuda:1,mem=16GiB,cc=8.6"):
+        res = wd.resolve_device(model=config, batch_size=1, **pinned)
         fit = res.largest_fit()
-        assert fit.plan == "for LoRA adapters on bfloat16 weights" and res.dtype_name == "bfloat16"
+        assert res.training_setup.train == "lora" and res.dtype_name == "bfloat16"
+        assert fit.plan == "for LoRA adapters on bfloat16 weights"
         line = next(s.message for s in res.trace if s.topic == "limits")
         assert line == fit.text() and "LoRA" in line
         assert fit.largest_batch is not None and fit.largest_batch >= 1 and fit.longest is not None
-        again = wd.resolve_device(model=config, task="training", batch_size=fit.largest_batch, max_length=512,
-                                  quantize=None)  # fmt: skip
+        again = wd.resolve_device(model=config, batch_size=fit.largest_batch, **pinned)
         assert again.largest_fit().plan == fit.plan
         with pytest.raises(wd.DoesNotFitError):
-            wd.resolve_device(model=config, task="training", batch_size=fit.largest_batch + 1, max_length=512,
-                              quantize=None)  # fmt: skip
+            wd.resolve_device(model=config, batch_size=fit.largest_batch + 1, **pinned)
 
 
 def test_limits_where_nothing_fits_are_none_not_zero():
-    with simulate("cuda:1,mem=4GiB"), pytest.raises(wd.DoesNotFitError) as err:
+    with simulate("cuda:1,mem=2GiB"), pytest.raises(wd.DoesNotFitError) as err:
         wd.resolve_device(model=_llama(), task="training", batch_size=1, max_length=512, quantize=None)
     assert "not one token" in str(err.value) and "=0" not in str(err.value)
     from whichdevice.memory.largest import LargestFit

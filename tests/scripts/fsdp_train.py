@@ -25,14 +25,19 @@ def main() -> None:
     res = wd.resolve_device(task="training", model=model_dir)
     from whichdevice.core.job import Job
     from whichdevice.core.packages import simulated_packages
-    from whichdevice.memory.training_placement import plan_training
+    from whichdevice.memory.training_plan import plan_training
+    from whichdevice.model.layers import layer_classes
+
+    layers = layer_classes(model_dir).names
 
     # The FSDP row's keywords: without deepspeed, ZeRO-2 (before FSDP in the order) is no candidate.
     with simulated_packages({"deepspeed": None}):
-        roomy = plan_training(model_dir, Job("training"), "float32", "float32", 2, 1 << 50, 1 << 50, "cuda")
+        roomy = plan_training(
+            model_dir, Job("training"), "float32", "float32", 2, 1 << 50, 1 << 50, "cuda", layers=layers
+        )
         by = {s.key: s.per_device for s in roomy.strategies}
         plan = plan_training(
-            model_dir, Job("training"), "float32", "float32", 2, (by["ddp"] + by["fsdp"]) // 2, 1 << 50
+            model_dir, Job("training"), "float32", "float32", 2, (by["ddp"] + by["fsdp"]) // 2, 1 << 50, layers=layers
         )
     kwargs = plan.kwargs()
     import torch

@@ -44,7 +44,8 @@ def _tiny_model(cls_name: str = "LlamaForCausalLM", **overrides):
 
 @pytest.mark.slow
 def test_qlora_end_to_end_on_this_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A budget too small for bf16 -> 4-bit; the model really loads in 4-bit; LoRA trains; the adapter round-trips."""
+    """A budget too small for training the bf16 weights, full or with LoRA -> 4-bit; the model really loads in
+    4-bit; LoRA trains; the adapter round-trips."""
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # bitsandbytes looks for a CPU kernel on the Hub
@@ -56,13 +57,15 @@ def test_qlora_end_to_end_on_this_cpu(tmp_path: Path, monkeypatch: pytest.Monkey
 
     checkpoint = save_tiny_llama(tmp_path / "tiny", dtype=torch.bfloat16, tokenizer=False)
     # bf16 stated, so the numbers hold on CPUs without native bf16 too (where "auto" picks fp32)
+    # Priced (memory/training_job.py, rank-16 adapters): full fine-tuning 835 KiB, LoRA 721 KiB, QLoRA 678 KiB.
     res = wd.resolve_device(
-        "cpu", model=str(checkpoint), max_memory={"cpu": "150KiB"}, task="training", dtype=torch.bfloat16
+        "cpu", model=str(checkpoint), max_memory={"cpu": "700KiB"}, task="training", dtype=torch.bfloat16
     )
     plan = res.quantization
     assert plan is not None and plan.bits == 4 and res.device_map == "cpu"
+    assert res.training_setup is not None and res.training_setup.train == "qlora"
     assert plan.full_bytes is not None and plan.quantized_bytes is not None
-    assert plan.quantized_bytes < 150 * 1024 < plan.full_bytes
+    assert plan.quantized_bytes < plan.full_bytes
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), **res.model_kwargs())
     assert isinstance(model.model.layers[0].mlp.down_proj, bnb.nn.Linear4bit)
@@ -199,7 +202,10 @@ def test_kbit_kwargs_per_backend(spec, optim) -> None:
     assert kwargs.get("optim") == optim
     assert "ddp_find_unused_parameters" not in kwargs
     assert "optim" not in kbit_training_kwargs(res, None)  # unquantized: torch's AdamW
-    assert kbit_training_kwargs(res, 4, gradient_checkpointing=False).get("activation_checkpointing") is None
+    # Stated off, so a resolution whose plan checkpoints (training_kwargs()) does not switch it back on.
+    assert kbit_training_kwargs(res, 4, gradient_checkpointing=False) == ({"optim": optim} if optim else {}) | {
+        "activation_checkpointing": False
+    }
 
 
 def test_kbit_kwargs_under_ddp(monkeypatch) -> None:

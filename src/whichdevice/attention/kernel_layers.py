@@ -136,7 +136,7 @@ def kernel_layer_steps(model: ModelFacts | None, key: str | None, result: ProbeR
         return []
     if model is None:
         return [TraceStep("kernels", "pass model= to list which of the model's layers have a Hub kernel here")]
-    from whichdevice.model.size import build_on_meta
+    from whichdevice.model.built import build_on_meta
 
     try:
         config = _config_of(model)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend
     from whichdevice.launch.distributed import DistributedContext
 
-__all__ = ["training_kwargs_for"]
+__all__ = ["checkpointing_kwargs", "training_kwargs_for"]
 
 
 def training_kwargs_for(
@@ -40,3 +40,17 @@ def training_kwargs_for(
         if backend.compile_backend and backend.compile_backend != "inductor":
             kwargs["torch_compile_backend"] = backend.compile_backend
     return kwargs
+
+
+def checkpointing_kwargs(on: bool = True) -> dict[str, Any]:
+    """TrainingArguments keywords that turn gradient checkpointing on, non-reentrant (as peft and
+    transformers recommend; the reentrant variant needs inputs that require grad), or state it off,
+    under the names the installed transformers uses (``activation_checkpointing`` from transformers
+    5.x, where ``gradient_checkpointing`` is its deprecated alias). Imports transformers."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    flag = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {flag: True, f"{flag}_kwargs": {"use_reentrant": False}} if on else {flag: False}

@@ -8,12 +8,65 @@ from typing import Any
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
 
-__all__ = ["FIT_FRACTION", "SPLIT_FRACTION", "Placement", "plan_placement"]
+__all__ = ["CUDA_CONTEXT", "FIT_FRACTION", "SPLIT_FRACTION", "Margin", "Placement", "plan_placement", "priced_margin"]
 
 
 # A model "fits" one device when its weights take at most this share of the memory; the rest is
 # for activations, the KV cache and the runtime's own allocations.
 FIT_FRACTION = 0.8
+
+# What a process's CUDA context takes from the GPU before any tensor: 287,047,680 bytes with lazy module
+# loading (pytorch/pytorch#86509, which made it the default), "around 400MB" once a model runs
+# (pytorch/pytorch#109888); kernels loaded as training calls them (cuBLAS, attention) add to it.
+CUDA_CONTEXT = 512 * 1024**2
+# The caching allocator's own overhead on what a job allocates and frees each step: it rounds blocks up
+# and keeps split blocks it cannot coalesce. Its reserve reached 1.27x the active bytes in published
+# FSDP-LoRA runs (meta-llama/llama-cookbook#41: 19.36 GB reserved for 15.22 GB active), but it frees
+# cached blocks and retries before it fails, so only a share of that gap is lost for good.
+FRAGMENTATION = 0.10
+
+
+@dataclass(frozen=True)
+class Margin:
+    """What a device keeps back from a job: a share of it (``fraction``: the default, where nothing is
+    known of the runtime's own needs), or priced overheads: ``fixed`` bytes (a CUDA context) and a
+    share of the job's memory besides its weights (``of_job``: the allocator's fragmentation)."""
+
+    fraction: float = FIT_FRACTION
+    fixed: int = 0
+    of_job: float = 0.0
+    said: str = ""
+    short: str = ""  # ``said`` in a few words, for an error that must stay short
+
+    def usable(self, capacity: int, extra: int) -> int:
+        return max(0, int(capacity * self.fraction) - self.fixed - int(extra * self.of_job))
+
+    def held_back(self, capacity: int, extra: int) -> str:
+        """What the device keeps back from a job with ``extra`` bytes besides its weights, in a few words."""
+        if self.said:
+            return f"less {format_bytes(capacity - self.usable(capacity, extra))} for {self.short or self.said}"
+        return f"{100 - int(self.fraction * 100)}% kept back"
+
+    def note(self, capacity: int, extra: int) -> str:
+        if self.said:
+            return f"{format_bytes(self.usable(capacity, extra))} usable: {format_bytes(capacity)} less {self.said}"
+        return f"{format_bytes(capacity)}, {int(self.fraction * 100)}% usable"
+
+
+def priced_margin(backend: str, variant: str | None, task: str) -> Margin:
+    """A training job on an NVIDIA or AMD GPU has its overheads priced (the runtime and the allocator are
+    torch's own, with published figures); everything else keeps the default share, which fails safe."""
+    if task != "training" or backend != "cuda":
+        return Margin()
+    context = "the HIP context" if variant == "rocm" else "the CUDA context"
+    return Margin(
+        1.0,
+        CUDA_CONTEXT,
+        FRAGMENTATION,
+        f"{context} ({format_bytes(CUDA_CONTEXT)}) and {int(FRAGMENTATION * 100)}% of the job's memory besides the "
+        "weights for the allocator's fragmentation",
+        f"{context} and the allocator",
+    )
 
 
 # When a model must be split, each device offers this share to accelerate's max_memory.
@@ -39,20 +92,24 @@ def plan_placement(
     can_split: bool,
     backend: str,
     what: str = "the weights",
+    margin: Margin | None = None,
+    extra: int = 0,
 ) -> Placement:
     """Place ``weights`` bytes: on ``device`` when it fits there, split with "auto" when it needs
     several of ``capacities`` (device key -> bytes), else a Placement with ``fits=False``.
-    ``what`` names the bytes in the notes (the job's memory can be more than the weights)."""
-    fraction = 1.0 if budget_given else FIT_FRACTION
+    ``what`` names the bytes in the notes (the job's memory can be more than the weights); ``margin``
+    what one device keeps back (``extra``: the job's memory besides the weights, which it may price)."""
+    margin = margin or Margin()
     need = format_bytes(weights)
     first_key = next(iter(capacities))
     first = capacities[first_key]
-    if weights <= first * fraction:
+    room = first if budget_given else margin.usable(first, extra)
+    if weights <= room:
         return Placement(
             device,
             None,
-            f"{what} ({need}) fit on {device} ({format_bytes(first)}"
-            + (" budget)" if budget_given else f", {int(FIT_FRACTION * 100)}% usable)"),
+            f"{what} ({need}) fit on {device} ("
+            + (f"{format_bytes(first)} budget)" if budget_given else f"{margin.note(first, extra)})"),
         )
     split_fraction = 1.0 if budget_given else SPLIT_FRACTION
     total = sum(capacities.values()) * split_fraction
@@ -67,7 +124,8 @@ def plan_placement(
     where = (
         f"{len(capacities)} {backend} devices ({format_bytes(total)} usable)"
         if len(capacities) > 1 and can_split
-        else f"{device} ({format_bytes(first * fraction)} usable)"
+        else f"{device} ({format_bytes(room)} usable"
+        + (f": {format_bytes(first)} less {margin.said})" if margin.said and not budget_given else ")")
     )
     return Placement(device, None, f"{what} ({need}) do not fit {where}", fits=False)
 
@@ -84,6 +142,12 @@ class JobFit:
     backend: str
     extra: int = 0
     job: Job = field(default_factory=Job)
+    margin: Margin = field(default_factory=Margin)
+
+    def usable(self, key: int | str | None = None) -> int:
+        """What the first device (or ``key``) offers this job: its budget, or its capacity less the margin."""
+        cap = self.caps[key if key is not None else next(iter(self.caps))]
+        return cap if self.budget_given else self.margin.usable(cap, self.extra)
 
     def plan(self, weights: int) -> Placement:
         what = "the weights and the job's memory" if self.extra else "the weights"
@@ -95,6 +159,8 @@ class JobFit:
             can_split=self.can_split,
             backend=self.backend,
             what=what,
+            margin=self.margin,
+            extra=self.extra,
         )
         if not (placed.fits and placed.device_map == "auto"):
             return placed

@@ -1,10 +1,10 @@
-"""What a whole job needs besides the weights: the KV cache, activations, gradients, optimizer state.
+"""What a job needs besides the weights: the records (Term, JobMemory), and an inference job's KV cache and activations.
 
 Each figure is a named :class:`Term` with its size and the formula it came from, so the trace can say
 it. The shape facts (layers, KV heads, head size, sliding window) come from the model's config
-(:class:`whichdevice.model.shape.ModelShape`, read once with the model's other facts). The
-formulas are upper bounds: the
-benchmark ``benchmarks/placement_memory.py`` checks them against measured peaks on the CPU.
+(:class:`whichdevice.model.shape.ModelShape`, read once with the model's other facts). The inference
+formulas are upper bounds (``benchmarks/placement_memory.py`` checks them against measured peaks on the
+CPU); a training job is priced by memory/training_job.py from what autograd keeps.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from whichdevice.core.sizes import format_bytes
 from whichdevice.model.shape import ModelShape
 
 __all__ = [
-    "ADAPTER_FRACTION",
     "OFFLOADS",
-    "OPTIMIZER_STATES",
     "WORKSPACE",
     "Job",
     "JobMemory",
@@ -30,17 +28,9 @@ __all__ = [
     "kv_cache_bytes",
 ]
 
-# Optimizer state per trainable parameter, in units of the parameter's own size (torch's AdamW keeps
-# exp_avg and exp_avg_sq like the parameter), or in bytes for the 8-bit optimizers (one byte each).
-OPTIMIZER_STATES = {"adamw": ("x", 2.0), "adamw_8bit": ("bytes", 2.0), "sgd": ("x", 0.0)}
-# LoRA adapters (r=16-64 on every linear layer of a 7B model) train at most this share of the weights.
-ADAPTER_FRACTION = 0.02
 # A generation's hidden states and MLP intermediates, per token, as multiples of hidden and intermediate
 # sizes (residual, norm, q/k/v/o, gate/up/act): measured peaks on the CPU stay below these.
 _INFER_HIDDEN, _INFER_MLP = 8, 4
-# Training keeps every layer's inputs for backward: per token and layer (after Korthikanti et al. 2022, 34sbh
-# for 16-bit, with the MLP counted through the intermediate size and room for dropout masks).
-_TRAIN_HIDDEN, _TRAIN_MLP = 16, 10
 # The runtime's own working memory once a job runs (allocator caches, kernels' scratch, autograd's
 # bookkeeping): measured 3-15 MiB on the CPU for tiny models; cuBLAS keeps up to 32 MiB per stream.
 WORKSPACE = 32 * 1024**2
@@ -63,18 +53,33 @@ class Term:
 
 @dataclass(frozen=True)
 class JobMemory:
-    """The terms besides the weights, and what was assumed where the caller did not say."""
+    """The terms besides the weights, and what was assumed where the caller did not say. ``peak``: where
+    the terms do not all coexist (training: activations are freed as gradients are made), the bytes
+    besides the weights at the job's highest moment, which ``phase`` names; None: their sum."""
 
     terms: tuple[Term, ...] = ()
     assumed: tuple[str, ...] = ()
+    peak: int | None = None
+    phase: str | None = None
 
     @property
     def bytes(self) -> int:
-        return sum(t.bytes for t in self.terms)
+        return self.peak if self.peak is not None else sum(t.bytes for t in self.terms)
+
+    def term(self, name: str) -> int:
+        return sum(t.bytes for t in self.terms if t.name == name)
+
+    def figures(self, weights: int) -> str:
+        """The terms' sizes alone, for an error that must stay short."""
+        return ", ".join(
+            [f"weights {format_bytes(weights)}", *(f"{t.name} {format_bytes(t.bytes)}" for t in self.terms)]
+        )
 
     def describe(self, weights: int) -> str:
         parts = [f"weights {format_bytes(weights)}", *(str(t) for t in self.terms)]
-        return " + ".join(parts) + f" = {format_bytes(weights + self.bytes)}"
+        if self.peak is None:
+            return " + ".join(parts) + f" = {format_bytes(weights + self.bytes)}"
+        return "; ".join(parts) + f"; {self.phase}: {format_bytes(weights + self.bytes)}"
 
 
 def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype: str) -> int:
@@ -111,61 +116,26 @@ def _inference_activations(shape: ModelShape, tokens: int, batch: int, dtype: st
     )
 
 
-def _training_activations(shape: ModelShape, tokens: int, batch: int, dtype: str, eager: bool) -> Term:
-    size = item_size(dtype)
-    per_layer = batch * tokens * (_TRAIN_HIDDEN * shape.hidden + _TRAIN_MLP * shape.intermediate) * size
-    scores, said = _scores(shape, tokens, batch, size, eager)
-    logits = 3 * batch * tokens * shape.vocab * 4  # logits, their log-softmax and its gradient, in float32
-    return Term(
-        "activations",
-        (per_layer + scores) * shape.layers + logits,
-        f"{batch} x {tokens} tokens kept for backward in each of {shape.layers} layers{said}, and the loss's logits",
-    )
-
-
-def _training_state(params: int, dtype: str, optimizer: str, trainable: float) -> list[Term]:
-    size = item_size(dtype)
-    train = int(params * trainable)
-    who = "every parameter" if trainable >= 1 else f"the LoRA adapters (up to {trainable:.0%} of the parameters)"
-    unit, factor = OPTIMIZER_STATES[optimizer]
-    per = factor * size if unit == "x" else factor
-    name = {"adamw": "AdamW (Trainer's default)", "adamw_8bit": "8-bit AdamW", "sgd": "SGD"}[optimizer]
-    return [
-        Term("gradients", train * size, f"{who} in {dtype}"),
-        Term("optimizer state", int(train * per), f"{name}: {per:g} bytes per trained parameter"),
-    ]
-
-
 def job_memory(
     shape: ModelShape | None,
-    params: int,
-    task: str,
     dtype: str,
     batch_size: int | None,
     max_length: int | None,
     *,
-    optimizer: str = "adamw",
-    trainable: float = 1.0,
     eager: bool = False,
 ) -> JobMemory:
-    """The memory ``task`` needs besides the weights, for ``batch_size`` sequences of ``max_length`` tokens.
-
-    Without ``max_length`` and ``batch_size`` an inference job counts nothing besides the weights
-    (the placement's headroom is for the KV cache then); training always counts gradients and the
-    optimizer's state, and activations once the sequences are known.
-    """
+    """The memory an inference job needs besides the weights, for ``batch_size`` sequences of ``max_length``
+    tokens (training: memory/training_job.py). Without ``max_length`` and ``batch_size`` it counts nothing
+    besides the weights (the placement's headroom is for the KV cache then)."""
     terms: list[Term] = []
     assumed: list[str] = []
-    if task == "training":
-        terms += _training_state(params, dtype, optimizer, trainable)
     sized = max_length is not None or batch_size is not None
     if shape is None:
         if sized:
             assumed.append("the config does not give layers and heads, so the KV cache and activations are not counted")
         return JobMemory(tuple(terms), tuple(assumed))
     if not sized:
-        what = "activations" if task == "training" else "the KV cache and activations"
-        assumed.append(f"{what} not counted: pass max_length= (and batch_size=) to size them")
+        assumed.append("the KV cache and activations not counted: pass max_length= (and batch_size=) to size them")
         return JobMemory(tuple(terms), tuple(assumed))
     batch = batch_size or 1
     tokens = max_length or min(shape.max_positions or 2048, 2048)
@@ -174,18 +144,15 @@ def job_memory(
     if max_length is None:
         assumed.append(f"max_length={tokens} assumed (the model's context, at most 2048)")
     terms.append(Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch"))
-    if task == "training":
-        terms.append(_training_activations(shape, tokens, batch, dtype, eager))
-    else:
-        kv = kv_cache_bytes(shape, tokens, batch, dtype)
-        window = (
-            f", {shape.sliding_layers} sliding layers keep {shape.sliding_window}"
-            if shape.sliding_layers and shape.sliding_window and shape.sliding_window < tokens
-            else ""
-        )
-        why = (
-            f"2 x {shape.layers} layers x {shape.kv_heads} KV heads x {shape.head_dim} x {tokens} tokens x "
-            f"{batch} sequences in {dtype}{window}"
-        )
-        terms += [Term("KV cache", kv, why), _inference_activations(shape, tokens, batch, dtype, eager)]
+    kv = kv_cache_bytes(shape, tokens, batch, dtype)
+    window = (
+        f", {shape.sliding_layers} sliding layers keep {shape.sliding_window}"
+        if shape.sliding_layers and shape.sliding_window and shape.sliding_window < tokens
+        else ""
+    )
+    why = (
+        f"2 x {shape.layers} layers x {shape.kv_heads} KV heads x {shape.head_dim} x {tokens} tokens x "
+        f"{batch} sequences in {dtype}{window}"
+    )
+    terms += [Term("KV cache", kv, why), _inference_activations(shape, tokens, batch, dtype, eager)]
     return JobMemory(tuple(terms), tuple(assumed))

@@ -15,7 +15,6 @@ from typing import Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
-from whichdevice.memory.job import job_memory
 from whichdevice.model.shape import ModelShape
 
 __all__ = ["LargestFit", "largest_fit", "say_limits", "whole_job_plan"]
@@ -88,23 +87,17 @@ def _bisect(ok: Callable[[int], bool], high: int) -> int:
 
 def largest_fit(
     shape: ModelShape,
-    params: int,
     job: Job,
-    dtype: str,
+    need: Callable[[int, int], int],
     fits: Callable[[int], bool],
     *,
-    trainable: float = 1.0,
     plan: str = "",
 ) -> LargestFit:
-    """Search ``job``'s length and batch against ``fits(bytes besides the weights) -> bool``; ``plan``
-    names the plan (``trainable``: the share of parameters it trains) the limits are of."""
+    """Search ``job``'s length and batch against ``fits(bytes besides the weights) -> bool``, where
+    ``need(batch, tokens)`` prices the job at that size; ``plan`` names the plan the limits are of."""
     context = shape.max_positions if isinstance(shape.max_positions, int) and shape.max_positions > 0 else None
     batch = job.batch_size or 1
     tokens = job.max_length or min(context or 2048, 2048)
-    eager = job.attention == "eager"
-
-    def need(b: int, t: int) -> int:
-        return job_memory(shape, params, job.task, dtype, b, t, trainable=trainable, eager=eager).bytes
 
     longest = _bisect(lambda t: fits(need(batch, t)), context or _MAX_TOKENS)
     largest_batch = _bisect(lambda b: fits(need(b, tokens)), _MAX_BATCH)

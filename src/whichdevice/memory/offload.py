@@ -15,7 +15,7 @@ from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION
-from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
+from whichdevice.memory.job import JobMemory
 from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:
@@ -83,25 +83,12 @@ def remedies(
     dtype: str,
     job: Job,
 ) -> str:
-    """The ways out of a DoesNotFitError, each with what it would need."""
+    """The ways out of an inference job's DoesNotFitError, each with what it would need (a training
+    job's: memory/training_fit.py)."""
     weights = size.bytes_in(dtype)
     need = weights + memory.bytes
     one = next(iter(caps.values()))
     ways = []
-    if job.task == "training":
-        lora = job_memory(
-            shape, size.parameters, "training", dtype, job.batch_size, job.max_length, trainable=ADAPTER_FRACTION
-        )
-        qlora = size.bytes_quantized(4, dtype) + lora.bytes
-        eight = job_memory(
-            shape, size.parameters, "training", dtype, job.batch_size, job.max_length, optimizer="adamw_8bit"
-        )
-        ways += [
-            f"LoRA adapters on the {dtype} weights (about {format_bytes(weights + lora.bytes)}: "
-            "whichdevice.lora_training)",
-            f"4-bit weights with LoRA adapters (QLoRA, quantize='auto': about {format_bytes(qlora)})",
-            f"an 8-bit optimizer (optim='adamw_bnb_8bit': about {format_bytes(weights + eight.bytes)})",
-        ]
     if one and not backend.memory_by_name:
         count = math.ceil(need / (one * SPLIT_FRACTION))
         how = "sharded with FSDP or DeepSpeed ZeRO-3" if job.task == "training" else "with device_map='auto'"

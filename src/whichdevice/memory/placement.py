@@ -13,7 +13,7 @@ from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware import probing
 from whichdevice.memory.capacity import can_split, capacities, cpu_memory, memory_step
 from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, JobFit, Placement
-from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory, job_memory
+from whichdevice.memory.job import JobMemory, job_memory
 from whichdevice.memory.largest import LargestFit, largest_fit, say_limits, whole_job_plan
 from whichdevice.memory.load_peak import LoadPeak
 from whichdevice.memory.offload import offload_placement, with_ways_out
@@ -25,21 +25,28 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, ProbeResult
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.memory.quantization import QuantizationPlan
+    from whichdevice.memory.training_job import TrainingSetup
 
-__all__ = ["LORA_STEP", "capacities", "cpu_available", "estimate_job", "place_model"]
+__all__ = [
+    "capacities",
+    "checked_split",
+    "cpu_available",
+    "estimate_job",
+    "loaded",
+    "offload",
+    "place_model",
+    "place_quantized",
+]
 
 
 Placed = tuple[str | dict[str, Any], dict[int | str, str] | None, "QuantizationPlan | None", str | None]
 
 
-def estimate_job(model: Any, job: Job, dtype: str, *, trainable: float = 1.0) -> tuple[ModelSize, JobMemory]:
-    """The size of ``model`` and what ``job`` needs besides its weights in ``dtype``."""
+def estimate_job(model: Any, job: Job, dtype: str) -> tuple[ModelSize, JobMemory]:
+    """The size of ``model`` and what an inference ``job`` needs besides its weights in ``dtype`` (a
+    training job: memory/training_fit.py)."""
     size = estimate_model_size(model)
-    shape = model_shape(model)
-    eager = job.attention == "eager"
-    memory = job_memory(
-        shape, size.parameters, job.task, dtype, job.batch_size, job.max_length, trainable=trainable, eager=eager
-    )
+    memory = job_memory(model_shape(model), dtype, job.batch_size, job.max_length, eager=job.attention == "eager")
     return size, memory
 
 
@@ -54,17 +61,16 @@ def place_model(
     quantize: str | None,
     trace: list[TraceStep],
     job: Job | None = None,
-    compute_dtype: str | None = None,
     limits: list[LargestFit] | None = None,
     movable: bool = False,
     loads: list[LoadPeak] | None = None,
 ) -> Placed:
-    """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device``; never
-    splits a model that fits. ``compute_dtype`` is LoRA's frozen base's; ``limits`` gets the largest job
-    that fits, ``loads`` the load's peak (memory/room.py); ``movable``: ``device`` was detected, so
-    another device the whole job fits on alone is taken where ``device`` would need a split. The fit
-    counts the whole job (memory/job.py) against each device's free memory; bitsandbytes quantizes
-    where ``quantize`` allows and the model does not fit (or is asked to); offload only where asked."""
+    """(device_map, max_memory, quantization plan, offload folder) for ``model`` on ``device`` for an
+    inference job (a training job: memory/training_fit.py); never splits a model that fits. ``limits``
+    gets the largest job that fits, ``loads`` the load's peak (memory/room.py); ``movable``: ``device``
+    was detected, so another device the whole job fits on alone is taken where ``device`` would need a
+    split. The fit counts the whole job (memory/job.py) against each device's free memory; bitsandbytes
+    quantizes where ``quantize`` allows and the model does not fit (or is asked to); offload only where asked."""
     job = job or Job()  # quantize= and job= come checked (resolve_device's argument checks)
     caps = capacities(backend, result, device, dist, max_memory)
     if model is None:
@@ -81,25 +87,24 @@ def place_model(
         return _place_prequantized(size, fit, weights, memory.bytes, backend, job, trace)
     explicit, does_not_fit = quantize in ("4bit", "8bit"), None
     fit = _moved(fit, weights, backend, trace) if movable and not explicit else fit
-    # The whole job's limits are said only where it is the plan chosen (LoRA says its own).
-    largest = None if explicit else _largest(model, fit, job, dtype, weights, [], None, plan=whole_job_plan(job, dtype))
+    # The whole job's limits are said only where it is the plan chosen.
+    largest = None if explicit else _largest(model, fit, job, dtype, weights, None, plan=whole_job_plan(job, dtype))
     if not explicit:
-        placement = _checked(model, dtype, fit.plan(weights), fit, memory, weights)
+        placement = checked_split(model, dtype, fit.plan(weights), fit, memory, weights)
         if placement.fits:
             say_limits(largest, trace, limits)
-            return _loaded(placement, (model, size, dtype, memory, weights), fit, (backend, result), trace, loads)
+            return loaded(placement, (model, size, dtype, memory, weights), fit, (backend, result), trace, loads)
         does_not_fit = f"in {dtype}, {placement.note}"
-        adapters = _lora_fits(model, job, dtype, fit, size, compute_dtype or dtype, does_not_fit, trace, limits)
-        if adapters is not None:
-            return adapters
         say_limits(largest, trace, limits)
         if job.offload is not None and quantize is None:
-            return _offload(weights, memory.bytes, backend, fit, job, trace)
+            return offload(weights, memory.bytes, backend, fit, job, trace)
     try:
-        return _place_quantized(model, size, backend, result, fit, dtype, quantize, does_not_fit, job, trace, loads)
+        return place_quantized(
+            model, size, (backend, result), fit, None, does_not_fit, job, trace, loads, quantize, dtype
+        )
     except DoesNotFitError as err:
         if job.offload is not None and not explicit:
-            return _offload(weights, memory.bytes, backend, fit, job, trace)
+            return offload(weights, memory.bytes, backend, fit, job, trace)
         raise with_ways_out(err, (model_shape(model), size, memory, backend), fit.caps, dtype, job, largest) from None
 
 
@@ -114,7 +119,7 @@ def _moved(fit: JobFit, weights: int, backend: Backend, trace: list[TraceStep]) 
     return replace(fit, device=f"{backend.name}:{found}", caps=caps)
 
 
-def _loaded(
+def loaded(
     placement: Placement,
     sized: tuple[Any, ModelSize, str, JobMemory, int],
     fit: JobFit,
@@ -129,7 +134,7 @@ def _loaded(
         if not fit.can_split or len(fit.caps) < 2:
             return None
         low = replace(fit, caps={k: max(0, v - overhead) for k, v in fit.caps.items()})
-        placed = _checked(model, dtype, low.plan(weights), low, memory, weights)
+        placed = checked_split(model, dtype, low.plan(weights), low, memory, weights)
         return (placed.device_map, placed.max_memory) if placed.fits else None
 
     trace.extend(_placed_steps(model, placement, fit, weights, memory, on))
@@ -153,7 +158,9 @@ def _placed_steps(
     return steps
 
 
-def _checked(model: Any, dtype: str, placement: Placement, fit: JobFit, memory: JobMemory, weights: int) -> Placement:
+def checked_split(
+    model: Any, dtype: str, placement: Placement, fit: JobFit, memory: JobMemory, weights: int
+) -> Placement:
     """A split as transformers' own placement makes it on a meta build (memory/split_check.py)."""
     if not (placement.fits and placement.device_map in _SPLITS):
         return placement
@@ -176,25 +183,23 @@ def _checked(model: Any, dtype: str, placement: Placement, fit: JobFit, memory: 
 
 
 def _largest(
-    model: Any,
-    fit: JobFit,
-    job: Job,
-    dtype: str,
-    weights: int,
-    trace: list[TraceStep],
-    found: list[LargestFit] | None,
-    *,
-    trainable: float = 1.0,
-    plan: str = "",
+    model: Any, fit: JobFit, job: Job, dtype: str, weights: int, found: list[LargestFit] | None, *, plan: str = ""
 ) -> LargestFit | None:
-    """The longest length and largest batch whose job fits like this one would (a sized job only)."""
+    """The longest length and largest batch whose inference job fits like this one would (a sized job only)."""
     shape = model_shape(model)
     if shape is None or (job.batch_size is None and job.max_length is None):
         return None
-    params = estimate_model_size(model).parameters
-    fits = lambda extra: replace(fit, extra=extra).plan(weights).fits  # noqa: E731
-    largest = largest_fit(shape, params, job, dtype, fits, trainable=trainable, plan=plan)
-    say_limits(largest, trace, found)
+    eager = job.attention == "eager"
+
+    def need(batch: int, tokens: int) -> int:
+        return job_memory(shape, dtype, batch, tokens, eager=eager).bytes
+
+    def fits(extra: int) -> bool:
+        return replace(fit, extra=extra).plan(weights).fits
+
+    largest = largest_fit(shape, job, need, fits, plan=plan)
+    if found is not None:
+        found.append(largest)
     return largest
 
 
@@ -242,101 +247,75 @@ def _unchecked(
 
 
 _SPLITS = ("auto", "balanced_low_0")
-# The trace line that says LoRA was chosen (memory/training_placement.py loads the base in the compute dtype then).
-LORA_STEP = "with LoRA adapters (base in the compute dtype, adapters in the weights' dtype):"
 
 
-def _lora_fits(
-    model: Any,
-    job: Job,
-    dtype: str,
-    fit: JobFit,
-    size: ModelSize,
-    base: str,
-    does_not_fit: str,
-    trace: list[TraceStep],
-    limits: list[LargestFit] | None = None,
-) -> Placed | None:
-    """Training that does not fit in full, where LoRA adapters on the unquantized weights do: the frozen
-    base in ``base`` (the compute dtype), the adapters and their state in ``dtype``; ``limits`` gets
-    LoRA's largest job."""
-    if job.task != "training":
-        return None
-    weights = size.bytes_in(base)
-    _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
-    placed = _checked(model, base, replace(fit, extra=adapters.bytes).plan(weights), fit, adapters, weights)
-    if not placed.fits:
-        return None
-    trace.append(TraceStep("memory", f"{LORA_STEP} {adapters.describe(weights)}"))
-    plan = f"for LoRA adapters on {base} weights"
-    _largest(model, fit, job, dtype, weights, trace, limits, trainable=ADAPTER_FRACTION, plan=plan)
-    trace.append(
-        TraceStep(
-            "warning",
-            f"full fine-tuning does not fit ({does_not_fit}); LoRA adapters on the {base} weights do: wrap "
-            "the model with whichdevice.lora_training(model, resolution) (peft) before training",
-        )
-    )
-    trace.append(TraceStep("placement", f"device_map={placed.device_map!r}: {placed.note}"))
-    return placed.device_map, placed.max_memory, None, None
-
-
-def _place_quantized(
+def place_quantized(
     model: Any,
     size: ModelSize,
-    backend: Backend,
-    result: ProbeResult,
+    on: tuple[Backend, ProbeResult],
     fit: JobFit,
-    dtype: str,
-    quantize: str | None,
+    setup: TrainingSetup | None,
     does_not_fit: str | None,
     job: Job,
     trace: list[TraceStep],
     loads: list[LoadPeak] | None = None,
+    quantize: str | None = None,
+    dtype: str | None = None,
 ) -> Placed:
     """Quantized: on one device when the quantized weights fit there, else split like any model,
-    minus the share of max_memory that bitsandbytes keeps for its buffers. Training a quantized
-    model trains LoRA adapters, so only theirs are the gradients and optimizer state counted."""
+    minus the share of max_memory that bitsandbytes keeps for its buffers. An inference job quantizes
+    as ``quantize`` says, computing in ``dtype``; a training job (``setup``: QLoRA) as its way to train
+    says, ``fit.extra`` holding its adapters, gradients, optimizer state and activations."""
     from whichdevice.memory.quantization import BNB_MAX_MEMORY_FACTOR, plan_quantization
 
-    bits = 8 if quantize == "8bit" else 4
-    quantized = size.bytes_quantized(bits, dtype)
-    if job.task == "training":
-        _, adapters = estimate_job(model, job, dtype, trainable=ADAPTER_FRACTION)
-        fit = replace(fit, extra=adapters.bytes)
-        trace.append(TraceStep("memory", f"in {bits}-bit with LoRA adapters: {adapters.describe(quantized)}"))
+    backend, result = on
+    bits = setup.bits if setup is not None else (8 if quantize == "8bit" else 4)
+    compute = setup.weights if setup is not None else (dtype or "float32")
+    quantize = quantize if setup is None else f"{bits}bit" if does_not_fit is None else "auto"
+    # Weights as a step holds them: a training job's other weights upcast to float32 by peft's k-bit preparation.
+    quantized = size.bytes_quantized(bits, "float32" if setup is not None else compute)
     qplace = fit.plan(quantized)
     split = qplace.fits and qplace.device_map in _SPLITS
     if split:
         qplace = fit.plan(int(quantized / BNB_MAX_MEMORY_FACTOR))
-    first = next(iter(fit.caps.values()))
     if split:
         usable = int(sum(fit.caps.values()) * (1.0 if fit.budget_given else SPLIT_FRACTION) * BNB_MAX_MEMORY_FACTOR)
     else:
-        usable = int(first * (1.0 if fit.budget_given else FIT_FRACTION))
+        usable = fit.usable()
     still_too_big = None if qplace.fits else f"in {bits}-bit, {qplace.note}"
-    plan = plan_quantization(size, backend, result, dtype, quantize, does_not_fit, usable, still_too_big=still_too_big)
+    plan = plan_quantization(
+        size, backend, result, compute, quantize, does_not_fit, usable, still_too_big=still_too_big
+    )
     trace.append(TraceStep("quantization", plan.explanation))
-    if split:
-        note = (
-            f"device_map={qplace.device_map!r}: even the {bits}-bit weights ({format_bytes(quantized)}) need more "
-            f"than one {backend.name} device; split over {len(fit.caps)} devices (bitsandbytes keeps "
-            f"{100 - int(BNB_MAX_MEMORY_FACTOR * 100)}% of max_memory for its buffers)"
-        )
-    else:
-        room = (
-            f"({format_bytes(usable)} budget)"
-            if fit.budget_given
-            else f"({format_bytes(usable)} usable: {int(FIT_FRACTION * 100)}% of {format_bytes(first)})"
-        )
-        what = f"the {bits}-bit weights ({format_bytes(quantized)})"
-        if fit.extra:
-            what = f"the {bits}-bit weights and the job's memory ({format_bytes(quantized + fit.extra)})"
-        note = f"device_map={fit.device!r}: {what} fit there {room}"
+    note = _quantized_note(fit, bits, quantized, usable, backend.name, qplace.device_map if split else None)
     trace.append(TraceStep("placement", note))
     placed = (qplace.device_map, qplace.max_memory)
-    device_map, max_memory = fitted_load(placed, size, dtype, result, bits, cpu_available, None, trace, loads)
+    device_map, max_memory = fitted_load(placed, size, compute, result, bits, cpu_available, None, trace, loads)
     return device_map, max_memory, plan, None
+
+
+def _quantized_note(fit: JobFit, bits: int, quantized: int, usable: int, backend: str, split: Any) -> str:
+    """The placement line of quantized weights: on one device with what it offers, or the split (``split``)."""
+    from whichdevice.memory.quantization import BNB_MAX_MEMORY_FACTOR
+
+    if split is not None:
+        return (
+            f"device_map={split!r}: even the {bits}-bit weights ({format_bytes(quantized)}) need more than one "
+            f"{backend} device; split over {len(fit.caps)} devices (bitsandbytes keeps "
+            f"{100 - int(BNB_MAX_MEMORY_FACTOR * 100)}% of max_memory for its buffers)"
+        )
+    first = next(iter(fit.caps.values()))
+    room = (
+        f"({format_bytes(usable)} budget)"
+        if fit.budget_given
+        else f"({fit.margin.note(first, fit.extra)})"
+        if fit.margin.said
+        else f"({format_bytes(usable)} usable: {int(FIT_FRACTION * 100)}% of {format_bytes(first)})"
+    )
+    what = f"the {bits}-bit weights ({format_bytes(quantized)})"
+    if fit.extra:
+        what = f"the {bits}-bit weights and the job's memory ({format_bytes(quantized + fit.extra)})"
+    return f"device_map={fit.device!r}: {what} fit there {room}"
 
 
 def _place_prequantized(
@@ -348,7 +327,7 @@ def _place_prequantized(
         trace.append(TraceStep("placement", f"device_map={placement.device_map!r}: {placement.note}"))
         return placement.device_map, placement.max_memory, None, None
     if job.offload is not None:
-        return _offload(weights, extra, backend, fit, job, trace)
+        return offload(weights, extra, backend, fit, job, trace)
     what = size.quantized.describe() if size.quantized is not None else "quantized"
     raise DoesNotFitError(
         f"The model does not fit: {placement.note}; it is already quantized ({what}), so quantizing is no "
@@ -361,7 +340,7 @@ def cpu_available() -> int | None:
     return cpu_memory(probing.probe("cpu"))
 
 
-def _offload(weights: int, extra: int, backend: Backend, fit: JobFit, job: Job, trace: list[TraceStep]) -> Placed:
+def offload(weights: int, extra: int, backend: Backend, fit: JobFit, job: Job, trace: list[TraceStep]) -> Placed:
     """offload_placement's answer for the CPU memory here, its reasons added to ``trace``."""
     answer, steps = offload_placement(weights, extra, backend, fit.caps, fit.budget_given, job, cpu_available() or 0)
     trace.extend(steps)

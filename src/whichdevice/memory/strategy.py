@@ -1,20 +1,21 @@
 """How to train a model on several devices: each strategy's memory per device, and the first that fits.
 
 For ``task="training"`` with a model and N devices (this launch's ranks, or the devices one process
-sees), every strategy is sized per device from memory/job.py's terms, P parameters, the weights'
+sees), every strategy is sized per device from memory/training_job.py's terms, P parameters, the weights'
 dtype (``w`` bytes, float32 under mixed precision) and the compute dtype (``c`` bytes):
 
 =================  ============================================================================
-DDP                W + G + G (DDP's gradient buckets) + O + A: every rank holds the whole job
+DDP                W + the job at its peak (G, O and A, memory/training_job.py) + G (DDP's buckets)
 ZeRO-2             DeepSpeed's own figure: 2P + 18P/N + A (needs deepspeed)
 FSDP full shard    (W + G + O) / N + (root unit + 2 layers) gathered in c + 2 x the largest unit's G + A
 ZeRO-3             DeepSpeed's own figure: 4 x largest module's P + 18P/N + A (needs deepspeed)
 FSDP + offload     the same gathered units + A on the device; W + G + O in CPU memory
-LoRA               P x c (frozen base) + adapters' weights, gradients, AdamW state + A
-QLoRA              4-bit base + the same adapter terms + A
+LoRA               P x c (frozen base) + the adapters' job at its peak + their buckets
+QLoRA              4-bit base + the same adapter terms
 =================  ============================================================================
 
-(W weights, G gradients, O optimizer state, A activations and workspace for the per-device batch;
+(W weights, G gradients, O optimizer state, A activations and workspace for the per-device batch, as
+the sharded strategies compute it: on 16-bit weights of their own, without autocast's copies;
 the DeepSpeed figures are the per-GPU bytes of ``estimate_zero2_model_states_mem_needs`` and
 ``estimate_zero3_model_states_mem_needs`` in deepspeed/runtime/zero (stage_1_and_2.py, stage3.py),
 which ``..._all_cold`` prints: 2 bytes of 16-bit weights per parameter on every GPU, and 18 partitioned
@@ -31,8 +32,8 @@ step (one all-reduce); ZeRO-2 moves the same volume (reduce-scatter + all-gather
 share of gradients and optimizer state; FSDP full shard gathers every layer's weights again in the
 backward pass (1.5x DDP's volume) and is torch's own (no package); ZeRO-3 does the same through
 deepspeed; FSDP with offload copies weights and gradients over the host link every step and runs
-AdamW on the CPU (several times slower); LoRA and QLoRA train about 2% of the parameters, which
-changes the result, so they come last.
+AdamW on the CPU (several times slower); LoRA and QLoRA train rank-r adapters (a few percent of the
+parameters), which changes the result, so they come last.
 """
 
 from __future__ import annotations
@@ -41,13 +42,22 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.job import ADAPTER_FRACTION, JobMemory
+from whichdevice.memory.job import JobMemory
 from whichdevice.model.shape import ModelShape
 
 if TYPE_CHECKING:
     from whichdevice.launch.launch_strategy import LaunchStrategy
 
-__all__ = ["FULL", "ORDER", "Strategy", "TrainingPlan", "deepspeed_model_states", "layer_parameters", "plan_strategies"]
+__all__ = [
+    "FULL",
+    "ORDER",
+    "Priced",
+    "Strategy",
+    "TrainingPlan",
+    "deepspeed_model_states",
+    "layer_parameters",
+    "plan_strategies",
+]
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 ORDER = ("ddp", "zero2", "fsdp", "zero3", "fsdp_offload", "lora", "qlora")
@@ -100,6 +110,9 @@ class TrainingPlan:
     notes: tuple[str, ...] = field(default=())
     # The variables the chosen strategy came from, where the launch carries it (None: whichdevice chose).
     launched: str | None = None
+    # Whether the strategies were priced with gradient checkpointing (which training_kwargs() then hands
+    # over); None: not decided (the job's sequences were not given, so no activations were priced).
+    checkpointing: bool | None = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,11 +120,20 @@ class TrainingPlan:
             "budget_bytes": self.budget,
             "chosen": self.chosen.key if self.chosen else None,
             "launched": self.launched,
+            "gradient_checkpointing": self.checkpointing,
             "strategies": [
                 {"strategy": s.key, "bytes_per_device": s.per_device, "formula": s.formula, "fits": s.fits}
                 for s in self.strategies
             ],
         }
+
+    def totals(self) -> str:
+        """Each strategy's total only (the formulas are in the trace): an error stays whole under its length limit."""
+        table = "; ".join(
+            f"{s.name}: not considered, {s.unavailable}" if s.unavailable else f"{s.name}: {format_bytes(s.per_device)}"
+            for s in self.strategies
+        )
+        return f"On {self.devices} devices, per device against {format_bytes(self.budget)}: {table}"
 
     def kwargs(self) -> dict[str, Any]:
         """TrainingArguments keywords that run the chosen strategy (none for DDP, LoRA and QLoRA, and none
@@ -177,8 +199,12 @@ def layer_parameters(shape: ModelShape) -> int:
     return attention + 3 * shape.hidden * shape.intermediate + 2 * shape.hidden
 
 
-def _term(memory: JobMemory, name: str) -> int:
-    return sum(t.bytes for t in memory.terms if t.name == name)
+class Priced(NamedTuple):
+    """One way to train as every rank holds it: the weights' bytes and the job's memory besides them
+    (memory/training_job.py: gradients, optimizer state and activations at their peak)."""
+
+    weights: int
+    memory: JobMemory
 
 
 def plan_strategies(
@@ -188,8 +214,9 @@ def plan_strategies(
     dtype: str,
     compute_dtype: str,
     full: JobMemory,
-    adapters: JobMemory,
-    qlora_base: int,
+    sharded: JobMemory,
+    lora: Priced,
+    qlora: Priced,
     devices: int,
     budget: int,
     cpu_memory: int | None,
@@ -201,18 +228,19 @@ def plan_strategies(
     largest_module: int | None = None,
     launched: LaunchStrategy | None = None,
     local_devices: int | None = None,
+    checkpointing: bool = False,
 ) -> TrainingPlan:
     """Size every strategy for ``devices`` devices of ``budget`` bytes each and choose the first that fits.
 
-    ``full`` and ``adapters`` are job_memory()'s terms for full training and for LoRA adapters (per
-    device: the per-device batch); ``qlora_base`` the 4-bit weights' bytes; ``no_*`` why a strategy
-    cannot run here (None where it can); ``largest_module`` DeepSpeed's largest layer (the module with
-    the most parameters of its own); ``launched`` the strategy the launch carries, sized as launched
-    and chosen fit or not (``local_devices``: ranks per node, for FSDP's hybrid sharding).
+    ``full``: full training's memory besides the weights as one rank holds it (autocast over float32
+    weights); ``sharded``: as FSDP and DeepSpeed compute it (their activations); ``lora``, ``qlora``: the
+    adapters' ways; ``no_*``: why a strategy cannot run here; ``largest_module``: DeepSpeed's largest
+    layer; ``launched``: the launch's strategy, sized as launched and chosen fit or not (``local_devices``:
+    ranks per node, for hybrid sharding); ``checkpointing``: how every job was priced.
     """
     w, c, n = _ITEMSIZE.get(dtype, 4), _ITEMSIZE.get(compute_dtype, 4), max(devices, 1)
-    weights, grads, optim = params * w, _term(full, "gradients"), _term(full, "optimizer state")
-    act = _term(full, "activations") + _term(full, "workspace")
+    weights, grads, optim = params * w, full.term("gradients"), full.term("optimizer state")
+    act = sharded.term("activations") + sharded.term("workspace")
     gathered, units = _fsdp_gathered(shape, params, c, w)
     missing = no_deepspeed or (None if deepspeed else "deepspeed is not installed (pip install deepspeed)")
     state = weights + grads + optim
@@ -222,18 +250,17 @@ def plan_strategies(
     zero2, _, zero2_said = deepspeed_model_states(2, params, largest, n)
     zero3, _, zero3_said = deepspeed_model_states(3, params, largest, n)
     rows = [
-        ("ddp", weights + grads + buckets + optim + act,
-         f"W {_b(weights)} + G {_b(grads)} + buckets {_b(buckets)} + O {_b(optim)} + {a}", None, 0),
+        ("ddp", weights + full.bytes + buckets,
+         f"W {_b(weights)} + {_peak_of(full)} + buckets {_b(buckets)}", None, 0),
         ("zero2", zero2 + act, f"DeepSpeed's {zero2_said} {_b(zero2)} + {a}", missing, 0),
         ("fsdp", state // n + gathered + act, f"(W + G + O) {_b(state)} / {n} + gathered {units} + {a}", no_fsdp, 0),
         ("zero3", zero3 + act, f"DeepSpeed's {zero3_said} {_b(zero3)} + {a}", missing, 0),
         ("fsdp_offload", gathered + act, f"gathered {units} + {a}; CPU holds W + G + O {_b(state)}", no_fsdp, state),
-        *_adapter_rows(adapters, params, params * c, compute_dtype, qlora_base, n, act, no_qlora),
+        *_adapter_rows(lora, qlora, compute_dtype, n, no_qlora),
     ]  # fmt: skip
     strategies = tuple(_judged(*row, budget, cpu_memory) for row in rows)
-    plan = TrainingPlan(
-        n, budget, strategies, layer_classes, next((s for s in strategies if s.fits), None), compute_dtype
-    )
+    chosen = next((s for s in strategies if s.fits), None)
+    plan = TrainingPlan(n, budget, strategies, layer_classes, chosen, compute_dtype, checkpointing=checkpointing)
     if launched is None:
         return plan
     sizes = _Sizes(params, largest, n, local_devices or n, weights, grads, optim, act, gathered, c, units, a)
@@ -242,32 +269,27 @@ def plan_strategies(
     return replace(plan, strategies=(mine, *strategies), chosen=mine, launched=launched.said)
 
 
+def _peak_of(memory: JobMemory) -> str:
+    """A job's memory besides the weights as a formula term: its peak, and which moment sets it."""
+    where = (memory.phase or "").removeprefix("training peaks at ")
+    return f"the job {_b(memory.bytes)}" + (f" (at {where.split(' (')[0]})" if where else "")
+
+
 def _adapter_rows(
-    adapters: JobMemory,
-    params: int,
-    base: int,
-    compute_dtype: str,
-    qlora_base: int,
-    n: int,
-    act: int,
-    no_qlora: str | None,
+    lora: Priced, qlora: Priced, compute_dtype: str, n: int, no_qlora: str | None
 ) -> list[tuple[str, int, str, str | None, int]]:
-    """LoRA's and QLoRA's rows: the frozen base (``base`` bytes, or the 4-bit ``qlora_base``), the adapters'
-    weights, gradients and AdamW state (with their DDP buckets on several devices) and ``act``."""
-    small = adapters.bytes - _term(adapters, "activations") - _term(adapters, "workspace")
-    adapter_weights = int(params * ADAPTER_FRACTION) * 4
-    extra = small + (_term(adapters, "gradients") if n > 1 else 0)  # the adapters' DDP buckets
-    said, a = f"adapters {_b(adapter_weights)} + their G and O", f"A {_b(act)}"
-    return [
-        ("lora", base + adapter_weights + extra + act, f"base {_b(base)} in {compute_dtype} + {said} + {a}", None, 0),
-        (
-            "qlora",
-            qlora_base + adapter_weights + extra + act,
-            f"4-bit base {_b(qlora_base)} + {said} + {a}",
-            no_qlora,
-            0,
-        ),
-    ]
+    """LoRA's and QLoRA's rows: the frozen base (in ``compute_dtype``, or 4-bit), the adapters with their
+    gradients, optimizer state and the activations at the step's peak, and with several devices DDP's
+    bucket copy of the adapters' gradients."""
+    rows = []
+    for key, (base, memory), what, missing in (
+        ("lora", lora, f"base {_b(lora.weights)} in {compute_dtype}", None),
+        ("qlora", qlora, f"4-bit base {_b(qlora.weights)}", no_qlora),
+    ):
+        buckets = memory.term("gradients") if n > 1 else 0
+        said = f"{what} + {_peak_of(memory)}" + (f" + buckets {_b(buckets)}" if buckets else "")
+        rows.append((key, base + memory.bytes + buckets, said, missing, 0))
+    return rows
 
 
 def _fsdp_gathered(shape: ModelShape | None, params: int, c: int, w: int) -> tuple[int, str]:

@@ -11,20 +11,31 @@ model on one device, or the split's layers one device at a time, never both) and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.job import Job
-from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
-from whichdevice.core.sizes import format_bytes
-from whichdevice.launch.accelerate_settings import launch_command
 from whichdevice.launch.launch_strategy import ZERO3_LOADING, fsdp_plugin_steps
-from whichdevice.memory.fit import FIT_FRACTION
-from whichdevice.memory.job import ADAPTER_FRACTION, job_memory
-from whichdevice.memory.placement import LORA_STEP, Placed, capacities, place_model
-from whichdevice.memory.strategy import FULL, Strategy, TrainingPlan, plan_strategies
-from whichdevice.model.facts import estimate_model_size, model_shape
+from whichdevice.memory import placement as place
+from whichdevice.memory.fit import JobFit, priced_margin
+from whichdevice.memory.placement import Placed, capacities, place_model
+from whichdevice.memory.strategy import FULL, TrainingPlan
+from whichdevice.memory.training_fit import (
+    Tried,
+    first_need,
+    ladder,
+    lora_step,
+    passed_over,
+    priced_lines,
+    sized_training,
+    training_limits,
+    ways_out,
+)
+from whichdevice.memory.training_job import TrainingAsk, TrainingSetup, adapter_parameters
+from whichdevice.memory.training_plan import plan_steps, plan_training
+from whichdevice.model.facts import estimate_model_size
 from whichdevice.model.layers import layer_classes
 
 if TYPE_CHECKING:
@@ -34,69 +45,19 @@ if TYPE_CHECKING:
     from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.load_peak import LoadPeak
 
-__all__ = ["TrainingPlaced", "place_training", "plan_training", "trainer_parallel_steps"]
-
-TrainingPlaced = tuple[Placed, "TrainingPlan | None", str, "LargestFit | None", "LoadPeak | None"]
+__all__ = ["TrainingPlaced", "place_training", "place_training_job", "plan_training"]
 
 
-# accelerate 1.16 AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
-# MULTI_XPU, MULTI_NPU, MULTI_HPU, ... types (state.py, "if ... fsdp_plugin is not None"); a MULTI_CPU run
-# keeps DDP and ignores the plugin without a word, so FSDP is never handed over for the CPU. The rule is
-# accelerate's, and FSDP's alone.
-_CPU_FSDP = "accelerate ignores fsdp on CPU processes (they train with DDP)"
-# DeepSpeed is another matter: AcceleratorState takes DistributedType.DEEPSPEED whenever the plugin or
-# ACCELERATE_USE_DEEPSPEED is there "and not cpu" (state.py), and that cpu is the Accelerator's own
-# argument, which Trainer does not pass, or ACCELERATE_USE_CPU: CPU processes run DeepSpeed (its CPU
-# accelerator, gloo). A launch that carries it is planned as such (_runs). Unasked, it is not offered:
-# its first step builds DeepSpeed's shared-memory op with the host's C++ compiler, which is not checked.
-_CPU_DEEPSPEED = (
-    "not offered to CPU processes unless the launch carries it (accelerate launch --use_deepspeed: DeepSpeed "
-    "runs there, AcceleratorState state.py): its first step builds DeepSpeed's shared-memory op with the "
-    "host's C++ compiler, which whichdevice does not check"
-)
+class TrainingPlaced(NamedTuple):
+    """Placement's answer: where the weights go, the multi-device plan, the dtype the weights load in,
+    the largest job that fits, the load's peak, and the way the job trains (None for inference)."""
 
-
-def plan_training(
-    model: Any,
-    job: Job,
-    dtype: str,
-    compute_dtype: str,
-    devices: int,
-    budget: int,
-    cpu_memory: int | None,
-    backend: str = "cuda",
-    quantize: str | None = "auto",
-    launched: LaunchStrategy | None = None,
-    local_devices: int | None = None,
-) -> TrainingPlan:
-    """Every strategy for ``model`` on ``devices`` devices of ``budget`` bytes, the first that fits chosen,
-    or the strategy the launch carries (``launched``), sized as launched."""
-    size = estimate_model_size(model)
-    shape = model_shape(model)
-    eager = job.attention == "eager"
-    args = (shape, size.parameters, "training", dtype, job.batch_size, job.max_length)
-    full = job_memory(*args, eager=eager)
-    adapters = job_memory(*args, trainable=ADAPTER_FRACTION, eager=eager)
-    return plan_strategies(
-        params=size.parameters,
-        shape=shape,
-        dtype=dtype,
-        compute_dtype=compute_dtype,
-        full=full,
-        adapters=adapters,
-        qlora_base=size.bytes_quantized(4, compute_dtype),
-        devices=devices,
-        budget=budget,
-        cpu_memory=cpu_memory,
-        deepspeed=package_version("deepspeed") is not None,
-        layer_classes=layer_classes(model).names,
-        no_fsdp=_CPU_FSDP if backend == "cpu" else None,
-        no_deepspeed=_CPU_DEEPSPEED if backend == "cpu" and not (launched and launched.kind == "deepspeed") else None,
-        no_qlora="quantize=None keeps the weights unquantized" if quantize is None else None,
-        largest_module=size.largest_module or None,
-        launched=launched,
-        local_devices=local_devices,
-    )
+    placed: Placed
+    plan: TrainingPlan | None
+    loads: str
+    limits: LargestFit | None
+    load: LoadPeak | None
+    setup: TrainingSetup | None = None
 
 
 def _device_count(backend: Backend, result: ProbeResult, dist: DistributedContext | None) -> int:
@@ -121,11 +82,13 @@ def place_training(
     job: Job,
     launched: LaunchStrategy | None = None,
     movable: bool = False,
+    ask: TrainingAsk | None = None,
 ) -> TrainingPlaced:
-    """(placement, plan or None, dtype to load in, largest job that fits, load peak) for ``job``: a
-    training job on several devices gets a plan (``launched``: the launch's own strategy, kept), any
-    other job place_model's answer (``movable``: the device was detected, an inference job may move)."""
+    """Placement for ``job``: a training job on several devices gets a plan (``launched``: the launch's own
+    strategy, kept); a training job on one device the first way to train that fits (memory/training_fit.py);
+    any other job place_model's answer (``movable``: the device was detected, an inference job may move)."""
     training = job.task == "training" and model is not None
+    ask = ask or TrainingAsk(compute=compute_dtype if compute_dtype != dtype else None)
     devices = _device_count(backend, result, dist) if training else 1
     caps = capacities(backend, result, device, dist, max_memory) if devices > 1 else None
     plan = None
@@ -133,39 +96,84 @@ def place_training(
     if caps and quantize not in ("4bit", "8bit"):
         from whichdevice.memory.placement import cpu_available
 
-        budget = int(min(caps.values()) * (1.0 if max_memory is not None else FIT_FRACTION))
+        # A device's budget for every strategy's job at once: the margin's share of the job priced on the
+        # device itself (the job can be no larger), so one budget serves all rows.
+        margin = priced_margin(backend.name, result.variant, "training")
+        smallest = min(caps.values())
+        budget = smallest if max_memory is not None else margin.usable(smallest, smallest)
         local = dist.local_world_size if dist is not None else None
+        layers = layer_classes(model).names
         plan = plan_training(
-            model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name, quantize, launched, local
-        )
+            model, job, dtype, compute_dtype, devices, budget, cpu_available(), backend.name, quantize, launched, local,
+            ask, layers,
+        )  # fmt: skip
         trace.extend(plan_steps(plan))
     chosen = plan.chosen.key if plan and plan.chosen else None
     if dist is not None and chosen in FULL and chosen != "ddp":
         # This rank loads the whole model where the strategy wants it; Trainer then shards it.
         where = device if chosen == "zero2" else "cpu"
-        trace.append(TraceStep("placement", _loading(chosen, where, dist.world_size)))
-        return (where, None, None, None), plan, dtype, None, None
-    sized: list[TraceStep] = []
-    limits: list[LargestFit] = []  # place_model's limits of the plan it chooses
-    loads: list[LoadPeak] = []
-    try:
+        trace.append(TraceStep("placement", loading(chosen, where, dist.world_size)))
+        return TrainingPlaced((where, None, None, None), plan, dtype, None, None, _planned(plan, dtype, compute_dtype))
+    if not training:
+        limits: list[LargestFit] = []
+        loads: list[LoadPeak] = []
         placed = place_model(
-            model, backend, result, device, dist, dtype, max_memory, quantize, sized, job,
-            compute_dtype=compute_dtype, limits=limits, loads=loads,
+            model, backend, result, device, dist, dtype, max_memory, quantize, trace, job, limits=limits, loads=loads,
             movable=movable and dist is None and job.task == "inference",
         )  # fmt: skip
+        return TrainingPlaced(placed, None, dtype, limits[0] if limits else None, loads[0] if loads else None)
+    return _one_process(model, (backend, result), device, dist, dtype, max_memory, quantize, trace, job, ask, plan)
+
+
+def _one_process(
+    model: Any,
+    on: tuple[Backend, ProbeResult],
+    device: str,
+    dist: DistributedContext | None,
+    dtype: str,
+    max_memory: Mapping[int | str, Any] | None,
+    quantize: str | None,
+    trace: list[TraceStep],
+    job: Job,
+    ask: TrainingAsk,
+    plan: TrainingPlan | None,
+) -> TrainingPlaced:
+    """What this process loads for training: the first way that fits its device (or devices, split)."""
+    from whichdevice.memory.capacity import can_split, memory_step
+
+    backend, result = on
+    caps = capacities(backend, result, device, dist, max_memory)
+    if caps is None:
+        placed = place_model(model, backend, result, device, dist, dtype, max_memory, quantize, trace, job)
+        return TrainingPlaced(placed, plan, dtype, None, None, None)
+    if max_memory is None:
+        trace.append(memory_step(backend, result, device, dist))
+    margin = priced_margin(backend.name, result.variant, job.task)
+    fit = JobFit(device, caps, max_memory is not None, can_split(backend, dist), backend.name, 0, job, margin)
+    limits: list[LargestFit] = []
+    loads: list[LoadPeak] = []
+    try:
+        placed, setup = place_training_job(model, on, fit, dtype, quantize, job, ask, trace, (limits, loads))
     except DoesNotFitError as err:
         if plan is None:
             raise
-        raise DoesNotFitError(f"{err}. {_totals(plan)}") from None
-    trace.extend(sized)
-    lora = any(s.message.startswith(LORA_STEP) for s in sized)
-    if lora and compute_dtype != dtype:
-        why = f"it computes in {compute_dtype} already; peft keeps the adapters in float32"
+        raise DoesNotFitError(f"{err}. {plan.totals()}") from None
+    loads_in = setup.weights if setup.train != "full" else dtype
+    if setup.train == "lora" and setup.weights != dtype:
+        why = "it computes in it already; peft keeps the adapters in float32"
         trace.append(
-            TraceStep("dtype", f"{compute_dtype} weights for the frozen base under LoRA ({why}), instead of {dtype}")
+            TraceStep("dtype", f"{setup.weights} weights for the frozen base under LoRA ({why}), instead of {dtype}")
         )
-    return placed, plan, compute_dtype if lora else dtype, limits[0] if limits else None, loads[0] if loads else None
+    return TrainingPlaced(placed, plan, loads_in, limits[0] if limits else None, loads[0] if loads else None, setup)
+
+
+def _planned(plan: TrainingPlan | None, dtype: str, compute: str | None) -> TrainingSetup | None:
+    """The way a multi-device plan trains, as one rank holds it."""
+    if plan is None or plan.chosen is None:
+        return None
+    key = plan.chosen.key
+    train = "lora" if key == "lora" else "qlora" if key == "qlora" else "full"
+    return TrainingSetup(train, dtype if train == "full" else plan.compute_dtype, compute, plan.checkpointing)
 
 
 def _runs(
@@ -204,16 +212,7 @@ def _runs(
     return None
 
 
-def _totals(plan: TrainingPlan) -> str:
-    """Each strategy's total only (the formulas are in the trace): the error stays whole under its length limit."""
-    table = "; ".join(
-        f"{s.name}: not considered, {s.unavailable}" if s.unavailable else f"{s.name}: {format_bytes(s.per_device)}"
-        for s in plan.strategies
-    )
-    return f"On {plan.devices} devices, per device against {format_bytes(plan.budget)}: {table}"
-
-
-def _loading(key: str, where: str, ranks: int) -> str:
+def loading(key: str, where: str, ranks: int) -> str:
     """The placement line of a rank that loads for a sharding strategy."""
     if key == "zero2":
         return f"device_map={where!r}: ZeRO-2 keeps the whole weights on each rank's device"
@@ -226,97 +225,56 @@ def _loading(key: str, where: str, ranks: int) -> str:
     )
 
 
-def plan_steps(plan: TrainingPlan) -> list[TraceStep]:
-    """The trace lines: every strategy's formula and verdict, then the choice and why."""
-    steps = [
-        TraceStep("strategy", s.line(plan.budget), chosen=plan.chosen is s if s.fits else False)
-        for s in plan.strategies
-    ]
-    if plan.chosen is None:
-        steps.append(TraceStep("strategy", f"no strategy fits {plan.devices} devices"))
-        return steps
-    if plan.launched is not None:
-        return [*steps, *_launched_steps(plan, plan.chosen)]
-    kwargs = plan.kwargs()
-    said = f"; TrainingArguments({_kwargs_text(kwargs)})" if kwargs else ""
-    steps.append(
-        TraceStep(
-            "strategy",
-            f"{plan.chosen.name} on {plan.devices} devices: the first that fits in the order speed first, then "
-            f"memory, full fine-tuning before adapters{said}",
-        )
-    )
-    return steps
-
-
-def _launched_steps(plan: TrainingPlan, chosen: Strategy) -> list[TraceStep]:
-    """The launch's strategy: kept, with no keyword of whichdevice's over it, and warned where it does not fit."""
-    steps = [
-        TraceStep(
-            "strategy",
-            f"{chosen.name} on {plan.devices} devices, as the launch carries it ({plan.launched}): training_kwargs() "
-            "passes no fsdp=/deepspeed= over it (TrainingArguments would build its plugin from them instead)",
-        )
-    ]
-    if chosen.unavailable:
-        steps.append(TraceStep("warning", f"the launch asks for {chosen.name}, but {chosen.unavailable}"))
-    elif not chosen.fits:
-        others = [s for s in plan.strategies if s is not chosen and s.fits]
-        instead = (
-            f"{others[0].name} fits ({format_bytes(others[0].per_device)} per device): change the launch's config"
-            if others
-            else "no strategy fits these devices"
-        )
-        steps.append(
-            TraceStep(
-                "warning",
-                f"the launch's {chosen.name} needs {format_bytes(chosen.per_device)} per device ({chosen.formula}), "
-                f"over the {format_bytes(plan.budget)} budget of each of the {plan.devices} devices: it will run out "
-                f"of memory; {instead}",
-            )
-        )
-    return steps
-
-
-def _kwargs_text(kwargs: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-
-
-def trainer_parallel_steps(
-    steps: list[TraceStep],
-    device_map: Any,
-    plan: TrainingPlan | None,
-    dist: DistributedContext | None,
-    backend: Backend,
-    result: ProbeResult,
-) -> list[TraceStep]:
-    """One process on several devices: the DataParallel warning (``steps``) when the model is on one
-    device, or what Trainer does with a split instead; and what to launch for the plan."""
-    if dist is not None or (plan is None and not steps):
-        return steps
-    split = isinstance(device_map, dict) or device_map in ("auto", "balanced", "balanced_low_0", "sequential")
-    if split:
-        # transformers' Trainer: a model whose hf_device_map spans several devices sets
-        # is_model_parallel, which forces n_gpu = 1: no DataParallel (trainer.py, "Distributed strategy").
-        steps = [
-            TraceStep(
-                "warning",
-                "Trainer runs the split model as naive model parallelism (is_model_parallel: its hf_device_map "
-                "spans several devices, so n_gpu = 1 and no nn.DataParallel): one device computes at a time",
-            )
-        ]
-    if plan is None or plan.chosen is None or plan.devices < 2:
-        return steps
-    kwargs = plan.kwargs()
-    if not (split or kwargs or plan.chosen.key != "ddp"):
-        return steps  # the DataParallel warning names the launch already
-    with_ = f" with TrainingArguments({_kwargs_text(kwargs)})" if kwargs else ""
-    launch = " ".join(launch_command(backend, result, ["train.py"]))
-    return [
-        *steps,
-        TraceStep(
-            "launch",
-            f"instead, launch one process per device: `{launch}` (res.launch_command); each rank then trains "
-            f"with {plan.chosen.name}{with_} (training_arguments() fills them in under the launch)",
-        ),
-    ]
+def place_training_job(
+    model: Any,
+    on: tuple[Backend, ProbeResult],
+    fit: JobFit,
+    dtype: str,
+    quantize: str | None,
+    job: Job,
+    ask: TrainingAsk,
+    trace: list[TraceStep],
+    found: tuple[list[LargestFit] | None, list[LoadPeak] | None],
+) -> tuple[Placed, TrainingSetup]:
+    """The first way to train ``model`` that fits ``fit``'s devices (its placement, and the way), else the
+    fit error with every way priced and the ways out. ``found`` gets the chosen way's largest job and
+    its load's peak. Offload (where asked) takes the first way's job when nothing fits."""
+    limits, loads = found
+    setups = ladder(dtype, ask, quantize)
+    if job.batch_size is None and job.max_length is None:
+        # Activations are not counted without the job's sequences: checkpointing would price the same,
+        # so it is not decided (None), unless the caller pinned it.
+        firsts = {(s.train, s.bits): s for s in reversed(setups)}
+        setups = [replace(s, checkpointing=ask.checkpointing) for s in setups if firsts[(s.train, s.bits)] is s]
+    if ask.no_checkpointing is not None:
+        trace.append(TraceStep("training", f"gradient checkpointing not priced: {ask.no_checkpointing}"))
+    tried: list[Tried] = []
+    for setup in setups:
+        size, weights, memory = sized_training(model, job, setup, ask)
+        sized = replace(fit, extra=memory.bytes)
+        steps: list[TraceStep] = []
+        if setup.train == "qlora":
+            note = first_need(tried)
+            try:
+                placed = place.place_quantized(model, size, on, sized, setup, note, job, steps, loads)
+            except DoesNotFitError:
+                tried.append((setup, weights, memory))
+                continue
+        else:
+            placement = place.checked_split(model, setup.weights, sized.plan(weights), sized, memory, weights)
+            if not placement.fits:
+                tried.append((setup, weights, memory))
+                continue
+            training_limits(model, size, job, setup, ask, sized, weights, steps, limits)
+            if setup.train == "lora":
+                steps.append(lora_step(setup))
+            placed = place.loaded(placement, (model, size, setup.weights, memory, weights), sized, on, steps, loads)
+        trace.extend([*priced_lines(size, setup, weights, memory), *passed_over(tried, fit, setup), *steps])
+        adapters = adapter_parameters(size, setup.lora_r)[0] if setup.train != "full" else None
+        return placed, replace(setup, adapters=adapters, passed_over=first_need(tried, fit))
+    first = tried[0] if tried else None
+    if job.offload is not None and first is not None:
+        setup, weights, memory = first
+        trace.extend(priced_lines(estimate_model_size(model), setup, weights, memory))
+        return place.offload(weights, memory.bytes, on[0], fit, job, trace), setup
+    raise ways_out(model, job, ask, on, fit, tried)

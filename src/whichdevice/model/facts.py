@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DamagedModelError, DeviceError
 from whichdevice.core.progress import working
 from whichdevice.model.adapter import adapter_base_name
+from whichdevice.model.built import meta_linear_layout
 from whichdevice.model.files import ModelFiles, check_config, is_config_object, read_model_folder
 from whichdevice.model.locate import NotHereError, resolve_model_path
 from whichdevice.model.quantized import CheckpointQuantization, read_quantization
-from whichdevice.model.shape import ModelShape, shape_of_config
+from whichdevice.model.shape import ModelShape, has_experts, shape_of_config
 from whichdevice.model.size import (
     CheckpointDtype,
     ModelSize,
@@ -108,6 +109,12 @@ class ModelFacts:
             files = [file for file, _ in self.headers]
             where = files[0].parent if len(files) > 1 else files[0]
             size = size_from_headers([tensors for _, tensors in self.headers], where, self.config)
+            if size.quantized is None and has_experts(self.config):
+                # The checkpoint stores one 2-D weight per expert; what transformers builds decides
+                # which are linear layers (model/built.py).
+                layout = meta_linear_layout(self.config)
+                if layout is not None:
+                    size = replace(size, linear_params=layout[0], lora_fan=layout[1], largest_linear=layout[2])
         elif self.config_object is not None:
             size = size_from_config(self.config_object)
         elif self.path is not None and self.config is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from whichdevice.model.context import Context, model_context
 
-__all__ = ["ModelShape", "shape_of_config"]
+__all__ = ["ModelShape", "has_experts", "shape_of_config"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,23 @@ class ModelShape:
     # The model's context: its stated positions, stretched where its RoPE scaling says so (model/context.py).
     max_positions: int | None = None
     context: Context | None = None
+    # What training activations are priced by besides the widths above (memory/activations.py): the
+    # config's model_type, routed experts (how many, how many each token takes, each one's
+    # intermediate width, and the dense MLP width beside them: a shared expert, or 0), a state-space
+    # layer's state size, and an encoder-decoder's decoder layers.
+    model_type: str | None = None
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    dense_intermediate: int | None = None
+    state_size: int = 0
+    decoder_layers: int = 0
+
+    @property
+    def mlp_intermediate(self) -> int:
+        """The dense MLP width every token goes through: the intermediate size, or beside routed experts
+        a shared expert's (0 where every MLP is routed)."""
+        return self.intermediate if self.dense_intermediate is None else self.dense_intermediate
 
 
 def _first(config: Mapping[str, Any], *names: str) -> Any:
@@ -50,15 +67,19 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
     if data is None:
         return None
     config = _language_part(data)
-    layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _first(config, "num_attention_heads", "n_head", "num_heads")
+    layers = _first(config, "num_hidden_layers", "n_layer", "num_layers", "encoder_layers")
+    heads = _first(config, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
     hidden = _first(config, "hidden_size", "n_embd", "d_model")
-    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, hidden)):
+    if _positive(config.get("state_size")) and _positive(heads) == 0:
+        heads = 0  # a state-space model (Mamba): no attention, so no heads and no KV cache
+    elif not all(isinstance(v, int) and v > 0 for v in (heads,)):
+        return None
+    if not all(isinstance(v, int) and v > 0 for v in (layers, hidden)):
         return None
     kv_heads = _first(config, "num_key_value_heads", "n_head_kv", "num_kv_heads")
     if config.get("multi_query") is True:
         kv_heads = 1
-    head_dim = _first(config, "head_dim") or hidden // heads
+    head_dim = _first(config, "head_dim", "d_kv") or (hidden // heads if heads else 0)
     context = model_context(config)
     window = _first(config, "sliding_window", "attention_chunk_size")
     types = config.get("layer_types")
@@ -66,16 +87,50 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         sliding = sum(1 for t in types if "sliding" in str(t) or t == "chunked_attention")
     else:
         sliding = layers if window else 0  # transformers' DynamicCache: every layer slides then
+    intermediate = int(
+        _first(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim") or 4 * hidden
+    )
     return ModelShape(
         layers=layers,
         heads=heads,
         kv_heads=int(kv_heads or heads),
         head_dim=int(head_dim),
         hidden=hidden,
-        intermediate=int(_first(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden),
+        intermediate=intermediate,
         vocab=int(_first(config, "vocab_size") or 0),
         sliding_window=int(window) if window else None,
         sliding_layers=sliding if window else 0,
         max_positions=context.tokens if context is not None else None,
         context=context,
+        model_type=str(config.get("model_type") or data.get("model_type") or "") or None,
+        **_experts(config, intermediate),
+        state_size=_positive(config.get("state_size")) if config.get("ssm_cfg") is None else 0,
+        decoder_layers=_positive(_first(config, "num_decoder_layers", "decoder_layers")),
     )
+
+
+def _positive(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _experts(config: Mapping[str, Any], intermediate: int) -> dict[str, Any]:
+    """Routed experts as the config states them (Mixtral's num_local_experts with intermediate_size per
+    expert, Qwen-MoE's num_experts with moe_intermediate_size and a shared expert beside them)."""
+    experts = _positive(_first(config, "num_local_experts", "num_experts", "n_routed_experts"))
+    per_token = _positive(config.get("num_experts_per_tok"))
+    if not experts or not per_token:
+        return {}
+    own = _positive(config.get("moe_intermediate_size"))
+    shared = _positive(config.get("shared_expert_intermediate_size"))
+    return {
+        "experts": experts,
+        "experts_per_token": per_token,
+        "expert_intermediate": own or intermediate,
+        "dense_intermediate": shared,
+    }
+
+
+def has_experts(config: Mapping[str, Any] | None) -> bool:
+    """Whether a config.json's model routes tokens to experts (a mixture of experts)."""
+    shape = shape_of_config(config)
+    return shape is not None and shape.experts > 0

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, cast
 
 from whichdevice.core.dtypes import FLOAT_CODES, NAMES, SAFETENSORS_BITS, code_name, item_size
 from whichdevice.core.errors import DeviceError
+from whichdevice.model.built import build_on_meta, linear_layout
 from whichdevice.model.files import (
     DamagedModelError,
     read_config,
@@ -31,10 +32,10 @@ __all__ = [
     "StepWeights",
     "StoredWeights",
     "auto_config",
-    "build_on_meta",
     "config_object_dtype",
     "resolve_model_path",
     "size_from_config",
+    "size_of_config_folder",
     "stored_dtype",
     "stored_weights",
 ]
@@ -59,6 +60,9 @@ class ModelSize:
     # the source does not say.
     tensors: tuple[int, ...] = field(default=(), repr=False, compare=False)
     largest_linear: int = 0
+    # The rows plus columns of every linear weight LoRA adapts by default (lora_training: every linear
+    # layer but the head): rank r adds r x this many parameters. 0: unknown.
+    lora_fan: int = 0
 
     @property
     def parameters(self) -> int:
@@ -71,7 +75,14 @@ class ModelSize:
 
     def dequantized(self) -> ModelSize:
         """The same model with its packed weights unpacked to floats (transformers' dequantizing load)."""
-        return ModelSize(f"{self.source}, dequantized", self.parameters, self.linear_params, 0, self.quantized)
+        return ModelSize(
+            f"{self.source}, dequantized",
+            self.parameters,
+            self.linear_params,
+            0,
+            self.quantized,
+            lora_fan=self.lora_fan,
+        )
 
     def bytes_in(self, dtype: str) -> int:
         return self.float_params * item_size(dtype) + self.other_bytes
@@ -186,7 +197,7 @@ def size_from_headers(
 ) -> ModelSize:
     """The size of already read and checked safetensors headers. In a quantized checkpoint only the
     float tensors (F64/F32/F16/BF16) follow the load dtype; FP8/FP4 and packed integers stay as stored."""
-    float_params = linear = other = largest = 0
+    float_params = linear = other = largest = fan = 0
     quantized = read_quantization(dict(config or {}), f"{where}", cast(Any, list(headers)))
     floats = CAST_CODES if quantized is not None else FLOAT_CODES
     modules: dict[str, int] = {}
@@ -202,6 +213,7 @@ def size_from_headers(
                 if _is_linear(name, info["shape"]):
                     linear += count
                     largest = max(largest, count)
+                    fan += sum(info["shape"])
             else:
                 other += count * SAFETENSORS_BITS[info["dtype"]] // 8
     source = f"safetensors headers ({len(headers)} file(s) in {where})"
@@ -214,23 +226,15 @@ def size_from_headers(
         max(modules.values(), default=0),
         tuple(sorted(tensors, reverse=True)),
         largest,
+        fan,
     )
 
 
-def build_on_meta(config: Any) -> tuple[Any, list[str]]:
-    """transformers' own model for ``config`` built on the meta device (no memory for weights, never
-    the model's own code), as a causal LM else a base model; (None, why each failed) when neither builds."""
-    import torch
-    from transformers import AutoModel, AutoModelForCausalLM
-
-    errors = []
-    for auto in (AutoModelForCausalLM, AutoModel):
-        try:
-            with torch.device("meta"):
-                return auto.from_config(config, trust_remote_code=False), []  # type: ignore[no-untyped-call]
-        except Exception as exc:
-            errors.append(f"{auto.__name__}: {exc}")
-    return None, errors
+def _config_dict(config: Any) -> dict[str, Any]:
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return {}
+    return {"quantization_config": qc if isinstance(qc, dict) else qc.to_dict()}
 
 
 def size_from_config(config: Any) -> ModelSize:
@@ -241,7 +245,7 @@ def size_from_config(config: Any) -> ModelSize:
             f"cannot size a {type(config).__name__}: {'; '.join(errors)}; pass max_memory and a "
             "device explicitly, or a folder with safetensors weights"
         )
-    float_params = linear = matrices = largest = 0
+    float_params = matrices = 0
     seen: set[int] = set()
     tensors = []
     for name, param in model.named_parameters(remove_duplicate=True):
@@ -251,11 +255,9 @@ def size_from_config(config: Any) -> ModelSize:
         if param.is_floating_point():
             float_params += param.numel()
             tensors.append(param.numel())
-            if _is_linear(name, list(param.shape)):
-                linear += param.numel()
-                largest = max(largest, param.numel())
             if param.dim() > 2 and _is_linear(name + ".weight", [1, 1]):
-                matrices += param.numel()  # fused MoE experts ([experts, in, out]): quantized like linears
+                matrices += param.numel()  # fused MoE experts ([experts, in, out]): a checkpoint's method may pack them
+    linear, fan, largest = linear_layout(model)
     source = f"a meta-device build of {type(config).__name__}"
     # DeepSpeed's largest layer: the module whose own parameters (not its children's) are the most.
     largest_module = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
@@ -264,27 +266,19 @@ def size_from_config(config: Any) -> ModelSize:
     quantized = read_quantization(_config_dict(config), source, params=params)
     if quantized is None or quantized.estimated_bytes is None:
         return ModelSize(
-            source, float_params, linear, 0, quantized, largest_module, tuple(sorted(tensors, reverse=True)), largest
+            source,
+            float_params,
+            linear,
+            0,
+            quantized,
+            largest_module,
+            tuple(sorted(tensors, reverse=True)),
+            largest,
+            fan,
         )
     # The quantized layers' packed bytes, estimated from bits and group size; the rest stays float.
     packed = estimate_stored(quantized.bits or 16, quantized.group_size, quantizable, 0)
     return ModelSize(source, float_params - quantizable, 0, packed, quantized, largest_module)
-
-
-def _config_dict(config: Any) -> dict[str, Any]:
-    qc = getattr(config, "quantization_config", None)
-    if qc is None:
-        return {}
-    return {"quantization_config": qc if isinstance(qc, dict) else qc.to_dict()}
-
-
-def adapter_bytes(folder: Path) -> int:
-    """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
-    total = 0
-    for file in sorted(folder.glob("adapter_model*.safetensors")):
-        for info in read_header(file).values():
-            total += math.prod(info["shape"]) * SAFETENSORS_BITS.get(info["dtype"], 32) // 8
-    return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
 def size_of_config_folder(folder: Path, config: Mapping[str, Any]) -> ModelSize:
@@ -336,6 +330,15 @@ def auto_config(folder: Path) -> Any:
             f"{folder / 'config.json'}: transformers cannot build a config from it ({type(exc).__name__}: {exc}); "
             f"if this transformers knows the model, the file is damaged: {refetch_hint(folder)}"
         ) from None
+
+
+def adapter_bytes(folder: Path) -> int:
+    """An adapter's weights in bytes: safetensors headers, else the .bin file's length (never unpickled)."""
+    total = 0
+    for file in sorted(folder.glob("adapter_model*.safetensors")):
+        for info in read_header(file).values():
+            total += math.prod(info["shape"]) * SAFETENSORS_BITS.get(info["dtype"], 32) // 8
+    return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
 @dataclass(frozen=True)

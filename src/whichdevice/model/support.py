@@ -63,6 +63,8 @@ class ModelClass:
     flags: tuple[tuple[str, bool], ...]
     # _can_compile_fullgraph: transformers marks the class as compiling whole (no graph breaks).
     compiles: bool = False
+    # supports_gradient_checkpointing: gradient_checkpointing_enable() raises for a class without it.
+    checkpoints: bool = True
 
     def supports(self, implementation: str) -> bool:
         flag = support_flag(implementation)
@@ -102,6 +104,18 @@ class AttentionSupport:
             return None
         verb = "has" if len(lacking) == 1 else "have"
         return f"{self._names(lacking)} {verb} _can_compile_fullgraph=False on transformers {self.transformers_version}"
+
+    def no_checkpointing(self) -> str | None:
+        """Which classes cannot checkpoint activations (``supports_gradient_checkpointing=False``, so
+        transformers' gradient_checkpointing_enable raises); None where all can or the classes are unknown."""
+        lacking = tuple(c for c in self.classes if not c.checkpoints and not c.part)
+        if not lacking:
+            return None
+        verb = "has" if len(lacking) == 1 else "have"
+        return (
+            f"{self._names(lacking)} {verb} supports_gradient_checkpointing=False on transformers "
+            f"{self.transformers_version}"
+        )
 
     def refusal(self, implementation: str) -> str | None:
         """Why ``implementation`` cannot be loaded, naming the class and its flag; None when it can."""
@@ -191,11 +205,12 @@ def _import_classes(
             cls = getattr(transformers, name)
             flags = tuple((flag, bool(getattr(cls, flag))) for _, flag in _FLAGS)
             compiles = getattr(cls, "_can_compile_fullgraph", False) is True
+            checkpoints = getattr(cls, "supports_gradient_checkpointing", False) is True
         except Exception:
             if part:
                 continue  # a sub-config whose class is not in this transformers: its own model decides
             return AttentionSupport(model_type, unknown=f"{name} is not a class of transformers {version}")
-        classes.append(ModelClass(name, part, flags, compiles))
+        classes.append(ModelClass(name, part, flags, compiles, checkpoints))
     if not classes:
         return AttentionSupport(
             model_type, unknown=f"transformers {version} has no class for model_type {model_type!r}"

@@ -48,6 +48,8 @@ __all__ = [
 # 1.9: the resolution's ``device_map_passed`` and ``tuning.decode_attention``; ``attn_implementation`` is
 # always a name transformers knows (sdpa where 1.8 said whichdevice_sdpa, which prepare() now installs);
 # ``largest_fit.model_context`` is stretched by RoPE scaling.
+# also 1.9: the resolution's ``training`` (how a training job trains as priced: method, dtypes, gradient
+# checkpointing, optimizer, LoRA's rank) and ``training_plan.gradient_checkpointing``.
 SCHEMA_VERSION = "1.9"
 
 # The packages whose versions decide how a Transformers program picks its device.

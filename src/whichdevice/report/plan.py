@@ -19,7 +19,7 @@ import re
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError, printable
 
@@ -123,21 +123,25 @@ def plan_hardware(
     max_length: int = 4096,
     machines: Sequence[str | tuple[str, str]] | None = None,
     revision: str | None = None,
+    gradient_checkpointing: bool | None = None,
 ) -> HardwarePlan:
     """Which of ``machines`` (simulate() specs, or (name, spec) pairs; default DEFAULT_MACHINES) run
-    ``task`` on ``model`` at ``batch_size`` x ``max_length``, and how: see the module docstring."""
+    ``task`` on ``model`` at ``batch_size`` x ``max_length``, and how: see the module docstring.
+    ``gradient_checkpointing`` (training): None decides per machine, as resolve_device does."""
     from whichdevice.model.facts import read_model_facts
-    from whichdevice.resolve.arguments import check_count
+    from whichdevice.resolve.arguments import check_checkpointing, check_count
 
     for value, name in ((batch_size, "batch_size"), (max_length, "max_length")):
         check_count(value, name)
+    check_checkpointing(gradient_checkpointing)
     if task not in ("inference", "training"):
         raise DeviceError(f"task={task!r}: use 'inference' or 'training'")
     facts = read_model_facts(model, revision=revision)
     listed = [_named(m) for m in (machines if machines is not None else DEFAULT_MACHINES)]
     rows: list[PlanRow] = []
+    job = _Job(task, batch_size, max_length, gradient_checkpointing)
     for name, spec in listed:
-        rows += _machine_rows(facts, name, spec, task, batch_size, max_length)
+        rows += _machine_rows(facts, name, spec, job)
     fetched = facts.hub.describe() if facts.hub is not None else None
     from whichdevice.model.context import context_steps
 
@@ -182,24 +186,35 @@ def _machine(spec: str) -> Iterator[None]:
         yield
 
 
-def _machine_rows(facts: Any, name: str, spec: str, task: str, batch: int, length: int) -> list[PlanRow]:
+class _Job(NamedTuple):
+    task: str
+    batch: int
+    length: int
+    checkpointing: bool | None
+
+
+def _machine_rows(facts: Any, name: str, spec: str, job: _Job) -> list[PlanRow]:
     rows = []
     for count in _counts(spec):
         one = _with_count(spec, count) if spec else spec
         # On one device the resolver may quantize; with more, the question is what runs unquantized.
-        row = _row(facts, name, one, count, task, batch, length, "auto" if count == 1 else None)
+        row = _row(facts, name, one, count, job, "auto" if count == 1 else None)
         rows.append(row)
-        if row.fits and row.quantization is None and (task == "inference" or "LoRA" not in (row.strategy or "")):
+        if row.fits and row.quantization is None and (job.task == "inference" or "LoRA" not in (row.strategy or "")):
             break
     return rows
 
 
-def _row(facts: Any, name: str, spec: str, count: int, task: str, batch: int, length: int, quantize: Any) -> PlanRow:
+def _row(facts: Any, name: str, spec: str, count: int, job: _Job, quantize: Any) -> PlanRow:
     import whichdevice as wd
 
+    task, batch, length = job.task, job.batch, job.length
     with _machine(spec):
         try:
-            res = wd.resolve_device(model=facts, task=task, batch_size=batch, max_length=length, quantize=quantize)
+            res = wd.resolve_device(
+                model=facts, task=task, batch_size=batch, max_length=length, quantize=quantize,
+                gradient_checkpointing=job.checkpointing if task == "training" else None,
+            )  # fmt: skip
         except DoesNotFitError as error:
             return PlanRow(name, spec, count, False, note=_short(str(error)))
         except DeviceError as error:
@@ -220,9 +235,9 @@ def _answer(facts: Any, res: Any, row: PlanRow, task: str, batch: int, length: i
     size = facts.size
     weights = size.bytes_quantized(res.quantization.bits, dtype) if res.quantization else size.bytes_in(dtype)
     strategy, keywords, launch, parallel = _strategy(facts, res, row.devices, task, batch, length, weights)
-    # The limits are searched for the unquantized full job (memory/largest.py): none for a quantized
-    # load or for LoRA, which placement chose after them.
-    limits = res.fit_limits if res.quantization is None and "LoRA" not in strategy else None
+    # The limits are searched for the way placement chose (memory/largest.py), none for an inference
+    # job's quantized load.
+    limits = res.fit_limits if res.quantization is None or task == "training" else None
     speed = source = None
     row_bandwidth = bandwidth_of(row.device_name) if row.spec else _cpu_bandwidth()
     if task == "inference" and row_bandwidth is not None:
@@ -244,9 +259,10 @@ def _strategy(
     plan = res.training_plan
     if task == "training":
         chosen = plan.chosen if plan is not None else None
-        name = chosen.name if chosen is not None else ("one device" if devices == 1 else "one process")
-        if any("LoRA adapters" in s.message for s in res.trace) and chosen is None:
-            name = "LoRA adapters on the frozen base"
+        setup = res.training_setup
+        name = chosen.name if chosen is not None else setup.describe() if setup is not None else "one device"
+        if chosen is not None and setup is not None and setup.checkpointing:
+            name += ", gradient checkpointing"
         launch = _launch(res, devices) if chosen is not None and devices > 1 else None
         return name, {**kwargs, **{k: _shown(v) for k, v in res.training_kwargs().items()}}, launch, 1
     split = isinstance(res.device_map, dict) or res.device_map in ("auto", "balanced", "balanced_low_0", "sequential")
@@ -268,7 +284,7 @@ def _tensor_parallel(facts: Any, res: Any, devices: int, batch: int, length: int
     from whichdevice.memory.job import job_memory
     from whichdevice.memory.tensor_parallel import tensor_parallel
 
-    memory = job_memory(facts.shape, facts.size.parameters, "inference", res.dtype_name or "float32", batch, length)
+    memory = job_memory(facts.shape, res.dtype_name or "float32", batch, length)
     kv = sum(t.bytes for t in memory.terms if t.name == "KV cache")
     caps = [d.free_memory or d.total_memory for d in res.probe.devices if (d.free_memory or d.total_memory)]
     if not caps:

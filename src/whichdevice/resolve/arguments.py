@@ -23,6 +23,7 @@ __all__ = [
     "DEVICE_MAP_WORDS",
     "Arguments",
     "check_arguments",
+    "check_checkpointing",
     "check_count",
     "check_device_map_shape",
     "check_dtype_override",
@@ -41,6 +42,7 @@ def check_shapes(args: Arguments) -> None:
     """resolve_device()'s switches, use_kernels, device_map and max_memory, before anything is probed."""
     check_flag(args.torch_compile, "torch_compile")
     check_flag(args.serving, "serving")
+    check_checkpointing(args.gradient_checkpointing)
     # None is not a documented value (transformers' own default is False): refused, not read as "off".
     if not ((isinstance(args.use_kernels, str) and args.use_kernels == "auto") or isinstance(args.use_kernels, bool)):
         raise ConfigConflictError(
@@ -59,6 +61,16 @@ def check_flag(value: Any, name: str) -> None:
     if not isinstance(value, bool):
         hint = " (a string is not read as a switch: write the bare word)" if isinstance(value, str) else ""
         raise DeviceError(f"{name}={value!r}: pass True or False{hint}")
+
+
+def check_checkpointing(value: Any) -> None:
+    """``gradient_checkpointing`` is None (whichdevice decides: on where the job fits only with it), True or False."""
+    if value is not None and not isinstance(value, bool):
+        hint = " (a string is not read as a switch: write the bare word)" if isinstance(value, str) else ""
+        raise DeviceError(
+            f"gradient_checkpointing={value!r}: pass True, False, or None to let whichdevice decide (on where the "
+            f"job fits only with it){hint}"
+        )
 
 
 # from_pretrained's device_map words; anything else names a device or maps modules to devices.
@@ -186,7 +198,7 @@ def check_lora_arguments(r: Any, lora_alpha: Any, lora_dropout: Any, target_modu
             f"target_modules={target_modules!r}: module names (['q_proj', 'v_proj']), 'all-linear', or None for "
             "every linear layer but the output head"
         )
-    check_flag(checkpointing, "gradient_checkpointing")
+    check_checkpointing(checkpointing)
 
 
 def check_dtype_override(value: Any, what: str) -> None:
@@ -224,6 +236,7 @@ class Arguments(NamedTuple):
     revision: Any = None
     serving: bool = False
     devices: Any = None
+    gradient_checkpointing: Any = None
 
     def job(self) -> Job:
         """The job these arguments describe (checked first: check_arguments)."""

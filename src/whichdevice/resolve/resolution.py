@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
+    from whichdevice.memory.training_job import TrainingSetup
     from whichdevice.tuning.record import Tuning
 
 __all__ = ["Resolution", "check_device_map"]
@@ -84,6 +85,9 @@ class Resolution:
     # resolve_device(serving=True): whether continuous batching applies and the ContinuousBatchingConfig
     # fields checked for it (attention/serving.py); None for a job that serves no requests.
     serving: Serving | None = None
+    # task="training" with model=: how the job trains as placement priced it (full, LoRA or QLoRA, the
+    # dtypes, the optimizer, gradient checkpointing: memory/training_job.py); None otherwise.
+    training_setup: TrainingSetup | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
         return self.device
@@ -116,6 +120,12 @@ class Resolution:
     @property
     def simulated(self) -> bool:
         return self.probe.simulated
+
+    @property
+    def gradient_checkpointing(self) -> bool | None:
+        """Whether training checkpoints activations, as the plan priced it and ``training_kwargs()`` hands it
+        over; None where nothing was decided (inference, or training without model=)."""
+        return self.training_setup.checkpointing if self.training_setup is not None else None
 
     @property
     def index(self) -> int | None:
@@ -256,6 +266,10 @@ class Resolution:
         kwargs = training_kwargs_for(self.backend, self.mixed_precision, self.distributed, torch_compile=compile_)
         if self.tf32:
             kwargs["tf32"] = True
+        if self.gradient_checkpointing:
+            from whichdevice.launch.trainer_kwargs import checkpointing_kwargs
+
+            kwargs.update(checkpointing_kwargs())
         if self.training_plan is not None and self.distributed is not None:
             # Only a launched rank shards: in one process fsdp/deepspeed have no process group to run in.
             kwargs.update(self.training_plan.kwargs())
@@ -336,6 +350,8 @@ class Resolution:
             "serving": self.serving.to_dict() if self.serving is not None else None,
             "training_kwargs": _json_safe(self.training_kwargs()) if self.task == "training" else None,
             "training_plan": self.training_plan.to_dict() if self.training_plan else None,
+            # Since 1.9: how a training job trains as priced (memory/training_job.py), else null.
+            "training": self.training_setup.to_dict() if self.training_setup is not None else None,
             "largest_fit": self.fit_limits.to_dict() if self.fit_limits else None,
             "revision": self.revision,
             "load_peak": self.load_peak.to_dict() if self.load_peak else None,

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization import QuantizationPlan
     from whichdevice.memory.strategy import TrainingPlan
+    from whichdevice.memory.training_job import TrainingSetup
     from whichdevice.model.facts import ModelFacts
     from whichdevice.model.quantized import CheckpointQuantization
 
@@ -87,6 +88,7 @@ def resolve_device(
     revision: str | None = None,
     serving: bool = False,
     devices: Any = None,
+    gradient_checkpointing: bool | None = None,
     refresh: bool = False,
 ) -> Resolution:
     """Resolve the device and settings for ``task`` ("inference" or "training") on this machine.
@@ -97,7 +99,8 @@ def resolve_device(
     and ``max_new_tokens`` describe the job where known; ``offload`` lets a model that fits no device
     spill to the CPU (then disk); ``devices`` (a count, indices, -1 or "0,2") limits it to those devices;
     ``serving=True`` is many requests through continuous batching;
-    ``use_kernels="auto"`` turns Hub kernels on where they can work. Every argument: docs/api.md.
+    ``use_kernels="auto"`` turns Hub kernels on where they can work; ``gradient_checkpointing`` (training:
+    None decides, on where the job fits only with it). Every argument: docs/api.md.
     A repeated call with the same arguments and environment returns the same Resolution.
     """
     if refresh is not False:
@@ -124,6 +127,7 @@ def resolve_device(
         revision=revision,
         serving=serving,
         devices=devices,
+        gradient_checkpointing=gradient_checkpointing,
     )
     environment = read_environment()
     key = memo_key(args, environment)
@@ -217,7 +221,7 @@ def _resolve(args: Arguments) -> Resolution:
     if isinstance(placed.device_map, str) and placed.device_map.startswith(f"{backend.name}:"):
         device = placed.device_map  # placement moved to a device the whole job fits on (memory/placement.py)
     if parallel or placed.plan is not None:
-        from whichdevice.memory.training_placement import trainer_parallel_steps
+        from whichdevice.memory.training_plan import trainer_parallel_steps
 
         trace[parallel_at:parallel_at] = trainer_parallel_steps(
             parallel, placed.device_map, placed.plan, dist, backend, result
@@ -265,6 +269,7 @@ def _resolve(args: Arguments) -> Resolution:
         devices=selection,
         load_peak=placed.load,
         tf32=tf32,
+        training_setup=placed.setup,
     )
 
 
@@ -336,6 +341,7 @@ class _Placed(NamedTuple):
     dtype: str | None = None  # the weights' dtype placement chose instead (LoRA's 16-bit base)
     limits: LargestFit | None = None
     load: LoadPeak | None = None
+    setup: TrainingSetup | None = None  # how a training job trains (full, LoRA, QLoRA; checkpointing)
 
 
 def _placement(
@@ -369,11 +375,16 @@ def _placement(
 
         dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
         sized: list[TraceStep] = []
-        done, plan, loads, limits, peak = place_training(
+        from whichdevice.memory.training_fit import training_ask
+
+        checkpointing = args.gradient_checkpointing
+        ask = training_ask(checkpointing, backend, result, model, dtype, computes) if args.task == "training" else None
+        done = place_training(
             model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job,
-            launched, movable=request.index is None,
+            launched, movable=request.index is None, ask=ask,
         )  # fmt: skip
-        return _Placed(*done, plan=plan, dtype=loads if loads != dtype else None, limits=limits, load=peak), sized
+        loads = done.loads if done.loads != dtype else None
+        return _Placed(*done.placed, done.plan, loads, done.limits, done.load, done.setup), sized
     if args.task == "training" and partitioned_on_load(None, launched, dist is not None):
         return _Placed(device), [TraceStep("placement", ZERO3_LOADING)]
     return _Placed(device), [

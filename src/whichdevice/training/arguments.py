@@ -158,7 +158,12 @@ def training_arguments(
     if device is None and resolution is None and kwargs.get("use_cpu"):
         device = "cpu"  # TrainingArguments' own switch for the CPU: resolve for it, not against it
     compile_ = bool(kwargs.get("torch_compile"))
-    res = resolution or resolve_device(device, task="training", model=_planned(model), torch_compile=compile_)
+    asked = _asked_checkpointing(kwargs)
+    res = resolution or resolve_device(
+        device, task="training", model=_planned(model), torch_compile=compile_, gradient_checkpointing=asked
+    )
+    if model is not None:
+        _say_the_plan(res)
     # accelerate's settings as the resolution read them: read again only for one built by hand.
     settings = res.accelerate if res.accelerate is not None else read_accelerate_settings()
     problems = settings.problems()
@@ -174,6 +179,40 @@ def training_arguments(
     if "accelerator_config" not in kwargs and _accelerate_state_configured():
         final["accelerator_config"] = {"use_configured_state": True}
     return _build(cls, res, final, model)
+
+
+_CHECKPOINTING = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)
+
+
+def _asked_checkpointing(kwargs: dict[str, Any]) -> bool | None:
+    """Gradient checkpointing as the caller set it for Trainer (under either of transformers' names):
+    the plan prices what Trainer will do."""
+    for name in _CHECKPOINTING[0]:
+        value = kwargs.get(name)
+        if isinstance(value, bool):
+            return value
+    return None
+
+
+def _say_the_plan(res: Resolution) -> None:
+    """Warn where the job priced for ``model=`` does not fit as a full fine-tune: the numbers, and the call
+    that fits (TrainingArguments alone cannot make a LoRA or a 4-bit model)."""
+    setup = res.training_setup
+    if setup is None or setup.train == "full":
+        return
+    load = "from_pretrained(..., **res.model_kwargs())" + (
+        " (its quantization_config loads the 4-bit base)" if setup.train == "qlora" else ""
+    )
+    warnings.warn(
+        f"training_arguments(model=...): {setup.passed_over or 'full fine-tuning does not fit'}; what fits is "
+        f"{setup.describe()}: res = whichdevice.resolve_device(model=..., task='training'), load the model with "
+        f"{load}, then whichdevice.lora_training(model, res).training_arguments(output_dir) gives these "
+        "keywords with the adapters' own",
+        stacklevel=_caller_stacklevel(),
+    )
 
 
 def _planned(model: Any) -> Any:
@@ -195,6 +234,10 @@ def _filled(res: Resolution, kwargs: dict[str, Any], settings: AccelerateSetting
     # torch_compile: yours when you pass it, else the resolution's (resolve_device(torch_compile=True)).
     compile_ = kwargs.get("torch_compile")
     filled = dict(res.training_kwargs(torch_compile=None if compile_ is None else bool(compile_)))
+    for pair in _CHECKPOINTING:
+        if any(name in kwargs for name in pair):  # the caller's under either name: none of ours beside it
+            for name in pair:
+                filled.pop(name, None)
     if "bf16" in kwargs or "fp16" in kwargs:
         # One precision choice is the user's: the other flag is stated off, not left to the class's
         # default (SFTConfig defaults to bf16=True, which beside fp16=True makes two precisions).

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError
-from whichdevice.resolve.arguments import check_lora_arguments
-from whichdevice.training.arguments import check_resolution, training_arguments_type
+from whichdevice.resolve.arguments import check_checkpointing, check_lora_arguments
+from whichdevice.training.arguments import _CHECKPOINTING, check_resolution
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -73,10 +73,7 @@ class LoraTraining:
         from whichdevice.training.arguments import training_arguments
 
         ours = kbit_training_kwargs(self.resolution, self.bits, gradient_checkpointing=self.gradient_checkpointing)
-        for pair in (
-            ("gradient_checkpointing", "activation_checkpointing"),
-            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
-        ):
+        for pair in _CHECKPOINTING:
             if any(name in kwargs for name in pair):
                 # The user's choice under either name: do not put ours beside it under the other.
                 for name in pair:
@@ -162,6 +159,13 @@ def lora_target_modules(model: Any) -> tuple[tuple[str, ...], str]:
             continue
         leaf = full_name.rsplit(".", 1)[-1]
         (skipped if id(module) in heads else keep).add(leaf)
+    refused = {leaf for leaf in keep if _peft_refuses(model, leaf)}
+    keep -= refused
+    if keep and refused:
+        why = f"every linear layer except those peft refuses for this architecture ({', '.join(sorted(refused))})"
+        if skipped:
+            why += f" and the output head ({', '.join(sorted(skipped))})"
+        return tuple(sorted(keep)), why
     if keep:
         if keep & skipped:
             # A head shares its leaf name with a body layer: name the body layers in full instead.
@@ -183,39 +187,55 @@ def lora_target_modules(model: Any) -> tuple[tuple[str, ...], str]:
     )
 
 
+def _peft_refuses(model: Any, leaf: str) -> bool:
+    """Whether peft's own check refuses LoRA on layers named ``leaf`` in this model (Mamba's out_proj and
+    conv1d, peft/tuners/tuners_utils.py); False where the installed peft has no such check."""
+    import peft
+    from peft.tuners import tuners_utils
+
+    check = getattr(tuners_utils, "_check_lora_target_modules_mamba", None)
+    if check is None:
+        return False
+    try:
+        check(peft.LoraConfig(target_modules=[leaf]), model, leaf)
+    except ValueError:
+        return True
+    return False
+
+
 def kbit_training_kwargs(
-    resolution: Resolution, bits: int | None, *, gradient_checkpointing: bool = True
+    resolution: Resolution, bits: int | None, *, gradient_checkpointing: bool | None = None
 ) -> dict[str, Any]:
     """TrainingArguments keywords for LoRA on a ``bits``-bit model (None: unquantized).
 
-    Gradient (activation) checkpointing without the reentrant variant, as PEFT recommends for
-    adapters on frozen weights; a paged 8-bit AdamW (QLoRA) on NVIDIA GPUs, where bitsandbytes'
-    paged optimizers work; ``ddp_find_unused_parameters=False`` under DDP, which checkpointing
-    needs. The keyword names follow the installed transformers (``activation_checkpointing`` in 5.x).
+    Gradient (activation) checkpointing without the reentrant variant where it is on
+    (``gradient_checkpointing``; None: as the resolution's plan priced it, on where it has no plan, as
+    PEFT does for k-bit training); a paged 8-bit AdamW (QLoRA) on NVIDIA GPUs, where bitsandbytes' paged
+    optimizers work (and the plan priced it); ``ddp_find_unused_parameters=False`` under DDP, which
+    checkpointing needs. The keyword names follow the installed transformers (``activation_checkpointing``
+    in 5.x).
     """
+    from whichdevice.launch.trainer_kwargs import checkpointing_kwargs
+
     check_resolution(resolution)
     if bits not in (None, 4, 8) or isinstance(bits, bool):
         raise DeviceError(f"bits={bits!r}: 4, 8, or None for an unquantized model")
-    kwargs: dict[str, Any] = {}
-    if gradient_checkpointing:
-        flag, extra = _checkpointing_names()
-        kwargs[flag] = True
-        kwargs[extra] = {"use_reentrant": False}
+    check_checkpointing(gradient_checkpointing)
+    checkpointing = planned_checkpointing(resolution) if gradient_checkpointing is None else gradient_checkpointing
+    kwargs: dict[str, Any] = checkpointing_kwargs(checkpointing)
     # bitsandbytes' paged optimizers page through CUDA unified memory: NVIDIA GPUs only.
     if bits is not None and resolution.backend.name == "cuda" and resolution.probe.variant != "rocm":
         kwargs["optim"] = "paged_adamw_8bit"
-    if resolution.distributed is not None and gradient_checkpointing:
+    if resolution.distributed is not None and checkpointing:
         kwargs["ddp_find_unused_parameters"] = False
     return kwargs
 
 
-def _checkpointing_names() -> tuple[str, str]:
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(training_arguments_type())}
-    if "activation_checkpointing" in names:
-        return "activation_checkpointing", "activation_checkpointing_kwargs"
-    return "gradient_checkpointing", "gradient_checkpointing_kwargs"
+def planned_checkpointing(resolution: Resolution) -> bool:
+    """Gradient checkpointing as the resolution's plan priced it; on where it has no plan (PEFT's default
+    for k-bit training)."""
+    planned = resolution.gradient_checkpointing
+    return True if planned is None else planned
 
 
 def _enable_checkpointing(model: Any) -> None:
@@ -243,7 +263,7 @@ def lora_training(
     lora_dropout: float = 0.05,
     target_modules: Sequence[str] | str | None = None,
     task_type: str | None = None,
-    gradient_checkpointing: bool = True,
+    gradient_checkpointing: bool | None = None,
     **lora_kwargs: Any,
 ) -> LoraTraining:
     """Wrap a loaded (usually k-bit quantized) transformers model in PEFT LoRA adapters for training.
@@ -253,7 +273,8 @@ def lora_training(
     ``prepare_model_for_kbit_training`` (frozen base, norms and head upcast to fp32). Target modules
     default to every linear layer except the output head (see :func:`lora_target_modules`);
     ``target_modules``, ``task_type`` and any other ``LoraConfig`` keyword you pass are used as
-    passed. With ``gradient_checkpointing`` the model checkpoints activations (non-reentrant).
+    passed. ``gradient_checkpointing`` (non-reentrant): None does what the resolution's plan priced (on
+    where the job fits only with it; on without a plan). ``notes`` says what differs from the plan.
     """
     check_lora_arguments(r, lora_alpha, lora_dropout, target_modules, gradient_checkpointing)
     check_resolution(resolution)
@@ -268,6 +289,8 @@ def lora_training(
         resolution = resolve_device(_model_device(model), task="training")
     bits = _quantized_bits(model)
     notes = _resolution_notes(resolution, bits)
+    if gradient_checkpointing is None:
+        gradient_checkpointing = planned_checkpointing(resolution)
     notes += _prepare(peft, model, bits, gradient_checkpointing)
     chosen, source = _targets(model, target_modules)
     task = task_type or _task_type(model)
@@ -283,6 +306,7 @@ def lora_training(
     )
     peft_model = peft.get_peft_model(model, config)
     trainable, total = peft_model.get_nb_trainable_parameters()
+    notes += _priced_notes(resolution, int(trainable), r, gradient_checkpointing)
     return LoraTraining(
         model=peft_model,
         lora_config=config,
@@ -320,6 +344,35 @@ def _resolution_notes(resolution: Resolution, bits: int | None) -> list[str]:
         )
     if resolution.task != "training":
         notes.append("the resolution is for inference; resolve_device(..., task='training') matches training")
+    return notes
+
+
+def _priced_notes(resolution: Resolution, trainable: int, r: int, checkpointing: bool) -> list[str]:
+    """What differs from the plan the resolution priced: the adapters' parameters (rank, targets), and
+    checkpointing, each with what it changes."""
+    from whichdevice.core.sizes import format_bytes
+    from whichdevice.memory.training_job import OPTIMIZERS
+
+    setup = resolution.training_setup
+    if setup is None or setup.train == "full" or setup.adapters is None:
+        return []
+    notes = []
+    if abs(trainable - setup.adapters) > 0.05 * setup.adapters:
+        unit, factor, _ = OPTIMIZERS[setup.optimizer]
+        per = 4 + 4 + (factor * 4 if unit == "x" else factor)  # fp32 weight and gradient, the optimizer's state
+        delta = int((trainable - setup.adapters) * per)
+        more = "more" if delta > 0 else "less"
+        notes.append(
+            f"the resolution priced {setup.adapters:,} adapter parameters (rank {setup.lora_r}); these are "
+            f"{trainable:,} (r={r}): {format_bytes(abs(delta))} {more} for their weights, gradients and "
+            "optimizer state"
+        )
+    if setup.checkpointing is not None and checkpointing != setup.checkpointing:
+        said = "on" if setup.checkpointing else "off"
+        notes.append(
+            f"the resolution priced gradient checkpointing {said}; it is {'on' if checkpointing else 'off'} here"
+            + (": the activations it priced no longer bound the step" if not checkpointing else "")
+        )
     return notes
 
 

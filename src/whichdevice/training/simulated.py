@@ -37,7 +37,10 @@ def refuse_simulated_accelerator(res: Resolution, final: dict[str, Any]) -> None
     """Raise SimulatedTrainingError when ``res`` is a simulated device other than the CPU."""
     if not res.probe.simulated or res.backend.name == "cpu":
         return
-    command = " ".join(shlex.quote(part) for part in res.launch_command(["train.py"]))
+    try:
+        command = " ".join(shlex.quote(part) for part in res.launch_command(["train.py"]))
+    except DeviceError as err:  # a device that runs one process (mps) or launches its own way (tpu)
+        command = f"not one launcher's: {err}"
     raise SimulatedTrainingError(
         f"training_arguments() builds a real transformers.TrainingArguments, which reads this machine's "
         f"hardware, not the simulated {res.device}: transformers would refuse it or describe the wrong device. "

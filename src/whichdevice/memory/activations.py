@@ -1,0 +1,205 @@
+"""Training activations from what autograd keeps: a table measured on real transformers classes, per family.
+
+``scripts/gen_activation_table.py`` trains each family's transformers class one step on the CPU at eight
+small sizes, two depths and three lengths, counting every storage that step creates, and fits what it
+measured onto the widths a token's tensors are made of (:func:`token_widths`). The fit is the table
+(``activation_table.json``, with the versions and the date it was made); this module evaluates it for a
+model's shape. Four quantities, each ``constant + per token x T + per token squared x T^2`` with the
+coefficients applied to the widths:
+
+* ``layer``: what one layer keeps for backward (with checkpointing, only its input);
+* ``rest``: what the embeddings, the head and the loss keep;
+* ``head``: how far the loss and the head's backward rise above what the forward kept;
+* ``layers``: how far the layers' backward rises above what the layers kept (with checkpointing, the
+  recomputed layer: its whole forward kept again while its backward runs).
+
+A family that was not measured takes the closest measured one, and says which.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from whichdevice.model.shape import ModelShape
+
+__all__ = [
+    "ActivationMode",
+    "Activations",
+    "family_of",
+    "kind_of",
+    "table_source",
+    "token_widths",
+    "training_activations",
+]
+
+TABLE = "activation_table.json"
+QUANTITIES = ("layer", "rest", "head", "layers")
+
+
+@dataclass(frozen=True)
+class ActivationMode:
+    """How a training step computes: what it trains (``full``, ``lora`` on a frozen base, ``qlora`` on a
+    4-bit base), the weights' dtype, the autocast dtype (None: none), the attention, checkpointing."""
+
+    train: str
+    weights: str
+    autocast: str | None
+    attention: str
+    checkpointing: bool
+
+    def key(self) -> str:
+        # fp16 and bf16 keep the same bytes (the generator checks it): the table measures bf16 for both.
+        weights = "bfloat16" if self.weights == "float16" else self.weights
+        cast = "bfloat16" if self.autocast == "float16" else (self.autocast or "none")
+        if self.train == "qlora":
+            weights = "4bit"
+        elif self.train == "lora" and weights == "bfloat16":
+            cast = "bfloat16"  # adapters on a 16-bit base compute in it, with autocast or without
+        elif self.train == "full" and weights == "bfloat16":
+            cast = "none"  # autocast over 16-bit weights copies nothing: as without it
+        attention = "eager" if self.attention == "eager" else "sdpa"
+        return f"{self.train}/{weights}/{cast}/{attention}/{'ckpt' if self.checkpointing else 'keep'}"
+
+
+def token_widths(shape: ModelShape, layer_params: float, largest_weight: float) -> dict[str, float]:
+    """The widths the table's coefficients apply to. Per token: the hidden size, the dense MLP, the query
+    and key/value projections, the heads, routed experts (each token's share of them, the hidden states
+    it sends them, the router's scores), a state-space layer's state; outside the layers the vocabulary
+    and the head size (rotary tables). Constant: one layer's parameters (autocast's 16-bit copies), the
+    head's, and the largest weight (a 4-bit weight dequantized for backward)."""
+    routed = shape.experts_per_token
+    return {
+        "one": 1.0,
+        "hidden": float(shape.hidden),
+        "intermediate": float(shape.intermediate if shape.state_size else shape.mlp_intermediate),
+        "query": float(shape.heads * shape.head_dim),
+        "key_value": float(shape.kv_heads * shape.head_dim),
+        "heads": float(shape.heads),
+        "routed": float(routed * shape.expert_intermediate),
+        "routed_hidden": float(routed * shape.hidden),
+        "experts": float(shape.experts),
+        "state": float(shape.intermediate * shape.state_size),
+        "vocab": float(shape.vocab),
+        "head_dim": float(shape.head_dim),
+        "layer_params": float(layer_params),
+        "head_params": float(shape.vocab * shape.hidden),
+        "largest_weight": float(largest_weight),
+    }
+
+
+@cache
+def _table() -> dict[str, Any]:
+    text = resources.files("whichdevice.memory").joinpath(TABLE).read_text(encoding="utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def table_source() -> str:
+    """Where the table came from: the script, the date and the versions it was measured with."""
+    made = _table()["generated"]
+    versions = ", ".join(f"{k} {v}" for k, v in made["versions"].items())
+    return f"{made['script']} on {made['date']} ({versions})"
+
+
+def kind_of(shape: ModelShape) -> str:
+    """How a model's layers are built, as far as activations go: a state-space model, an encoder-decoder,
+    routed experts, or a dense decoder."""
+    if shape.state_size > 0:
+        return "state-space"
+    if shape.decoder_layers > 0:
+        return "encoder-decoder"
+    return "routed experts" if shape.experts > 0 else "dense decoder"
+
+
+# Where a model_type was not measured and no measured family of its kind shares its name: the family that
+# prices each kind (the table says each family's kind, as gen_activation_table.py read it from its config).
+_FALLBACK = {"state-space": "mamba", "encoder-decoder": "t5", "routed experts": "mixtral", "dense decoder": "llama"}
+
+
+def family_of(shape: ModelShape) -> tuple[str, str | None]:
+    """(the measured family whose coefficients price ``shape``, why another family's where it is not its own):
+    its own model_type; else a measured family of the same kind whose name it shares ("qwen2_5_vl_text" ->
+    "qwen2", "gemma3" -> "gemma3_text"); else the kind's fallback."""
+    families = _table()["families"]
+    own = shape.model_type or ""
+    if own in families:
+        return own, None
+    kind = kind_of(shape)
+    for family, entry in families.items():
+        if own and entry.get("kind") == kind and (own.startswith(family) or family.startswith(own)):
+            return family, f"model_type {own!r} was not measured; {family!r} is its closest family by name"
+    named = f"model_type {own!r}" if own else "a config without model_type"
+    family = _FALLBACK[kind]
+    return family, f"{named} was not measured; priced as {family!r}, the measured family for a {kind} model"
+
+
+def _evaluate(quantity: Mapping[str, Any], widths: Mapping[str, float], rows: int, tokens: int) -> float:
+    """A quantity of the table for ``rows`` sequences of ``tokens``: a peak is the highest of its moments."""
+    if "moments" in quantity:
+        return float(max(_evaluate(moment, widths, rows, tokens) for moment in quantity["moments"]))
+
+    def apply(part: str) -> float:
+        return float(sum(c * widths.get(name, 0.0) for name, c in quantity.get(part, {}).items()))
+
+    return apply("constant") + apply("per_token") * rows * tokens + apply("per_token_squared") * rows * tokens * tokens
+
+
+def _measured(modes: Mapping[str, Any], key: str) -> str:
+    """``key``, or the measured mode closest to it: the same training and checkpointing, then the same
+    weights, autocast and attention as far as they were measured (an eager-only class has no sdpa row)."""
+    if key in modes:
+        return key
+    train, weights, cast, attention, ckpt = key.split("/")
+    same = [k.split("/") for k in modes if k.startswith(f"{train}/") and k.endswith(f"/{ckpt}")]
+    score = lambda k: (k[1] == weights, k[2] == cast, k[3] == attention)  # noqa: E731
+    return "/".join(max(same, key=score))
+
+
+@dataclass(frozen=True)
+class Activations:
+    """A training step's activations in bytes: what the forward keeps, and the two backward peaks."""
+
+    kept: int
+    head_peak: int
+    layers_peak: int
+    # What is left at the end of backward: the first layer's kept activations and its backward's own.
+    layers_end: int
+    family: str
+    note: str | None  # why another family's coefficients, where the model's own were not measured
+    mode: str
+
+    @property
+    def peak(self) -> int:
+        return max(self.head_peak, self.layers_peak)
+
+
+def training_activations(
+    shape: ModelShape, mode: ActivationMode, batch: int, tokens: int, *, params: int, largest_weight: int
+) -> Activations:
+    """The activations of one training step of ``batch`` sequences of ``tokens`` tokens (an encoder-decoder:
+    ``tokens`` into the encoder and ``tokens`` out of the decoder) trained as ``mode``; ``params`` and
+    ``largest_weight`` are the model's parameters and its largest linear weight's."""
+    family, note = family_of(shape)
+    modes = _table()["families"][family]["modes"]
+    key = _measured(modes, mode.key())
+    coefficients = modes[key]
+    layers = max(shape.layers, shape.decoder_layers)  # an encoder-decoder's layers were measured in pairs
+    outside = shape.vocab * shape.hidden * 2  # the embedding and the head (tied: an over-count of one)
+    widths = token_widths(shape, max(0, params - outside) / layers, largest_weight)
+    value = {q: max(0.0, _evaluate(coefficients[q], widths, batch, tokens)) for q in QUANTITIES}
+    layer_kept = value["layer"] * layers
+    kept = layer_kept + value["rest"]
+    return Activations(
+        kept=int(kept),
+        head_peak=int(kept + value["head"]),
+        layers_peak=int(layer_kept + value["layers"]),
+        layers_end=int(value["layer"] + value["layers"]),
+        family=family,
+        note=note,
+        mode=key,
+    )

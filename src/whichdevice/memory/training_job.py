@@ -1,0 +1,255 @@
+"""What a training job needs besides the weights: gradients, optimizer state and activations, at their peak.
+
+A step of Trainer has three moments that can peak, and the job needs the highest:
+
+* the loss and the head's backward: every activation the forward kept, the loss's own (memory/activations.py
+  measured them), the head's gradients, and the optimizer state from the step before;
+* the layers' backward: the activations still kept, the gradients made so far (they grow as the kept
+  activations are freed, so the two ends are the candidates: the first layer's backward with the head's
+  gradients, the last with every gradient);
+* the optimizer step: every gradient and the whole optimizer state (bitsandbytes' paged optimizers page
+  their state to CPU memory through CUDA unified memory, so it is counted there, and on the device only a
+  tensor's state at a time).
+
+What is trained decides the rest: full fine-tuning trains every parameter; LoRA (``lora_training``) trains
+rank-r adapters on every linear layer but the head (r x their rows plus columns parameters, kept in
+float32 by peft) on a frozen base in the compute dtype; QLoRA does the same on a 4-bit base whose other
+weights peft's ``prepare_model_for_kbit_training`` upcasts to float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from whichdevice.core.dtypes import item_size
+from whichdevice.core.sizes import format_bytes
+from whichdevice.memory.activations import ActivationMode, Activations, training_activations
+from whichdevice.memory.job import WORKSPACE, JobMemory, Term
+
+if TYPE_CHECKING:
+    from whichdevice.core.job import Job
+    from whichdevice.model.shape import ModelShape
+    from whichdevice.model.size import ModelSize
+
+__all__ = [
+    "LORA_RANK",
+    "OPTIMIZERS",
+    "TrainingAsk",
+    "TrainingSetup",
+    "adapter_parameters",
+    "checkpointing_choices",
+    "setup_weights",
+    "training_memory",
+]
+
+# lora_training()'s default rank (training/lora.py): what a plan prices when the rank is not said.
+LORA_RANK = 16
+# Optimizer state per trained parameter: torch's AdamW keeps exp_avg and exp_avg_sq in the parameter's
+# dtype (2 x its size); bitsandbytes' 8-bit AdamW one byte each; the paged ones the same, paged.
+OPTIMIZERS = {
+    "adamw": ("x", 2.0, "AdamW (Trainer's default)"),
+    "adamw_8bit": ("bytes", 2.0, "8-bit AdamW (bitsandbytes)"),
+    "paged_adamw_8bit": ("bytes", 2.0, "paged 8-bit AdamW (bitsandbytes)"),
+    "paged_adamw_32bit": ("bytes", 8.0, "paged 32-bit AdamW (bitsandbytes)"),
+    "sgd": ("x", 0.0, "SGD"),
+}
+# Where bitsandbytes could not say what a rank-r adapter adds (no linear layout read): at most this share.
+_ADAPTER_FALLBACK = 0.02
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """How a job trains: what (``full``, ``lora``, ``qlora``), the trained or frozen weights' dtype, the
+    autocast dtype (None: none), checkpointing, the optimizer, LoRA's rank, and whether a sharding
+    strategy (FSDP, DeepSpeed) computes on 16-bit weights of its own instead of autocast copies."""
+
+    train: str = "full"
+    weights: str = "float32"
+    compute: str | None = None
+    # None: not decided (the job's sequences were not given, so its activations were not priced).
+    checkpointing: bool | None = False
+    optimizer: str = "adamw"
+    lora_r: int = LORA_RANK
+    sharded: bool = False
+    bits: int = 4  # QLoRA's base: bitsandbytes' 4-bit NF4, or its 8-bit int8
+    # Once chosen: the adapters' parameters it priced (LoRA, QLoRA), and what was passed over for it and why.
+    adapters: int | None = field(default=None, compare=False)
+    passed_over: str | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "method": self.train,
+            "weights": "4bit"
+            if self.train == "qlora" and self.bits == 4
+            else "8bit"
+            if self.train == "qlora"
+            else self.weights,
+            "compute_dtype": self.compute or (self.weights if self.train != "qlora" else "float32"),
+            "gradient_checkpointing": self.checkpointing,
+            "optimizer": self.optimizer,
+            "lora_r": self.lora_r if self.train != "full" else None,
+            "adapter_parameters": self.adapters,
+            "instead_of": self.passed_over,
+        }
+
+    @property
+    def paged(self) -> bool:
+        return self.optimizer.startswith("paged_")
+
+    def label(self) -> str:
+        """A few words for a list of the ways priced."""
+        name = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA" if self.bits == 4 else "8-bit LoRA"}
+        return name[self.train] + (" checkpointed" if self.checkpointing else "")
+
+    def describe(self) -> str:
+        what = {
+            "full": "full fine-tuning",
+            "lora": "LoRA adapters",
+            "qlora": f"{'QLoRA' if self.bits == 4 else 'LoRA'} ({self.bits}-bit base, LoRA adapters)",
+        }
+        base = (
+            f" on {self.weights} weights"
+            if self.train == "lora"
+            else f" in {self.weights}"
+            if self.train == "full"
+            else ""
+        )
+        computes = f", computing in {self.compute}" if self.compute and self.compute != self.weights else ""
+        ckpt = ", gradient checkpointing" if self.checkpointing else ""
+        return f"{what[self.train]}{base}{computes}{ckpt}"
+
+
+class TrainingAsk(NamedTuple):
+    """What decides how a job trains besides its size: ``checkpointing`` as the caller set it (None:
+    decide), why the model cannot checkpoint (None: it can), the autocast dtype the mixed precision runs
+    (None: none), the dtype QLoRA's 4-bit layers compute in, and whether bitsandbytes pages its
+    optimizer state on this device (CUDA unified memory: an NVIDIA GPU)."""
+
+    checkpointing: bool | None = None
+    no_checkpointing: str | None = None
+    compute: str | None = None
+    quantized_compute: str = "float32"
+    paged: bool = False
+    fused_step: bool = True
+    # Why bitsandbytes cannot quantize here (its own device list, Gaudi 1, not installed); None where it can.
+    no_bitsandbytes: str | None = None
+
+
+def checkpointing_choices(ask: TrainingAsk) -> list[bool]:
+    """Gradient checkpointing as the ways are tried: off then on where it is open, else as pinned."""
+    if ask.no_checkpointing is not None or ask.checkpointing is False:
+        return [False]
+    return [True] if ask.checkpointing else [False, True]
+
+
+def adapter_parameters(size: ModelSize, rank: int) -> tuple[int, str]:
+    """The parameters rank-``rank`` LoRA adapters add on every linear layer but the head, and how that
+    was counted."""
+    if size.lora_fan:
+        return rank * size.lora_fan, f"rank {rank} on every linear layer but the head"
+    return int(size.parameters * _ADAPTER_FALLBACK), "up to 2% of the parameters (the linear layers were not read)"
+
+
+def setup_weights(size: ModelSize, setup: TrainingSetup) -> int:
+    """The weights' bytes as the setup holds them: the trained or frozen weights in their dtype, or the
+    4-bit base with everything bitsandbytes leaves unquantized in float32 (peft's k-bit preparation)."""
+    if setup.train == "qlora":
+        return size.bytes_quantized(setup.bits, "float32")
+    return size.bytes_in(setup.weights)
+
+
+def _activation_mode(setup: TrainingSetup, attention: str | None) -> ActivationMode:
+    eager = "eager" if attention == "eager" else "sdpa"
+    ckpt = bool(setup.checkpointing)
+    if setup.train == "full" and setup.sharded:
+        return ActivationMode("full", setup.compute or setup.weights, None, eager, ckpt)
+    return ActivationMode(setup.train, setup.weights, setup.compute, eager, ckpt)
+
+
+class _State(NamedTuple):
+    """What training holds besides activations: the trained parameters, their gradients' item size and
+    bytes, the optimizer's bytes per parameter and in all, and the terms that say so."""
+
+    trained: int
+    grad_size: int
+    grads: int
+    per: float
+    optim: int
+    terms: list[Term]
+
+
+def _state(size: ModelSize, setup: TrainingSetup) -> _State:
+    terms = []
+    if setup.train == "full":
+        trained, who, grad_size = size.parameters, "every parameter", item_size(setup.weights)
+    else:
+        trained, how = adapter_parameters(size, setup.lora_r)
+        who = f"the LoRA adapters ({trained / 1e6:.1f}M parameters: {how})"
+        grad_size = 4  # peft keeps adapters in float32 (autocast_adapter_dtype)
+        terms.append(Term("adapters", trained * 4, f"{who} in float32"))
+    unit, factor, name = OPTIMIZERS[setup.optimizer]
+    per = factor * grad_size if unit == "x" else factor
+    paged = " (paged: in CPU memory while the device is short, so counted at the step only)" if setup.paged else ""
+    grads, optim = trained * grad_size, int(trained * per)
+    terms += [
+        Term("gradients", grads, f"{who} in {'float32' if setup.train != 'full' else setup.weights}"),
+        Term("optimizer state", optim, f"{name}: {per:g} bytes per trained parameter{paged}"),
+    ]
+    return _State(trained, grad_size, grads, per, optim, terms)
+
+
+def _activations(
+    size: ModelSize, shape: ModelShape, job: Job, setup: TrainingSetup, assumed: list[str]
+) -> tuple[Term, Activations]:
+    batch = job.batch_size or 1
+    tokens = job.max_length or min(shape.max_positions or 2048, 2048)
+    if job.batch_size is None:
+        assumed.append("batch_size=1 assumed")
+    if job.max_length is None:
+        assumed.append(f"max_length={tokens} assumed (the model's context, at most 2048)")
+    if setup.train == "qlora" and setup.bits != 4:
+        assumed.append("activations: an 8-bit base priced with the 4-bit base's measured activations")
+    largest = size.largest_linear or shape.hidden * max(shape.intermediate, shape.hidden)
+    mode = _activation_mode(setup, job.attention)
+    acts = training_activations(shape, mode, batch, tokens, params=size.parameters, largest_weight=largest)
+    if acts.note:
+        assumed.append(f"activations: {acts.note}")
+    ckpt = "; checkpointed: each layer keeps its input and is computed again in backward" if setup.checkpointing else ""
+    why = (
+        f"{batch} x {tokens} tokens, measured on transformers' {acts.family} ({acts.mode}): the forward keeps "
+        f"{format_bytes(acts.kept)}, the loss and head peak at {format_bytes(acts.head_peak)}, the layers' "
+        f"backward at {format_bytes(acts.layers_peak)}{ckpt}"
+    )
+    return Term("activations", acts.peak, why), acts
+
+
+def training_memory(
+    size: ModelSize, shape: ModelShape | None, job: Job, setup: TrainingSetup, *, fused_step: bool = True
+) -> JobMemory:
+    """The memory ``job`` trained as ``setup`` needs besides the weights (``setup_weights``), at its peak.
+    ``fused_step``: the optimizer updates in place (torch's fused AdamW, Trainer's default from torch 2.8);
+    else its foreach step makes one float32 copy of the trained parameters."""
+    state = _state(size, setup)
+    terms, assumed = list(state.terms), list[str]()
+    if shape is None or (job.batch_size is None and job.max_length is None):
+        why = "the config does not give layers and heads" if shape is None else "pass max_length= (and batch_size=)"
+        return JobMemory(tuple(terms), (f"activations not counted: {why}",))
+    term, acts = _activations(size, shape, job, setup, assumed)
+    terms += [term, Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch")]
+    adapters = state.trained * 4 if setup.train != "full" else 0
+    # The head's gradients are made first in backward (a tied head's are the embedding's).
+    head_grads = shape.vocab * shape.hidden * state.grad_size if setup.train == "full" else 0
+    resident = 0 if setup.paged else state.optim
+    phases = (acts.head_peak + head_grads, acts.layers_peak + head_grads, acts.layers_end + state.grads)
+    backward = resident + max(phases)
+    # Paged state comes to the device a layer's tensors at a time; a foreach step copies the parameters.
+    step = state.grads + (state.optim // max(shape.layers, 1) if setup.paged else state.optim)
+    step += 0 if fused_step or state.per == 0 else state.trained * 4
+    where = (
+        "the optimizer step (every gradient and the optimizer state)"
+        if step > backward
+        else "backward (the activations, the gradients made so far and the optimizer state of the step before)"
+    )
+    peak = adapters + WORKSPACE + max(backward, step)
+    return JobMemory(tuple(terms), tuple(assumed), peak=peak, phase=f"training peaks at {where}")
