@@ -1,6 +1,6 @@
 """On a CPU, does the resolved load (dtype, attention, tuning) run fastest, every time, and what does tuning cost?
 
-    python benchmarks/cpu_dtype_and_tuning.py sweep [--quick]           # a 106M Llama, every load; ~8 min (--quick ~2)
+    python benchmarks/cpu_dtype_and_tuning.py sweep [--quick]           # a 106M Llama, every load; ~7 min (--quick ~3)
     python benchmarks/cpu_dtype_and_tuning.py calibrated [--kinds native --budget 60 --quick --rounds 1]  # ~10 min
     python benchmarks/cpu_dtype_and_tuning.py overhead [--rounds 15 --hidden 2048 --layers 16]          # ~2 min
     python benchmarks/cpu_dtype_and_tuning.py seq2seq [--rounds 6]                                      # ~3 min
@@ -484,6 +484,8 @@ def calibrated(args: argparse.Namespace) -> dict[str, Any]:
                 assert proc.stdout is not None
                 try:
                     for line in proc.stdout:
+                        if not line.startswith("{"):  # deepspeed, where installed, logs to stdout on import
+                            continue
                         item = json.loads(line)
                         if "cell" in item:
                             result["cells"].append(item["cell"])
