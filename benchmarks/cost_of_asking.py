@@ -1,6 +1,6 @@
 """What does it cost to ask whichdevice, against import torch and the other libraries, and what does the answer buy?
 
-    python benchmarks/cost_of_asking.py            # every section, ~12-15 min on 2 cores (also: nox -s bench)
+    python benchmarks/cost_of_asking.py            # every section, ~14 min on 2 cores (also: nox -s bench)
     python benchmarks/cost_of_asking.py --quick    # fewer rounds and a smaller model: ~4 min
     python benchmarks/cost_of_asking.py --only resolve --only cli
     python benchmarks/cost_of_asking.py --ab /tmp/wd-old/src src --rounds 20   # two checkouts' resolve, same rounds
