@@ -98,7 +98,7 @@ def load_peaks() -> None:
         what = dtype if bits is None else f"{bits}-bit (bitsandbytes on load, {dtype} rest)"
         for name, total, free in gpus:
             theirs = installed_warmup(meta, device_map, {"cuda:0": (free, total)}, quantizer)["cuda:0"]
-            peak = load_peak(size, dtype, "cuda:0", free, total, bits)
+            peak = load_peak(size, dtype, "cuda:0", free, total, bits, kind="cuda")
             steady = "fits" if peak.weights <= 0.8 * free else "does not fit"
             transient = f" (+{format_bytes(peak.transient)} 16-bit copy)" if peak.transient else ""
             gpu = f"{name} ({format_bytes(total)}, {format_bytes(free)})"

@@ -140,15 +140,17 @@ def _estimate(path: Path, task: str, batch: int, max_length: int) -> tuple[int, 
     res = wd.resolve_device(
         "cpu", model=str(path), task=task, batch_size=batch, max_length=max_length, dtype="float32", quantize=None
     )
-    job = Job(task, batch, max_length, attention=res.attn_implementation)
+    job = Job(task, batch, max_length)
     facts = read_model_facts(str(path))
     if task == "training":  # the child trains fp32 weights with AdamW, no autocast, no checkpointing
         from whichdevice.memory.training_job import TrainingSetup, training_memory
 
-        memory = training_memory(facts.size, facts.shape, job, TrainingSetup("full", "float32"))
+        memory = training_memory(
+            facts.size, facts.shape, job, TrainingSetup("full", "float32"), attention=res.attn_implementation
+        )
         line = memory.describe(facts.size.bytes_in("float32"))
         return facts.size.bytes_in("float32"), memory.bytes, line
-    size, memory = estimate_job(facts, job, "float32")
+    size, memory = estimate_job(facts, job, "float32", eager=res.attn_implementation == "eager")
     line = next(s.message for s in res.trace if s.topic == "memory" and "needs" in s.message)
     return size.bytes_in("float32"), memory.bytes, line
 

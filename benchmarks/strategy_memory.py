@@ -38,7 +38,7 @@ def _estimates(batch: int, length: int) -> dict[str, int]:
 
     config = LlamaConfig(**SMALL)
     size, shape = estimate_model_size(config), model_shape(config)
-    job = Job("training", batch, length, attention="sdpa")
+    job = Job("training", batch, length)
     lora, qlora = TrainingSetup("lora"), TrainingSetup("qlora")
     plan = plan_strategies(
         params=size.parameters, shape=shape, dtype="float32", compute_dtype="float32",

@@ -153,7 +153,7 @@ def estimate(folder: Path, way: str, ckpt: bool, batch: int, tokens: int) -> dic
 
     facts = read_model_facts(str(folder))
     setup = _setup(way, ckpt)
-    job = Job("training", batch, tokens, attention="sdpa")
+    job = Job("training", batch, tokens)
     memory = training_memory(facts.size, facts.shape, job, setup)
     weights = setup_weights(facts.size, setup) + memory.term("adapters")
     return {

@@ -37,7 +37,7 @@ def torchrun_env(monkeypatch):
 
 def _ways(size, shape, batch=None, length=None):
     """The four ways plan_strategies sizes, priced as memory/training_placement.py prices them."""
-    job = Job("training", batch, length, attention="sdpa")
+    job = Job("training", batch, length)
     lora = TrainingSetup("lora", "bfloat16", "bfloat16")
     qlora = TrainingSetup("qlora", "bfloat16", "bfloat16", optimizer="paged_adamw_8bit")
     return dict(

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.load_peak import LoadPeak
+    from whichdevice.memory.quantization import QuantizationPlan
+    from whichdevice.memory.strategy import TrainingPlan
+    from whichdevice.memory.training_job import TrainingSetup
 
 __all__ = ["CUDA_CONTEXT", "FIT_FRACTION", "SPLIT_FRACTION", "Margin", "Placement", "plan_placement", "priced_margin"]
 
@@ -75,12 +82,26 @@ SPLIT_FRACTION = 0.9
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the weights go: ``device_map`` and, when split, ``max_memory``."""
+    """Where a job's weights go and what placement decided with them: the one placement record, for
+    inference and training alike. ``device_map`` and, when split, ``max_memory`` as from_pretrained takes
+    them; ``fits`` and ``note`` as the fit found them; then what a placement may add: bitsandbytes'
+    quantization, the offload folder, the dtype the weights load in where placement chose it (LoRA's
+    16-bit base), the multi-device training plan and the way a job trains, the largest job that fits,
+    the load's peak, and the index of the device placement took where the job fits it alone and not
+    the one detected (memory/room.py's whole_job_device; None: the target's own device)."""
 
     device_map: str | dict[str, Any]
-    max_memory: dict[int | str, str] | None
-    note: str
+    max_memory: dict[int | str, str] | None = None
+    note: str = ""
     fits: bool = True
+    quantization: QuantizationPlan | None = None
+    offload_folder: str | None = None
+    weights: str | None = None
+    plan: TrainingPlan | None = None
+    setup: TrainingSetup | None = None
+    limits: LargestFit | None = None
+    load: LoadPeak | None = None
+    index: int | None = None
 
 
 def plan_placement(
@@ -173,7 +194,7 @@ class JobFit:
         if not self.job.generation:
             return replace(placed, max_memory=budget)
         note = (
-            f"{placed.note}; 'balanced_low_0' keeps {self.device.split(':')[0]}:0 light for generate()'s "
+            f"{placed.note}; 'balanced_low_0' keeps {self.backend}:0 light for generate()'s "
             "inputs and logits, as transformers advises for generation"
         )
         return replace(

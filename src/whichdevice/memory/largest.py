@@ -17,7 +17,7 @@ from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.model.shape import ModelShape
 
-__all__ = ["LargestFit", "largest_fit", "say_limits", "whole_job_plan"]
+__all__ = ["LargestFit", "largest_fit", "limits_steps", "whole_job_plan"]
 
 # Searched up to these; a model's own context (max_position_embeddings) caps the length first.
 _MAX_TOKENS = 1 << 24
@@ -110,14 +110,10 @@ def whole_job_plan(job: Job, dtype: str) -> str:
     return "for " + ("full fine-tuning" if job.task == "training" else job.task) + f" in {dtype}"
 
 
-def say_limits(largest: LargestFit | None, trace: list[TraceStep], found: list[LargestFit] | None) -> None:
-    """Say the limits of the chosen plan in the trace, and hand them to the resolution (largest_fit()).
+def limits_steps(largest: LargestFit | None) -> list[TraceStep]:
+    """The limits of the chosen plan, said in the trace (the placement carries them to the resolution).
 
     They are of the plan placement chooses (memory/placement.py's place_model): the whole job's where it
     fits (or nothing does), LoRA's where LoRA is chosen; a quantized plan's are not searched, and the
     whole job's are named as such."""
-    if largest is None:
-        return
-    trace.append(TraceStep("limits", largest.text()))
-    if found is not None:
-        found.append(largest)
+    return [TraceStep("limits", largest.text())] if largest is not None else []

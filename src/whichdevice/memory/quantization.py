@@ -16,7 +16,8 @@ from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.registry import _BUILTIN, backends
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult, TraceStep
+    from whichdevice.core.records import TraceStep
+    from whichdevice.device.target import Target
     from whichdevice.model.size import ModelSize
 
 __all__ = [
@@ -92,15 +93,18 @@ class QuantizationPlan:
         }
 
 
-def bitsandbytes_supports(backend: Backend, result: ProbeResult) -> tuple[bool, str]:
+def bitsandbytes_supports(target: Target) -> tuple[bool, str]:
     """Whether bitsandbytes runs on this backend (its own device list; Gaudi 2 and 3 only)."""
-    if not backend.bitsandbytes:
+    if not target.backend.bitsandbytes:
         supported = ", ".join(b.name for b in backends() if b.bitsandbytes)
-        return False, f"bitsandbytes does not support {backend.name} ({backend.hardware}); it supports {supported}"
+        return (
+            False,
+            f"bitsandbytes does not support {target.name} ({target.backend.hardware}); it supports {supported}",
+        )
     # Gaudi 1 is the one generation of a supported backend that bitsandbytes does not run on.
-    if backend.name == "hpu" and any(d.generation == "gaudi1" for d in result.devices):
+    if target.name == "hpu" and any(d.generation == "gaudi1" for d in target.probe.devices):
         return False, "bitsandbytes 4-bit and 8-bit need Gaudi 2 or newer; this is Gaudi 1"
-    where = "AMD GPUs through its ROCm build" if backend.name == "cuda" and result.variant == "rocm" else backend.name
+    where = "AMD GPUs through its ROCm build" if target.name == "cuda" and target.variant == "rocm" else target.name
     return True, f"bitsandbytes supports {where}"
 
 
@@ -112,8 +116,8 @@ def _name(bits: int) -> str:
     return "NF4" if bits == 4 else "int8"
 
 
-def _require_bitsandbytes(backend: Backend, result: ProbeResult, what: str, error: type[DeviceError]) -> None:
-    ok, why = bitsandbytes_supports(backend, result)
+def _require_bitsandbytes(target: Target, what: str, error: type[DeviceError]) -> None:
+    ok, why = bitsandbytes_supports(target)
     if not ok:
         raise error(f"{what}: {why}")
     if package_version("bitsandbytes") is None:
@@ -125,8 +129,7 @@ def _require_bitsandbytes(backend: Backend, result: ProbeResult, what: str, erro
 
 def plan_quantization(
     size: ModelSize,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str,
     quantize: str | None,
     does_not_fit: str | None,
@@ -145,7 +148,7 @@ def plan_quantization(
     bits = _bits(quantize)
     quantized = size.bytes_quantized(bits, dtype)
     if does_not_fit is not None and quantize is None:
-        ok, why = bitsandbytes_supports(backend, result)
+        ok, why = bitsandbytes_supports(target)
         remedy = (
             f"Pass quantize='auto' to load it in 4-bit with bitsandbytes (about "
             f"{format_bytes(size.bytes_quantized(4, dtype))}), give more memory (max_memory)"
@@ -157,9 +160,9 @@ def plan_quantization(
         )
     if does_not_fit is not None:
         what = f"The model does not fit: {does_not_fit}, and quantizing it is not possible"
-        _require_bitsandbytes(backend, result, what, DoesNotFitError)
+        _require_bitsandbytes(target, what, DoesNotFitError)
     else:
-        _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+        _require_bitsandbytes(target, f"quantize={quantize!r} cannot work here", ConfigConflictError)
     if still_too_big is not None:
         raise DoesNotFitError(
             "The model does not fit: "
@@ -180,7 +183,7 @@ def plan_quantization(
     return QuantizationPlan(bits, dtype, full, quantized, usable, explanation, requested=does_not_fit is None)
 
 
-def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, quantize: Any) -> QuantizationPlan | None:
+def requested_quantization(target: Target, dtype: str, quantize: Any) -> QuantizationPlan | None:
     """The plan for an explicit ``quantize="4bit"/"8bit"`` when the model's size is not known.
 
     None for "auto" and None (nothing to decide without a size). Raises for hardware bitsandbytes
@@ -188,7 +191,7 @@ def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, qu
     """
     if quantize not in ("4bit", "8bit"):
         return None
-    _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+    _require_bitsandbytes(target, f"quantize={quantize!r} cannot work here", ConfigConflictError)
     bits = _bits(quantize)
     return QuantizationPlan(
         bits,
@@ -204,8 +207,7 @@ def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, qu
 
 def finish_quantization(
     plan: QuantizationPlan | None,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str,
     quantize: Any,
     task: str,
@@ -216,7 +218,7 @@ def finish_quantization(
 
     steps: list[TraceStep] = []
     if plan is None:
-        plan = requested_quantization(backend, result, dtype, quantize)
+        plan = requested_quantization(target, dtype, quantize)
         if plan is not None:
             steps.append(TraceStep("quantization", plan.explanation))
     if plan is not None and task == "training":

@@ -134,6 +134,8 @@ class TrainingAsk(NamedTuple):
     fused_step: bool = True
     # Why bitsandbytes cannot quantize here (its own device list, Gaudi 1, not installed); None where it can.
     no_bitsandbytes: str | None = None
+    # The attention the model runs ("eager" keeps its T x T scores; None or another name is priced as sdpa).
+    attention: str | None = None
 
 
 def checkpointing_choices(ask: TrainingAsk) -> list[bool]:
@@ -200,8 +202,10 @@ def _state(size: ModelSize, setup: TrainingSetup) -> _State:
 
 
 def _activations(
-    size: ModelSize, shape: ModelShape, job: Job, setup: TrainingSetup, assumed: list[str]
-) -> tuple[Term, Activations]:
+    size: ModelSize, shape: ModelShape, job: Job, setup: TrainingSetup, attention: str | None
+) -> tuple[Term, Activations, list[str]]:
+    """The activations' term, as measured, and what its pricing assumed."""
+    assumed: list[str] = []
     batch = job.batch_size or 1
     tokens = job.max_length or min(shape.max_positions or 2048, 2048)
     if job.batch_size is None:
@@ -211,7 +215,7 @@ def _activations(
     if setup.train == "qlora" and setup.bits != 4:
         assumed.append("activations: an 8-bit base priced with the 4-bit base's measured activations")
     largest = size.largest_linear or shape.hidden * max(shape.intermediate, shape.hidden)
-    mode = _activation_mode(setup, job.attention)
+    mode = _activation_mode(setup, attention)
     acts = training_activations(shape, mode, batch, tokens, params=size.parameters, largest_weight=largest)
     if acts.note:
         assumed.append(f"activations: {acts.note}")
@@ -221,21 +225,28 @@ def _activations(
         f"{format_bytes(acts.kept)}, the loss and head peak at {format_bytes(acts.head_peak)}, the layers' "
         f"backward at {format_bytes(acts.layers_peak)}{ckpt}"
     )
-    return Term("activations", acts.peak, why), acts
+    return Term("activations", acts.peak, why), acts, assumed
 
 
 def training_memory(
-    size: ModelSize, shape: ModelShape | None, job: Job, setup: TrainingSetup, *, fused_step: bool = True
+    size: ModelSize,
+    shape: ModelShape | None,
+    job: Job,
+    setup: TrainingSetup,
+    *,
+    fused_step: bool = True,
+    attention: str | None = None,
 ) -> JobMemory:
     """The memory ``job`` trained as ``setup`` needs besides the weights (``setup_weights``), at its peak.
     ``fused_step``: the optimizer updates in place (torch's fused AdamW, Trainer's default from torch 2.8);
-    else its foreach step makes one float32 copy of the trained parameters."""
+    else its foreach step makes one float32 copy of the trained parameters. ``attention``: what the model
+    runs ("eager" keeps its T x T scores; anything else is priced as sdpa)."""
     state = _state(size, setup)
-    terms, assumed = list(state.terms), list[str]()
+    terms = list(state.terms)
     if shape is None or (job.batch_size is None and job.max_length is None):
         why = "the config does not give layers and heads" if shape is None else "pass max_length= (and batch_size=)"
         return JobMemory(tuple(terms), (f"activations not counted: {why}",))
-    term, acts = _activations(size, shape, job, setup, assumed)
+    term, acts, assumed = _activations(size, shape, job, setup, attention)
     terms += [term, Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch")]
     adapters = state.trained * 4 if setup.train != "full" else 0
     # The head's gradients are made first in backward (a tied head's are the embedding's).

@@ -6,14 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from whichdevice.core.packages import transformers_problem
-from whichdevice.core.records import Backend, ProbeResult, TraceStep
+from whichdevice.core.records import TraceStep
 from whichdevice.device.request import DeviceRequest
 from whichdevice.hardware.envhooks import EnvAction, apply_env_defaults
 from whichdevice.hardware.probes.nvidia_platforms import platform_steps
 from whichdevice.launch.accelerate_settings import ENV_USE_CPU, AccelerateSettings, check_cpu_request
 
 if TYPE_CHECKING:
-    from whichdevice.hardware.calibration import Calibration
+    from whichdevice.device.target import Target
+    from whichdevice.measure.calibration import Calibration
     from whichdevice.resolve.arguments import Arguments
 
 __all__ = ["calibration_step", "environment_step", "training_request"]
@@ -36,14 +37,14 @@ def training_request(
     return DeviceRequest(ENV_USE_CPU, "cpu", "cpu"), [step]
 
 
-def environment_step(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:
+def environment_step(target: Target) -> tuple[tuple[EnvAction, ...], list[TraceStep]]:
     """The env hooks of the chosen backend, and the warnings everything below depends on."""
-    env_set = tuple(result.env_set) + apply_env_defaults(backend, "select")
+    env_set = tuple(target.probe.env_set) + apply_env_defaults(target.backend, "select")
     steps = [TraceStep("env", action.message) for action in env_set]
     # A hook that kept the user's value is in the probe's warnings too (the report shows those): said once here.
     said = {action.message for action in env_set}
-    steps += [TraceStep("warning", warning) for warning in result.warnings if warning not in said]
-    steps += platform_steps(result)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
+    steps += [TraceStep("warning", warning) for warning in target.probe.warnings if warning not in said]
+    steps += platform_steps(target.probe)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
     problem = transformers_problem()
     if problem is not None:
         # Everything resolved here is handed to transformers: say so before it fails there.
@@ -51,12 +52,12 @@ def environment_step(backend: Backend, result: ProbeResult) -> tuple[tuple[EnvAc
     return env_set, steps
 
 
-def calibration_step(backend: Backend, args: Arguments) -> tuple[Calibration | None, list[TraceStep]]:
-    """The CPU's measured speeds (whichdevice.hardware.calibration): measured on first need when the dtype is
+def calibration_step(target: Target, args: Arguments) -> tuple[Calibration | None, list[TraceStep]]:
+    """The CPU's measured speeds (whichdevice.measure.calibration): measured on first need when the dtype is
     "auto", else read from the cache only."""
-    if backend.name != "cpu":
+    if target.name != "cpu":
         return None, []
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     auto = isinstance(args.dtype, str) and args.dtype == "auto"
     calib, why = calibration(measure=auto)
