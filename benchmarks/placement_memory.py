@@ -143,7 +143,8 @@ def _estimate(path: Path, task: str, batch: int, max_length: int) -> tuple[int, 
     job = Job(task, batch, max_length)
     facts = read_model_facts(str(path))
     if task == "training":  # the child trains fp32 weights with AdamW, no autocast, no checkpointing
-        from whichdevice.memory.training_job import TrainingSetup, training_memory
+        from whichdevice.memory.training_job import training_memory
+        from whichdevice.memory.training_records import TrainingSetup
 
         memory = training_memory(
             facts.size, facts.shape, job, TrainingSetup("full", "float32"), attention=res.attn_implementation

@@ -32,7 +32,8 @@ def _estimates(batch: int, length: int) -> dict[str, int]:
 
     from whichdevice.core.job import Job
     from whichdevice.memory.strategy import Priced, plan_strategies
-    from whichdevice.memory.training_job import TrainingSetup, setup_weights, training_memory
+    from whichdevice.memory.training_job import setup_weights, training_memory
+    from whichdevice.memory.training_records import TrainingSetup
     from whichdevice.model.facts import estimate_model_size, model_shape
     from whichdevice.model.layers import layer_classes
 

@@ -128,7 +128,7 @@ class _Tokens:
 
 def _setup(way: str, ckpt: bool) -> Any:
     """The way to train as whichdevice prices it on this CPU (bf16 mixed precision where it runs natively)."""
-    from whichdevice.memory.training_job import TrainingSetup
+    from whichdevice.memory.training_records import TrainingSetup
 
     compute = _compute()
     if way == "full":

@@ -22,7 +22,8 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice import cli
 from whichdevice.core.errors import DeviceError
-from whichdevice.measure import calibration, cpu_timing, owned_files, probing, store
+from whichdevice.hardware import owned_files, probing, store
+from whichdevice.measure import calibration, cpu_timing
 from whichdevice.measure.cpu_memory import packable_dtypes
 from whichdevice.report import gather
 from whichdevice.report.calibration import render_calibration

@@ -13,7 +13,7 @@ from whichdevice.core.job import Job
 from whichdevice.measure.calibration import Calibration, parse_figures
 from whichdevice.measure.estimate import MARGIN, _per_call, estimate_seconds
 from whichdevice.measure.packing_plan import PackingPlan
-from whichdevice.model.size import StepWeights
+from whichdevice.model.step_weights import StepWeights
 from whichdevice.precision.measured import measured_dtype
 
 # Measured on this project's AMD EPYC (avx512_bf16, 2 cores): bf16 wins everywhere, most when the

@@ -10,7 +10,8 @@ import whichdevice as wd
 from whichdevice.core.job import Job
 from whichdevice.core.packages import simulated_packages
 from whichdevice.memory.strategy import ORDER, Priced, plan_strategies
-from whichdevice.memory.training_job import TrainingSetup, setup_weights, training_memory
+from whichdevice.memory.training_job import setup_weights, training_memory
+from whichdevice.memory.training_records import TrainingSetup
 from whichdevice.model.facts import model_shape
 from whichdevice.model.layers import layer_classes
 from whichdevice.testing import simulate

@@ -11,7 +11,8 @@ import pytest
 import whichdevice as wd
 from whichdevice.core.job import Job
 from whichdevice.memory.fit import CUDA_CONTEXT, priced_margin
-from whichdevice.memory.training_job import TrainingSetup, adapter_parameters, setup_weights, training_memory
+from whichdevice.memory.training_job import adapter_parameters, setup_weights, training_memory
+from whichdevice.memory.training_records import TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.testing import simulate
 

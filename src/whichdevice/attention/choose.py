@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fits
+from whichdevice.attention.record import Attention
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 from whichdevice.core.packages import pip_install
 
 if TYPE_CHECKING:
-    from whichdevice.attention.serving import Serving
     from whichdevice.core.records import Backend, TraceStep
     from whichdevice.device.target import Target
     from whichdevice.measure.calibration import Calibration
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_HUB",
     "KNOWN_IMPLEMENTATIONS",
-    "Attention",
     "choose_attention",
     "flash_attention_package",
     "is_hub_kernel",
@@ -45,21 +44,6 @@ def is_hub_kernel(value: str) -> bool:
     """Whether ``value`` names a Hub kernel ("org/repo", "org/repo@rev", "org/repo:name"), as
     transformers' ``is_kernel`` accepts for attn_implementation."""
     return re.fullmatch(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?", value) is not None
-
-
-class Attention(NamedTuple):
-    """The attention stage's answer: what the loaded model runs with, whether model_kwargs() passes it,
-    and whether ``prepare()`` runs whichdevice's decode attention under it (``decode``: ``name`` is
-    "sdpa"); then, decided once the model is placed, whether Hub kernels replace its layers (``use_kernels``,
-    under ``kernels_key``: attention/kernels.py) and what continuous batching takes (``serving``:
-    attention/serving.py, None for a job that serves no requests)."""
-
-    name: str | None  # None: transformers decides, and whichdevice cannot tell what (no model= to read)
-    passed: bool
-    decode: bool = False
-    use_kernels: bool = False
-    kernels_key: str | None = None
-    serving: Serving | None = None
 
 
 # benchmarks/decode_accuracy.py's multi-head figures (whichdevice_sdpa against sdpa, dynamic cache).

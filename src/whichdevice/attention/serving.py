@@ -28,7 +28,6 @@ What is checked, and handed over:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
@@ -36,6 +35,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fits
+from whichdevice.attention.record import Serving
 from whichdevice.core.packages import package_version
 
 if TYPE_CHECKING:
@@ -43,22 +43,10 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, TraceStep
     from whichdevice.device.target import Target
 
-__all__ = ["Serving", "continuous_batching_available", "decide_serving", "generate_batch_refusal"]
+__all__ = ["continuous_batching_available", "decide_serving", "generate_batch_refusal"]
 
 # Where generate_batch lives (transformers 5.x): read as text, so transformers is not imported to answer.
 _API_FILE = ("generation", "continuous_batching", "continuous_api.py")
-
-
-@dataclass(frozen=True)
-class Serving:
-    """The continuous-batching answer: whether it applies, and the ContinuousBatchingConfig fields
-    whichdevice checked (``config``), which ``Resolution.generate_batch_kwargs()`` hands over."""
-
-    applies: bool
-    config: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"applies": self.applies, "continuous_batching_config": dict(self.config)}
 
 
 @lru_cache(maxsize=1)

@@ -4,7 +4,8 @@
 :class:`Target` on its first device before anything is narrowed: what a pre-quantized checkpoint's
 needs are checked against (memory/prequantized.py may move it to a later backend that runs its
 method). ``narrowed_target`` makes the target the deciders ask: the launched run this process belongs
-to, the devices it uses (``devices=``, or those this process can use) and the device string and index.
+to (read by the resolver: launch/steps.py), the devices it uses (``devices=``, or those this process
+can use) and the device string and index.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from whichdevice.core.records import Trace, TraceStep
 from whichdevice.device.detection import choose_backend, device_string
 from whichdevice.device.selection import select_devices
 from whichdevice.device.target import Target
-from whichdevice.launch.steps import launch_of
 
 if TYPE_CHECKING:
     from whichdevice.device.request import DeviceRequest
     from whichdevice.device.selection import DevicesAsked
+    from whichdevice.launch.distributed import DistributedContext
 
 __all__ = ["candidate", "narrowed_target"]
 
@@ -31,13 +32,13 @@ def candidate(request: DeviceRequest, prefer: Any, exclude: Any) -> tuple[Target
 
 
 def narrowed_target(
-    chosen: Target, asked: DevicesAsked | None, task: str, request: DeviceRequest
+    chosen: Target, asked: DevicesAsked | None, dist: DistributedContext | None, task: str, request: DeviceRequest
 ) -> tuple[Target, list[TraceStep]]:
-    """The target on ``chosen``'s backend: the run it belongs to, its devices narrowed to ``asked`` (and to
-    those this process can use), and its device; with the lines that say why."""
+    """The target on ``chosen``'s backend in ``dist``, the launched run this process belongs to (None: one
+    process; launch/steps.py's launch_of): its devices narrowed to ``asked`` (and to those this process can
+    use), and its device; with the lines that say why."""
     backend = chosen.backend
     trace = Trace()
-    dist = launch_of(backend, task)
     result, selection = trace.take(select_devices(backend, chosen.probe, asked, dist, task, request))
     device, index, count = trace.take(device_string(backend, result, request, dist, task))
     return Target(backend, result, device, index, count, selection, dist, request.source), trace

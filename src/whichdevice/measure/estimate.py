@@ -27,7 +27,7 @@ from whichdevice.measure.packing_plan import PACK_MARGIN, PackingPlan
 
 if TYPE_CHECKING:
     from whichdevice.measure.figures import Calibration
-    from whichdevice.model.size import StepWeights
+    from whichdevice.model.step_weights import StepWeights
 
 __all__ = [
     "ASSUMED_MATMULS",

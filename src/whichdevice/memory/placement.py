@@ -16,9 +16,15 @@ from whichdevice.core.records import Trace, TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware import probing
 from whichdevice.memory.capacity import can_split, capacities, cpu_memory, memory_step
-from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, JobFit, Placement
+from whichdevice.memory.fit import (
+    FIT_FRACTION,
+    SPLIT_FRACTION,
+    JobFit,
+    LargestFit,
+    Placement,
+)
 from whichdevice.memory.job import JobMemory, job_memory
-from whichdevice.memory.largest import LargestFit, largest_fit, limits_steps, whole_job_plan
+from whichdevice.memory.largest import largest_fit, limits_steps, whole_job_plan
 from whichdevice.memory.offload import offload_placement, with_ways_out
 from whichdevice.memory.room import fitted_load, whole_job_device
 from whichdevice.model.facts import estimate_model_size, model_shape
@@ -27,7 +33,7 @@ from whichdevice.model.size import ModelSize
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
     from whichdevice.device.target import Target
-    from whichdevice.memory.training_job import TrainingSetup
+    from whichdevice.memory.training_records import TrainingSetup
 
 __all__ = [
     "capacities",

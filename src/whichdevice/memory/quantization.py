@@ -7,13 +7,13 @@ bitsandbytes does not run on); ``None`` never quantizes and raises the fit error
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DoesNotFitError
 from whichdevice.core.packages import package_version
 from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.registry import _BUILTIN, backends
+from whichdevice.memory.quantization_plan import QuantizationPlan
 
 if TYPE_CHECKING:
     from whichdevice.core.records import TraceStep
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BNB_DEVICES",
-    "QuantizationPlan",
     "bitsandbytes_supports",
     "finish_quantization",
     "plan_quantization",
@@ -37,60 +36,6 @@ BNB_DEVICES = frozenset(b.name for b in _BUILTIN if b.bitsandbytes)
 # transformers' bitsandbytes quantizers scale a device_map="auto" max_memory by 0.9
 # (``adjust_max_memory``: room for buffers created while quantizing), so a split plan must leave it.
 BNB_MAX_MEMORY_FACTOR = 0.9
-
-
-@dataclass(frozen=True)
-class QuantizationPlan:
-    """Load with bitsandbytes in ``bits`` bits, computing in ``compute_dtype``.
-
-    The byte counts are None when the model's size (or the memory) was not known.
-    """
-
-    bits: int
-    compute_dtype: str
-    full_bytes: int | None
-    quantized_bytes: int | None
-    budget_bytes: int | None
-    explanation: str
-    requested: bool = False
-
-    @property
-    def method(self) -> str:
-        return "bitsandbytes-nf4" if self.bits == 4 else "bitsandbytes-int8"
-
-    @property
-    def saved_bytes(self) -> int | None:
-        if self.full_bytes is None or self.quantized_bytes is None:
-            return None
-        return self.full_bytes - self.quantized_bytes
-
-    def config(self) -> Any:
-        """The ``transformers.BitsAndBytesConfig`` for from_pretrained's ``quantization_config``."""
-        import torch
-        from transformers import BitsAndBytesConfig
-
-        make: Any = BitsAndBytesConfig  # untyped in transformers
-        if self.bits == 8:
-            return make(load_in_8bit=True)
-        return make(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=getattr(torch, self.compute_dtype),
-            bnb_4bit_use_double_quant=True,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "bits": self.bits,
-            "method": self.method,
-            "compute_dtype": self.compute_dtype,
-            "reason": "requested" if self.requested else "does-not-fit",
-            "full_bytes": self.full_bytes,
-            "quantized_bytes": self.quantized_bytes,
-            "saved_bytes": self.saved_bytes,
-            "budget_bytes": self.budget_bytes,
-            "explanation": self.explanation,
-        }
 
 
 def bitsandbytes_supports(target: Target) -> tuple[bool, str]:

@@ -18,19 +18,14 @@ from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.fit import JobFit
 from whichdevice.memory.job import JobMemory
-from whichdevice.memory.training_job import (
-    TrainingAsk,
-    TrainingSetup,
-    checkpointing_choices,
-    setup_weights,
-    training_memory,
-)
+from whichdevice.memory.training_job import TrainingAsk, checkpointing_choices, setup_weights, training_memory
+from whichdevice.memory.training_records import TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 
 if TYPE_CHECKING:
     from whichdevice.core.job import Job
     from whichdevice.device.target import Target
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.fit import LargestFit
     from whichdevice.model.size import ModelSize
 
 __all__ = [

@@ -21,7 +21,7 @@ from whichdevice.launch.launch_strategy import ZERO3_LOADING, fsdp_plugin_steps
 from whichdevice.memory import placement as place
 from whichdevice.memory.fit import JobFit, Placement, priced_margin
 from whichdevice.memory.placement import capacities, place_model
-from whichdevice.memory.strategy import FULL, TrainingPlan
+from whichdevice.memory.strategy import FULL
 from whichdevice.memory.training_fit import (
     Tried,
     first_need,
@@ -33,8 +33,9 @@ from whichdevice.memory.training_fit import (
     training_limits,
     ways_out,
 )
-from whichdevice.memory.training_job import TrainingAsk, TrainingSetup, adapter_parameters
+from whichdevice.memory.training_job import TrainingAsk, adapter_parameters
 from whichdevice.memory.training_plan import plan_steps, plan_training
+from whichdevice.memory.training_records import TrainingPlan, TrainingSetup
 from whichdevice.model.facts import estimate_model_size
 from whichdevice.model.layers import layer_classes
 

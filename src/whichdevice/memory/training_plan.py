@@ -18,14 +18,9 @@ from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.device.launch_command import launch_command
-from whichdevice.memory.strategy import Priced, Strategy, TrainingPlan, plan_strategies
-from whichdevice.memory.training_job import (
-    TrainingAsk,
-    TrainingSetup,
-    checkpointing_choices,
-    setup_weights,
-    training_memory,
-)
+from whichdevice.memory.strategy import Priced, plan_strategies
+from whichdevice.memory.training_job import TrainingAsk, checkpointing_choices, setup_weights, training_memory
+from whichdevice.memory.training_records import Strategy, TrainingPlan, TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 
 if TYPE_CHECKING:

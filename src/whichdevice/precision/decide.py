@@ -15,14 +15,14 @@ is added behind the user's back; ``dtype="auto"`` is the way to get fp32 weights
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from whichdevice.core.dtypes import from_short
 from whichdevice.core.records import TraceStep
 from whichdevice.measure.estimate import lost_figures
 from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
 from whichdevice.precision.measured import MeasuredChoice, measured_dtype, measured_training
+from whichdevice.precision.record import Precision
 from whichdevice.precision.training import training_precision
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from whichdevice.measure.estimate import CpuJob
     from whichdevice.model.size import CheckpointDtype
 
-__all__ = ["EXPLICIT_TRAINING_DTYPE", "Precision", "decide_precision"]
+__all__ = ["EXPLICIT_TRAINING_DTYPE", "decide_precision"]
 
 EXPLICIT_TRAINING_DTYPE = (
     "an explicit dtype for training is both the weights' dtype and the compute dtype: no autocast to "
@@ -64,24 +64,6 @@ def pure_half_cost(dtype: str) -> str:
             "rounds to 0 and a step whose second moment underflows divides by zero"
         )
     return text
-
-
-class Precision(NamedTuple):
-    """The precision stage's answer. ``weights``: the dtype from_pretrained loads (None: the checkpoint's
-    own); ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none); ``tf32``: True
-    where training_kwargs() hands ``tf32=True`` over (precision/tf32.py), else None; ``measured``: the
-    CPU's calibration with the job, which decided the CPU's dtype and decides its tunings (None elsewhere)."""
-
-    weights: str | None
-    mixed: str | None
-    tf32: bool | None = None
-    measured: CpuJob | None = None
-
-    def computes_in(self, task: str) -> str | None:
-        """The dtype the layers compute in: under mixed precision the autocast dtype, not the fp32 weights'."""
-        if task == "training" and self.mixed is not None:
-            return from_short(self.mixed)
-        return self.weights
 
 
 def decide_precision(

@@ -29,7 +29,7 @@ from whichdevice.measure.estimate import (
 
 if TYPE_CHECKING:
     from whichdevice.measure.figures import Calibration
-    from whichdevice.model.size import StepWeights
+    from whichdevice.model.step_weights import StepWeights
 
 __all__ = ["ATTENTION_MARGIN", "MARGIN", "MeasuredChoice", "measured_attention", "measured_dtype", "measured_training"]
 

@@ -17,8 +17,9 @@ from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend
+    from whichdevice.core.records import Backend, TraceStep
     from whichdevice.device.target import Target
+    from whichdevice.memory.fit import Placement
 
 __all__ = [
     "DEVICE_MAP_WORDS",
@@ -37,6 +38,7 @@ __all__ = [
     "check_offload",
     "check_quantize",
     "check_shapes",
+    "placement_as_asked",
 ]
 
 
@@ -335,3 +337,22 @@ def check_device_map(backend: Backend, device_map: Any) -> None:
             f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
             f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
         )
+
+
+def placement_as_asked(
+    device_map: Any, max_memory: Mapping[int | str, Any] | None, target: Target
+) -> tuple[Placement, list[TraceStep]]:
+    """The caller's device_map (and max_memory), checked against the target's devices, as the placement."""
+    from whichdevice.core.records import TraceStep
+    from whichdevice.core.sizes import parse_size
+    from whichdevice.memory.fit import Placement
+
+    check_device_map(target.backend, device_map)
+    check_map_devices(device_map, target)
+    steps = [TraceStep("placement", f"device_map={device_map!r} as you asked")]
+    if max_memory is None:
+        return Placement(device_map, note="as you asked"), steps
+    budget: dict[int | str, str] = {
+        k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in max_memory.items()
+    }
+    return Placement(device_map, budget, "as you asked"), steps

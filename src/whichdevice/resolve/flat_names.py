@@ -9,20 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from whichdevice.attention.choose import Attention
-    from whichdevice.attention.serving import Serving
+    from whichdevice.attention.record import Attention, Serving
     from whichdevice.core.records import Backend, EnvAction, ProbeResult
     from whichdevice.device.target import Target
     from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.launch.record import Launch
-    from whichdevice.memory.fit import Placement
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.fit import LargestFit, Placement
     from whichdevice.memory.load_peak import LoadPeak
-    from whichdevice.memory.quantization import QuantizationPlan
-    from whichdevice.memory.strategy import TrainingPlan
-    from whichdevice.memory.training_job import TrainingSetup
-    from whichdevice.precision.decide import Precision
+    from whichdevice.memory.quantization_plan import QuantizationPlan
+    from whichdevice.memory.training_records import TrainingPlan, TrainingSetup
+    from whichdevice.precision.record import Precision
 
 __all__ = ["FlatNames"]
 

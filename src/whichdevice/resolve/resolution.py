@@ -23,11 +23,10 @@ from whichdevice.resolve.flat_names import FlatNames
 if TYPE_CHECKING:
     import torch
 
-    from whichdevice.attention.choose import Attention
+    from whichdevice.attention.record import Attention
     from whichdevice.device.target import Target
-    from whichdevice.memory.fit import Placement
-    from whichdevice.memory.largest import LargestFit
-    from whichdevice.precision.decide import Precision
+    from whichdevice.memory.fit import LargestFit, Placement
+    from whichdevice.precision.record import Precision
     from whichdevice.tuning.record import Tuning
 
 __all__ = ["Resolution"]

@@ -21,7 +21,7 @@ from whichdevice.tuning.record import Tuning
 from whichdevice.tuning.static_cache import static_cache_step
 
 if TYPE_CHECKING:
-    from whichdevice.attention.choose import Attention
+    from whichdevice.attention.record import Attention
     from whichdevice.core.job import Job
     from whichdevice.device.target import Target
     from whichdevice.measure.estimate import CpuJob

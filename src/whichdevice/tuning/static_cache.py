@@ -21,7 +21,7 @@ from whichdevice.core.records import TraceStep
 from whichdevice.tuning.compile_support import cannot_compile_here
 
 if TYPE_CHECKING:
-    from whichdevice.attention.choose import Attention
+    from whichdevice.attention.record import Attention
     from whichdevice.device.target import Target
     from whichdevice.memory.fit import Placement
     from whichdevice.model.facts import ModelFacts
