@@ -315,7 +315,7 @@ HOPELESS = 8.0
 
 
 def calibration_cost(cache: Path) -> dict[str, Any]:
-    from whichdevice.hardware import calibration
+    from whichdevice.measure import calibration
 
     os.environ[calibration.ENV_CALIBRATION] = str(cache)
     start = time.perf_counter()

@@ -226,7 +226,7 @@ def _nvml_keys(result: wd.ProbeResult) -> list[str]:
 
 def _calibration_keys() -> list[str]:
     """calib= with the figures this machine's resolutions use (none when calibration is off or pending)."""
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     calib, _ = calibration(measure=False)
     return [f"calib={calib.spec()}"] if calib is not None else []
@@ -252,7 +252,7 @@ def _unsteady_wording(real: dict[str, Any], simulated: dict[str, Any]) -> dict[s
     flags; a spec cannot carry "unsteady", so the simulated copy says "no calib= figures" instead.
     Only that wording is aligned: any difference in what was decided still shows.
     """
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     # An unsteady calibration is answered as no figures, with why saying so (calibration.py).
     calib, why = calibration(measure=False)

@@ -155,15 +155,18 @@ def _estimate(path: Path, task: str, batch: int, max_length: int) -> tuple[int, 
     res = wd.resolve_device(
         "cpu", model=str(path), task=task, batch_size=batch, max_length=max_length, dtype="float32", quantize=None
     )
-    job = Job(task, batch, max_length, attention=res.attn_implementation)
+    job = Job(task, batch, max_length)
     facts = read_model_facts(str(path))
     if task == "training":  # the child trains fp32 weights with AdamW, no autocast, no checkpointing
-        from whichdevice.memory.training_job import TrainingSetup, training_memory
+        from whichdevice.memory.training_job import training_memory
+        from whichdevice.memory.training_records import TrainingSetup
 
-        memory = training_memory(facts.size, facts.shape, job, TrainingSetup("full", "float32"))
+        memory = training_memory(
+            facts.size, facts.shape, job, TrainingSetup("full", "float32"), attention=res.attn_implementation
+        )
         line = memory.describe(facts.size.bytes_in("float32"))
         return facts.size.bytes_in("float32"), memory.bytes, line
-    size, memory = estimate_job(facts, job, "float32")
+    size, memory = estimate_job(facts, job, "float32", eager=res.attn_implementation == "eager")
     line = next(s.message for s in res.trace if s.topic == "memory" and "needs" in s.message)
     return size.bytes_in("float32"), memory.bytes, line
 
@@ -307,7 +310,7 @@ def load_peaks(args: argparse.Namespace) -> list[dict[str, Any]]:
         what = dtype if bits is None else f"{bits}-bit (bitsandbytes on load, {dtype} rest)"
         for name, total, free in gpus:
             theirs = installed_warmup(meta, device_map, {"cuda:0": (free, total)}, quantizer)["cuda:0"]
-            peak = load_peak(size, dtype, "cuda:0", free, total, bits)
+            peak = load_peak(size, dtype, "cuda:0", free, total, bits, kind="cuda")
             steady = "fits" if peak.weights <= 0.8 * free else "does not fit"
             transient = f" (+{format_bytes(peak.transient)} 16-bit copy)" if peak.transient else ""
             rows.append(

@@ -271,7 +271,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     length = args.prompt + args.new
     # max_new_tokens= as resolve_device gets it: NEW where the split is stated, None where it is not
     splits = {"stated": [args.new], "unstated": [None], "both": [None, args.new]}[args.split]
-    from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES
+    from whichdevice.measure.cpu_memory import PACKED_DTYPES
     from whichdevice.tuning.single_row import install_single_row
 
     resolved = {}
@@ -411,9 +411,9 @@ def predicted_seconds(res: Any, path: Path, batch: int, length: int, new: int) -
     """What the resolver's estimate says the job (``batch`` x ``length`` tokens, ``new`` of them new)
     takes in the resolved dtype, packing included where it pays; None without a calibration."""
     from whichdevice.core.job import Job
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
+    from whichdevice.measure.estimate import estimate_seconds
     from whichdevice.model.facts import read_model_facts
-    from whichdevice.precision.estimate import estimate_seconds
 
     calib, _ = calibration(measure=False)
     stored = read_model_facts(str(path)).stored
@@ -437,7 +437,7 @@ def child(args: argparse.Namespace) -> None:
     # Calibrated first, on a machine not yet busy writing checkpoints (page-cache writeback disturbs
     # the timing), and again while other work kept a figure from being steady: the cells then time
     # the decisions of a steady calibration, as a user's quiet machine makes them.
-    from whichdevice.hardware.calibration import run_calibration
+    from whichdevice.measure.calibration import run_calibration
 
     for attempt in range(3):
         calib = run_calibration()

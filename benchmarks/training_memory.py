@@ -128,7 +128,7 @@ class _Tokens:
 
 def _setup(way: str, ckpt: bool) -> Any:
     """The way to train as whichdevice prices it on this CPU (bf16 mixed precision where it runs natively)."""
-    from whichdevice.memory.training_job import TrainingSetup
+    from whichdevice.memory.training_records import TrainingSetup
 
     compute = _compute()
     if way == "full":
@@ -153,7 +153,7 @@ def estimate(folder: Path, way: str, ckpt: bool, batch: int, tokens: int) -> dic
 
     facts = read_model_facts(str(folder))
     setup = _setup(way, ckpt)
-    job = Job("training", batch, tokens, attention="sdpa")
+    job = Job("training", batch, tokens)
     memory = training_memory(facts.size, facts.shape, job, setup)
     weights = setup_weights(facts.size, setup) + memory.term("adapters")
     return {

@@ -327,13 +327,14 @@ def _estimates(batch: int, length: int) -> dict[str, Any]:
 
     from whichdevice.core.job import Job
     from whichdevice.memory.strategy import Priced, plan_strategies
-    from whichdevice.memory.training_job import TrainingSetup, setup_weights, training_memory
+    from whichdevice.memory.training_job import setup_weights, training_memory
+    from whichdevice.memory.training_records import TrainingSetup
     from whichdevice.model.facts import estimate_model_size, model_shape
     from whichdevice.model.layers import layer_classes
 
     config = LlamaConfig(**SMALL)
     size, shape = estimate_model_size(config), model_shape(config)
-    job = Job("training", batch, length, attention="sdpa")
+    job = Job("training", batch, length)
     lora, qlora = TrainingSetup("lora"), TrainingSetup("qlora")
     plan = plan_strategies(
         params=size.parameters, shape=shape, dtype="float32", compute_dtype="float32",
