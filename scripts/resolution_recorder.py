@@ -12,6 +12,7 @@ answer (issue 55) runs the suite before and after and compares the two files.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -36,6 +37,7 @@ def pytest_configure(config: Any) -> None:
 
     original = resolver.resolve_device
 
+    @functools.wraps(original)  # the signature as before: tests read it
     def recorded(*args: Any, **kwargs: Any) -> Any:
         _current["count"] += 1
         entry = {"test": _current["test"], "call": _current["count"]}
@@ -72,7 +74,9 @@ def compare(before: str, after: str) -> int:
 
     def read(path: str) -> dict[tuple[str, int], Any]:
         found = {}
-        for line in open(path, encoding="utf-8"):
+        with open(path, encoding="utf-8") as rows:
+            lines = list(rows)
+        for line in lines:
             if line.strip():
                 row = json.loads(line)
                 found[(row["test"], row["call"])] = row.get("answer", row.get("error"))

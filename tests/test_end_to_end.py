@@ -9,7 +9,7 @@ import torch
 import whichdevice as wd
 from simulated_cpus import PACKS
 from whichdevice.attention.decode import ATTENTION_NAME
-from whichdevice.hardware.probes.cpu_memory import packable_dtypes
+from whichdevice.measure.cpu_memory import packable_dtypes
 from whichdevice.testing import simulate
 
 # What this CPU's oneDNN packs (a real try, outside any simulation): the simulated CPU hands bf16 packing

@@ -168,7 +168,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from whichdevice.hardware.calibration import calibration_enabled, run_calibration
+    from whichdevice.measure.calibration import calibration_enabled, run_calibration
     from whichdevice.report.calibration import render_calibration
 
     if args.simulate:

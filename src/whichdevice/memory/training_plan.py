@@ -17,19 +17,14 @@ from whichdevice.core.job import Job
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.launch.accelerate_settings import launch_command
-from whichdevice.memory.strategy import Priced, Strategy, TrainingPlan, plan_strategies
-from whichdevice.memory.training_job import (
-    TrainingAsk,
-    TrainingSetup,
-    checkpointing_choices,
-    setup_weights,
-    training_memory,
-)
+from whichdevice.device.launch_command import launch_command
+from whichdevice.memory.strategy import Priced, plan_strategies
+from whichdevice.memory.training_job import TrainingAsk, checkpointing_choices, setup_weights, training_memory
+from whichdevice.memory.training_records import Strategy, TrainingPlan, TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.device.target import Target
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.launch.launch_strategy import LaunchStrategy
 
@@ -84,7 +79,7 @@ def plan_training(
 
     def strategies(ckpt: bool) -> TrainingPlan:
         def memory(setup: TrainingSetup) -> Any:
-            return training_memory(size, shape, job, setup, fused_step=ask.fused_step)
+            return training_memory(size, shape, job, setup, fused_step=ask.fused_step, attention=ask.attention)
 
         lora = TrainingSetup("lora", compute_dtype, compute, ckpt)
         half = ask.quantized_compute if ask.quantized_compute != "float32" else None
@@ -199,8 +194,7 @@ def trainer_parallel_steps(
     device_map: Any,
     plan: TrainingPlan | None,
     dist: DistributedContext | None,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
 ) -> list[TraceStep]:
     """One process on several devices: the DataParallel warning (``steps``) when the model is on one
     device, or what Trainer does with a split instead; and what to launch for the plan."""
@@ -223,7 +217,7 @@ def trainer_parallel_steps(
     if not (split or kwargs or plan.chosen.key != "ddp"):
         return steps  # the DataParallel warning names the launch already
     with_ = f" with TrainingArguments({_kwargs_text(kwargs)})" if kwargs else ""
-    launch = " ".join(launch_command(backend, result, ["train.py"]))
+    launch = " ".join(launch_command(target, ["train.py"]))
     return [
         *steps,
         TraceStep(

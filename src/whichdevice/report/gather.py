@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 from whichdevice.core.errors import DeviceError, exit_code_for
 from whichdevice.core.packages import known_versions, package_version
-from whichdevice.device.request import TASKS, parse_device
+from whichdevice.device.request import TASKS, as_task, parse_device
 from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends
 from whichdevice.report.environment import environment
@@ -186,7 +186,7 @@ def gather(
 
 def _calibration() -> dict[str, Any]:
     """The CPU's calibration as the resolutions used it (cached or simulated figures, never measured here)."""
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     calib, why = calibration(measure=False)
     return {"figures": calib.to_dict() if calib else None, "spec": calib.spec() if calib else None, "why": why}
@@ -195,7 +195,7 @@ def _calibration() -> dict[str, Any]:
 def _unsteady(entry: Mapping[str, Any]) -> list[dict[str, str]]:
     """A calibration a busy machine kept from being steady, named once for the whole report (each
     resolution's trace says only that the CPU's flags decide)."""
-    from whichdevice.hardware.calibration import UNSTEADY
+    from whichdevice.measure.calibration import UNSTEADY
 
     figures = entry["figures"]
     moved = figures["unsteady"] if figures else []
@@ -212,7 +212,7 @@ def _unsteady(entry: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def _resolve(task: str, device: str | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
     try:
-        res = resolve_device(device, task=task, **{k: v for k, v in (job or {}).items() if v is not None})
+        res = resolve_device(device, task=as_task(task), **{k: v for k, v in (job or {}).items() if v is not None})
     except DeviceError as exc:
         return {"task": task, "ok": False, "resolution": None, "explanation": None, "error": error_dict(exc)}
     return {

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError, printable
+from whichdevice.device.request import as_task
 
 __all__ = ["DEFAULT_MACHINES", "HardwarePlan", "PlanRow", "plan_hardware"]
 
@@ -212,7 +213,7 @@ def _row(facts: Any, name: str, spec: str, count: int, job: _Job, quantize: Any)
     with _machine(spec):
         try:
             res = wd.resolve_device(
-                model=facts, task=task, batch_size=batch, max_length=length, quantize=quantize,
+                model=facts, task=as_task(task), batch_size=batch, max_length=length, quantize=quantize,
                 gradient_checkpointing=job.checkpointing if task == "training" else None,
             )  # fmt: skip
         except DoesNotFitError as error:
@@ -299,7 +300,7 @@ def _launch(res: Any, devices: int) -> str:
 
 def _cpu_bandwidth() -> Any:
     """This CPU's measured read bandwidth, as a table row, where the calibration measured it."""
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
     from whichdevice.memory.bandwidth import Bandwidth
 
     calib, _ = calibration(measure=False)

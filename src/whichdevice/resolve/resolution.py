@@ -13,81 +13,47 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
-from whichdevice.core.errors import ConfigConflictError, printable
-from whichdevice.core.records import Backend, EnvAction, ProbeResult, TraceStep
-from whichdevice.launch.distributed import DistributedContext, process_group_backend
+from whichdevice.core.errors import printable
+from whichdevice.core.records import TraceStep
+from whichdevice.launch.distributed import process_group_backend
 from whichdevice.launch.launch_strategy import partitioned_on_load
+from whichdevice.launch.record import Launch
+from whichdevice.resolve.flat_names import FlatNames
 
 if TYPE_CHECKING:
     import torch
 
-    from whichdevice.attention.serving import Serving
-    from whichdevice.launch.accelerate_settings import AccelerateSettings
-    from whichdevice.memory.largest import LargestFit
-    from whichdevice.memory.load_peak import LoadPeak
-    from whichdevice.memory.quantization import QuantizationPlan
-    from whichdevice.memory.strategy import TrainingPlan
-    from whichdevice.memory.training_job import TrainingSetup
+    from whichdevice.attention.record import Attention
+    from whichdevice.device.target import Target
+    from whichdevice.memory.fit import LargestFit, Placement
+    from whichdevice.precision.record import Precision
     from whichdevice.tuning.record import Tuning
 
-__all__ = ["Resolution", "check_device_map"]
+__all__ = ["Resolution"]
 
 
 @dataclass(frozen=True)
-class Resolution:
-    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments."""
+class Resolution(FlatNames):
+    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments.
 
-    device: str
-    backend: Backend
+    Built from the resolver's stage records, one a stage (docs/architecture.md): the ``target`` (the
+    backend, its devices as used, the device), its ``precision``, ``attention``, ``placement``, ``tuning``
+    and ``launch``, with the ``trace`` of why. The flat names of schema 1.x (``device``, ``dtype_name``,
+    ``device_map``, ...) read them."""
+
     task: str
-    device_count: int
-    device_map: str | dict[str, Any]
-    dtype_name: str | None
-    attn_implementation: str | None
-    probe: ProbeResult = field(repr=False)
-    max_memory: dict[int | str, str] | None = None
-    distributed: DistributedContext | None = None
-    env_set: tuple[EnvAction, ...] = ()
-    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
-    source: str = "detection"
-    quantization: QuantizationPlan | None = None
-    use_kernels: bool = False
-    kernels_key: str | None = None
-    torch_compile: bool = False
+    target: Target = field(repr=False)
+    precision: Precision = field(repr=False)
+    attention: Attention = field(repr=False)
+    placement: Placement = field(repr=False)
     # What prepare(model) installs (whichdevice.tuning): measured CPU settings, generate's static cache
-    # on a GPU; None where nothing is tuned.
+    # on a GPU, the CPU decode attention; None where nothing is tuned.
     tuning: Tuning | None = None
-    # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
-    attn_passed: bool = False
-    # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
-    mixed_precision: str | None = None
-    # Where accelerate puts the weights that fit neither the devices nor the CPU (offload="disk").
-    offload_folder: str | None = None
-    # Training on several devices: every strategy's memory and the one chosen (memory/strategy.py).
-    training_plan: TrainingPlan | None = field(default=None, repr=False)
-    # For model= with batch_size=/max_length=: the longest length and largest batch that fit (memory/largest.py).
-    fit_limits: LargestFit | None = field(default=None, repr=False)
-    # With model= on one device: the load's own peak there (transformers' allocator warm-up,
-    # memory/load_peak.py) and its remedy where only the load does not fit ("cpu": load, then move).
-    load_peak: LoadPeak | None = field(default=None, repr=False)
-    # True where training_kwargs() hands tf32=True over (fp32 training on a GPU with TF32, an
-    # architecture cleared for it: precision/tf32.py); None: not handed over.
-    tf32: bool | None = None
-    # The device indices (as this process numbers them) the resolution is limited to: devices= asked,
-    # or those this process can use (DeviceInfo.unusable); None: every visible device.
-    devices: tuple[int, ...] | None = None
-    # accelerate's variables and config file as this resolution read them (training_arguments()
-    # follows the same reading); None for a Resolution built by hand.
-    accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
+    launch: Launch = field(default_factory=Launch, repr=False)
+    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
     # A Hub model read from its fetched metadata: the commit read, which model_kwargs() pins (revision=)
     # so that from_pretrained loads the files the answer was made from.
     revision: str | None = None
-    # resolve_device(serving=True): whether continuous batching applies and the ContinuousBatchingConfig
-    # fields checked for it (attention/serving.py); None for a job that serves no requests.
-    serving: Serving | None = None
-    # task="training" with model=: how the job trains as placement priced it (full, LoRA or QLoRA, the
-    # dtypes, the optimizer, gradient checkpointing: memory/training_job.py); None otherwise.
-    training_setup: TrainingSetup | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
         return self.device
@@ -119,7 +85,7 @@ class Resolution:
 
     @property
     def simulated(self) -> bool:
-        return self.probe.simulated
+        return self.target.simulated
 
     @property
     def gradient_checkpointing(self) -> bool | None:
@@ -129,8 +95,7 @@ class Resolution:
 
     @property
     def index(self) -> int | None:
-        _, _, idx = self.device.partition(":")
-        return int(idx) if idx else None
+        return self.target.index
 
     # ------------------------------------------------------------------------------ adapters
 
@@ -178,11 +143,11 @@ class Resolution:
         return partitioned_on_load(planned, launched, self.distributed is not None)
 
     def _check_overrides(self, overrides: dict[str, Any]) -> None:
-        from whichdevice.resolve.arguments import check_dtype_override, check_map_devices
+        from whichdevice.resolve.arguments import check_device_map, check_dtype_override, check_map_devices
 
         if "device_map" in overrides:
             check_device_map(self.backend, overrides["device_map"])
-            check_map_devices(overrides["device_map"], self.backend, self.probe)
+            check_map_devices(overrides["device_map"], self.target)
         for key in ("dtype", "torch_dtype"):
             if overrides.get(key) is not None:
                 check_dtype_override(overrides[key], key)
@@ -286,9 +251,9 @@ class Resolution:
         written in front (``["env", "CUDA_VISIBLE_DEVICES=2,3", ...]``) so that any shell selects the
         same devices. ``nproc`` overrides the count. Pass it to ``subprocess.run``.
         """
-        from whichdevice.launch.accelerate_settings import launch_command
+        from whichdevice.device.launch_command import launch_command
 
-        return launch_command(self.backend, self.probe, script, launcher=launcher, nproc=nproc)
+        return launch_command(self.target, script, launcher=launcher, nproc=nproc)
 
     def largest_fit(self) -> LargestFit:
         """The largest ``max_length`` at the given ``batch_size``, and the largest ``batch_size`` at the
@@ -384,14 +349,3 @@ def _dtype_keyword() -> str:
     # version from metadata so transformers itself is not imported here.
     version = packages.package_version("transformers")
     return "dtype" if version is None or packages.version_at_least(version, "4.56") else "torch_dtype"
-
-
-def check_device_map(backend: Backend, device_map: Any) -> None:
-    from whichdevice.resolve.arguments import check_device_map_shape
-
-    check_device_map_shape(device_map)
-    if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
-        raise ConfigConflictError(
-            f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
-            f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
-        )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.tuning.single_row import input_shape
 
 if TYPE_CHECKING:
-    from whichdevice.core.packing_plan import PackingPlan
+    from whichdevice.measure.packing_plan import PackingPlan
 
 __all__ = ["DEFAULT_NEW_TOKENS", "INSTALLED", "call_tokens", "install_generate_hook", "remove_generate_hook"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.attention.decode_forward import ATTENTION_NAME as DECODE_ATTENTION
 
 if TYPE_CHECKING:
-    from whichdevice.core.packing_plan import PackingPlan
+    from whichdevice.measure.packing_plan import PackingPlan
 
 __all__ = ["Tuning"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from whichdevice.hardware.probes import cpu_timing
+from whichdevice.measure import cpu_timing
 
 
 def test_only_a_steady_hopeless_figure_stands_for_the_larger_shapes(monkeypatch):
@@ -26,7 +26,7 @@ def test_only_a_steady_hopeless_figure_stands_for_the_larger_shapes(monkeypatch)
 
 
 def test_the_prompt_is_timed_packed_too_in_its_own_rounds(monkeypatch):
-    from whichdevice.hardware.probes.cpu_memory import packable_dtypes, packing_ops
+    from whichdevice.measure.cpu_memory import packable_dtypes, packing_ops
 
     timed: dict[str, dict[str, object]] = {}
 

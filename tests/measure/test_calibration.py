@@ -22,9 +22,9 @@ import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice import cli
 from whichdevice.core.errors import DeviceError
-from whichdevice.hardware import calibration, owned_files, probing, store
-from whichdevice.hardware.probes import cpu_timing
-from whichdevice.hardware.probes.cpu_memory import packable_dtypes
+from whichdevice.hardware import owned_files, probing, store
+from whichdevice.measure import calibration, cpu_timing
+from whichdevice.measure.cpu_memory import packable_dtypes
 from whichdevice.report import gather
 from whichdevice.report.calibration import render_calibration
 from whichdevice.resolve.memo import memo_variables

@@ -118,7 +118,7 @@ def _packed_runs(torch: Any, weights: dict[str, list[Any]], inputs: dict[str, An
     """The prompt-sized matmuls of ``inputs`` (by dtype) again with the weights packed ahead in
     oneDNN's layout, as a model packed for its decode steps runs its prompt too (fp32 measured
     1.3-1.45x its plain prompt here), by "packed <dtype>"; none for a dtype oneDNN cannot pack."""
-    from whichdevice.hardware.probes.cpu_memory import PACKED_BATCH, PACKED_DTYPES, packing_ops
+    from whichdevice.measure.cpu_memory import PACKED_BATCH, PACKED_DTYPES, packing_ops
 
     ops = packing_ops(torch)
     if ops is None:
@@ -185,7 +185,7 @@ def measure(budget_s: float = BUDGET_S) -> Measured:
     """This CPU's figures, in at most about ``budget_s`` seconds (see :class:`Measured`)."""
     import torch
 
-    from whichdevice.hardware.probes.cpu_memory import measure_streamed
+    from whichdevice.measure.cpu_memory import measure_streamed
 
     # Each part has its share of the budget, so a busy machine that stretches the cache-resident
     # shapes still times the streamed ones (the figures real models are decided by).

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import item_size
 from whichdevice.core.job import Job, new_tokens
-from whichdevice.core.packing_plan import PACK_MARGIN, PackingPlan
+from whichdevice.measure.packing_plan import PACK_MARGIN, PackingPlan
 
 if TYPE_CHECKING:
-    from whichdevice.hardware.calibration_figures import Calibration
-    from whichdevice.model.size import StepWeights
+    from whichdevice.measure.figures import Calibration
+    from whichdevice.model.step_weights import StepWeights
 
 __all__ = [
     "ASSUMED_MATMULS",

@@ -1,7 +1,7 @@
 """The CPU's calibration: its measured dtype speeds, cached on disk per machine, or pinned by a simulation.
 
 ``calibration()`` answers with the figures and a sentence saying where they came from. The
-figures are measured by :mod:`whichdevice.hardware.probes.cpu_timing` and ``cpu_memory`` (about
+figures are measured by :mod:`whichdevice.measure.cpu_timing` and ``cpu_memory`` (about
 0.9 s on 2 cores: shapes that run from the cache, and decode steps whose weights stream from
 memory) the first time a resolution needs them, then read from ``$XDG_CACHE_HOME/whichdevice/``
 (``~/.cache/whichdevice``), one file per machine: CPU model, bf16 flags, cores, torch threads,
@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core import envview, progress
-from whichdevice.hardware.calibration_figures import Calibration, check_figure, parse_figures
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
 from whichdevice.hardware.store import current_store
+from whichdevice.measure.figures import Calibration, check_figure, parse_figures
 
 __all__ = [
     "ENV_CALIBRATION",
@@ -186,7 +186,7 @@ def run_calibration(budget_s: float | None = None, *, found: str = "") -> Calibr
     ``found``: what was wrong with the cache file, said first in the source."""
     import torch  # noqa: F401 - imported before the clocks start: an import is one thread's work
 
-    from whichdevice.hardware.probes.cpu_timing import BUDGET_S, measure
+    from whichdevice.measure.cpu_timing import BUDGET_S, measure
 
     key = _machine_key()
     path = cache_path(key)

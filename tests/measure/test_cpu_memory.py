@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from whichdevice.hardware.probes.cpu_memory import (
+from whichdevice.measure.cpu_memory import (
     _COLS,
     _ROWS,
     DEFAULT_LLC,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from whichdevice.core.packing_plan import PACK_MARGIN, PackingPlan
+from whichdevice.measure.packing_plan import PACK_MARGIN, PackingPlan
 
 PLAN = PackingPlan(
     dtype="float32",

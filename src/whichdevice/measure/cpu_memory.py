@@ -17,7 +17,7 @@ about 40 us a call here, torch's GEMV kernel 15, fp32 20), and a 0.1-0.4B model 
 on matrices as small as its 256-row key and value projections. So at one row the same bytes are
 timed again as ``NARROW`` matrices ("sn1", "gn1"): 42 times as many calls. From the two sets the
 estimate separates each path's cost per call from its cost per weight, and a model's step is its
-calls times the one plus its weights times the other (``whichdevice.precision.estimate``). Measured
+calls times the one plus its weights times the other (``whichdevice.measure.estimate``). Measured
 here with oneDNN capped below bf16: torch's GEMV kernel over oneDNN read 1.22x on the large set
 and 1.75x on a 0.1B Llama's own matrices, which the two-set estimate put at 1.40x.
 

@@ -1,4 +1,4 @@
-"""The CPU's estimate of a job (precision.estimate): each path's cost per call and per weight from the
+"""The CPU's estimate of a job (measure.estimate): each path's cost per call and per weight from the
 two timed sets, torch's GEMV kernel at one row by its own figure, and packed weights where the job's
 tokens repay the packing. Figures are pinned: no test here depends on this machine's speed."""
 
@@ -10,10 +10,10 @@ from typing import Any, NamedTuple
 import pytest
 
 from whichdevice.core.job import Job
-from whichdevice.core.packing_plan import PackingPlan
-from whichdevice.hardware.calibration import Calibration, parse_figures
-from whichdevice.model.size import StepWeights
-from whichdevice.precision.estimate import MARGIN, _per_call, estimate_seconds
+from whichdevice.measure.calibration import Calibration, parse_figures
+from whichdevice.measure.estimate import MARGIN, _per_call, estimate_seconds
+from whichdevice.measure.packing_plan import PackingPlan
+from whichdevice.model.step_weights import StepWeights
 from whichdevice.precision.measured import measured_dtype
 
 # Measured on this project's AMD EPYC (avx512_bf16, 2 cores): bf16 wins everywhere, most when the
