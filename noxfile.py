@@ -61,9 +61,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """The benchmark: prints a table of medians and ratios and writes benchmarks/results/latest.json."""
+    """The benchmark: what asking costs and what the answer buys, medians and ratios (benchmarks/cost_of_asking.py)."""
     install(session, "quantization")
-    session.run("python", "benchmarks/run.py", *session.posargs)
+    session.run("python", "benchmarks/cost_of_asking.py", *session.posargs)
 
 
 @nox.session(python="3.11")

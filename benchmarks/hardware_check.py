@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -31,6 +30,12 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+# harness sits beside this file; appended, not prepended: loaded by path (tests/test_hardware_check.py),
+# this folder must not shadow any module of the process that loads it.
+sys.path.append(str(Path(__file__).resolve().parent))
+
+import harness
 
 import whichdevice as wd
 from whichdevice.attention.flash import FLASH, flash_attention_package
@@ -221,7 +226,7 @@ def _nvml_keys(result: wd.ProbeResult) -> list[str]:
 
 def _calibration_keys() -> list[str]:
     """calib= with the figures this machine's resolutions use (none when calibration is off or pending)."""
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     calib, _ = calibration(measure=False)
     return [f"calib={calib.spec()}"] if calib is not None else []
@@ -247,7 +252,7 @@ def _unsteady_wording(real: dict[str, Any], simulated: dict[str, Any]) -> dict[s
     flags; a spec cannot carry "unsteady", so the simulated copy says "no calib= figures" instead.
     Only that wording is aligned: any difference in what was decided still shows.
     """
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     # An unsteady calibration is answered as no figures, with why saying so (calibration.py).
     calib, why = calibration(measure=False)
@@ -330,19 +335,15 @@ def run_section(
 
 
 def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {
-            n: package_version(n) for n in ("torch", "transformers", "accelerate", "bitsandbytes", "whichdevice")
-        },
-    }
+    described = harness.machine()
+    described["versions"]["bitsandbytes"] = package_version("bitsandbytes")
+    return described
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [
         f"whichdevice hardware check: {result['verdict']} in {result['seconds']:.1f} s",
-        f"machine: {result['machine']['platform']}, versions {result['machine']['versions']}",
+        harness.machine_line(result["machine"]) + f"; bitsandbytes {result['machine']['versions']['bitsandbytes']}",
     ]
     for entry in result["sections"]:
         lines.append(f"\n== {entry['name']}: {entry['status'].upper()} ({entry['seconds']:.1f} s)")

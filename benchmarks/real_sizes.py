@@ -34,7 +34,8 @@ configuration's one-time setup, packing its weights, counted against it; also wi
 resolved load's over the best (median of the per-round ratios, setup counted), and each decode
 rate as a fraction of the bandwidth limit of the smallest exact dtype (the checkpoint's: batch x
 bandwidth / bytes of its weights read per step). The machine is shared: every cell carries
-``uptime``. Writes ``--out`` (JSON) and prints the tables.
+``uptime``. Prints the machine line and the tables, and writes ``--json`` (default
+benchmarks/results/real_sizes.json; ``--out`` is the same).
 """
 
 from __future__ import annotations
@@ -50,14 +51,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-SIZES = {
-    "0.1B": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12},
-    "0.4B": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 20, "num_attention_heads": 16},
-    "1.1B": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32},
-}
-COMMON = {"num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048}
+import harness
+from harness import LLAMA_COMMON as COMMON
+from harness import LLAMA_SIZES as SIZES
+from harness import SHORT, log, uptime
+
 DTYPES = ("float32", "bfloat16", "float16")
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 ATTENTION = ("sdpa", "eager", "whichdevice_sdpa")
 KINDS = {
     "native": {},
@@ -68,14 +67,6 @@ KINDS = {
 }
 HOPELESS = 3.0
 TRACED = ("calibration", "dtype", "attention", "generation")
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def bandwidth(torch: Any) -> float:
@@ -110,25 +101,13 @@ class Config:
         self.packed, self.setup_s = packed, setup_s
         self.saved = {id(s): s.tensor for s in _packed_states(model)}
 
-    def run(self, torch: Any, ids: Any, new: int) -> float:
+    def run(self, ids: Any, new: int) -> float:
         if self.attention is not None and self.model.config._attn_implementation != self.attention:
             self.model.set_attn_implementation(self.attention)
         if self.packed is not None:  # a layer whose packed tensor is None runs torch's own linear
             for state in _packed_states(self.model):
                 state.tensor = self.saved[id(state)] if self.packed else None
-        with torch.inference_mode():
-            start = time.perf_counter()
-            self.model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                **self.generate,
-            )
-            if ids.device.type == "cuda":  # the last step's kernels may still be queued
-                torch.cuda.synchronize()
-            return time.perf_counter() - start
+        return harness.time_generate(self.model, ids, new, **self.generate)
 
 
 def label_of(res: Any) -> str:
@@ -258,8 +237,8 @@ def time_configs(
     torch: Any, configs: list[Config], ids: Any, args: argparse.Namespace, keep: set[str] | None = None
 ) -> dict[str, Any]:
     for config in configs:
-        config.run(torch, ids, 2)  # oneDNN builds its kernels on the first call
-    warm = {c.label: c.run(torch, ids, args.new) for c in configs}
+        config.run(ids, 2)  # oneDNN builds its kernels on the first call
+    warm = {c.label: c.run(ids, args.new) for c in configs}
     fastest = min(warm.values())
     keep = keep or set()
     live = [
@@ -271,8 +250,8 @@ def time_configs(
     # At least --rounds, and more until --min-seconds have passed: a 0.1B model's runs are short and noisy.
     while r < args.rounds or time.perf_counter() - start < args.min_seconds:
         for config in live if r % 2 == 0 else live[::-1]:
-            one[config.label].append(config.run(torch, ids, 1))
-            full[config.label].append(config.run(torch, ids, args.new))
+            one[config.label].append(config.run(ids, 1))
+            full[config.label].append(config.run(ids, args.new))
         r += 1
     return {"full": full, "one": one, "left_out": sorted(set(warm) - set(full))}
 
@@ -292,7 +271,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
     length = args.prompt + args.new
     # max_new_tokens= as resolve_device gets it: NEW where the split is stated, None where it is not
     splits = {"stated": [args.new], "unstated": [None], "both": [None, args.new]}[args.split]
-    from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES
+    from whichdevice.measure.cpu_memory import PACKED_DTYPES
     from whichdevice.tuning.single_row import install_single_row
 
     resolved = {}
@@ -432,9 +411,9 @@ def predicted_seconds(res: Any, path: Path, batch: int, length: int, new: int) -
     """What the resolver's estimate says the job (``batch`` x ``length`` tokens, ``new`` of them new)
     takes in the resolved dtype, packing included where it pays; None without a calibration."""
     from whichdevice.core.job import Job
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
+    from whichdevice.measure.estimate import estimate_seconds
     from whichdevice.model.facts import read_model_facts
-    from whichdevice.precision.estimate import estimate_seconds
 
     calib, _ = calibration(measure=False)
     stored = read_model_facts(str(path)).stored
@@ -448,7 +427,7 @@ def predicted_seconds(res: Any, path: Path, batch: int, length: int, new: int) -
 def child(args: argparse.Namespace) -> None:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     import whichdevice as wd
     from whichdevice.attention.decode import ensure_registered
@@ -458,7 +437,7 @@ def child(args: argparse.Namespace) -> None:
     # Calibrated first, on a machine not yet busy writing checkpoints (page-cache writeback disturbs
     # the timing), and again while other work kept a figure from being steady: the cells then time
     # the decisions of a steady calibration, as a user's quiet machine makes them.
-    from whichdevice.hardware.calibration import run_calibration
+    from whichdevice.measure.calibration import run_calibration
 
     for attempt in range(3):
         calib = run_calibration()
@@ -471,9 +450,7 @@ def child(args: argparse.Namespace) -> None:
         flush=True,
     )
     for size in args.sizes:
-        torch.manual_seed(0)
-        config = LlamaConfig(**COMMON, **SIZES[size], pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        model = LlamaForCausalLM(config)
+        model = harness.build_model(**harness.llama(size))
         embed = model.model.embed_tokens.weight.numel()
         read = sum(p.numel() for p in model.parameters()) - embed  # the weights a decode step reads
         with tempfile.TemporaryDirectory(prefix="whichdevice-real-sizes-") as tmp:
@@ -570,6 +547,11 @@ def matrix(report: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def kinds_of(document: Any) -> list[dict[str, Any]]:
+    """The per-kind entries of a ``--json`` file: a list before the machine was stored beside them."""
+    return list(document if isinstance(document, list) else document["kinds"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
@@ -590,16 +572,18 @@ def main() -> int:
     parser.add_argument(
         "--fresh", type=int, default=3, help="fresh processes per setup timed, the median kept (packing is noisy)"
     )
-    parser.add_argument("--out", default="benchmarks/results/real_sizes.json")
+    parser.add_argument("--json", "--out", dest="json", default=str(harness.RESULTS / "real_sizes.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--matrix", nargs="+", metavar="JSON", help="print the matrix of earlier runs' --out files")
     args = parser.parse_args()
     if args.matrix:
-        print(matrix([entry for path in args.matrix for entry in json.loads(Path(path).read_text())]))
+        print(matrix([entry for path in args.matrix for entry in kinds_of(json.loads(Path(path).read_text()))]))
         return 0
     if args.child:
         child(args)
         return 0
+    machine = harness.machine()
+    print(harness.machine_line(machine), flush=True)
     report = []
     for kind in args.kinds:
         with tempfile.TemporaryDirectory(prefix="whichdevice-calibration-") as cache:
@@ -615,8 +599,7 @@ def main() -> int:
         report.append({"kind": kind, **rows[0], "cells": cells})
         print(table(kind, rows[0], cells), flush=True)
     print(matrix(report), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    harness.write_json(args.json, {"machine": machine, "kinds": report})
     return 0
 
 

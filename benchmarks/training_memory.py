@@ -26,9 +26,7 @@ import argparse
 import contextlib
 import gc
 import itertools
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -36,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import harness
+
+ROOT = harness.ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -128,7 +128,7 @@ class _Tokens:
 
 def _setup(way: str, ckpt: bool) -> Any:
     """The way to train as whichdevice prices it on this CPU (bf16 mixed precision where it runs natively)."""
-    from whichdevice.memory.training_job import TrainingSetup
+    from whichdevice.memory.training_records import TrainingSetup
 
     compute = _compute()
     if way == "full":
@@ -153,7 +153,7 @@ def estimate(folder: Path, way: str, ckpt: bool, batch: int, tokens: int) -> dic
 
     facts = read_model_facts(str(folder))
     setup = _setup(way, ckpt)
-    job = Job("training", batch, tokens, attention="sdpa")
+    job = Job("training", batch, tokens)
     memory = training_memory(facts.size, facts.shape, job, setup)
     weights = setup_weights(facts.size, setup) + memory.term("adapters")
     return {
@@ -251,10 +251,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--only", action="append", choices=sorted(MODELS), help="only these models")
     args = parser.parse_args()
-    import torch
-
     cases = [c for c in CASES if (not args.quick or c[0] in QUICK) and (not args.only or c[0] in args.only)]
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    machine = harness.machine()
+    print(harness.machine_line(machine))
     terms = "W      G      O      A  total"
     header = f"model            way    ckpt  BxT       |  measured GiB: {terms} |  estimate GiB: {terms} | est/meas"
     print(header)
@@ -279,8 +278,7 @@ def main() -> None:
             )
     failed = [r for r in rows if not r["pass"]]
     print(f"{len(rows) - len(failed)} of {len(rows)} within 0.95x-1.15x of the measured peak")
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    harness.write_json(args.json, {"machine": machine, "rows": rows})
     sys.exit(1 if failed else 0)
 
 

@@ -12,7 +12,7 @@ import whichdevice as wd
 from whichdevice.hardware import probes, probing, registry
 from whichdevice.testing import simulate
 
-# The CPU's dtype follows its measured speeds (whichdevice.hardware.calibration), which depend on how busy
+# The CPU's dtype follows its measured speeds (whichdevice.measure.calibration), which depend on how busy
 # this machine is: tests pin figures with simulate("cpu,calib=...") instead, or turn it back on.
 # Child processes (the command, pytester) inherit it.
 os.environ["WHICHDEVICE_CALIBRATION"] = "off"

@@ -9,7 +9,7 @@ import torch
 import whichdevice as wd
 from simulated_cpus import PACKS
 from whichdevice.attention.decode import ATTENTION_NAME
-from whichdevice.hardware.probes.cpu_memory import packable_dtypes
+from whichdevice.measure.cpu_memory import packable_dtypes
 from whichdevice.testing import simulate
 
 # What this CPU's oneDNN packs (a real try, outside any simulation): the simulated CPU hands bf16 packing
@@ -36,9 +36,12 @@ def test_from_pretrained_and_generate(checkpoint, cpu_kind):
     assert res.dtype_name == cpu_kind.dtype
     assert model.dtype == res.dtype
     assert str(model.device) == res.device == "cpu"
-    # bf16 on the CPU: sdpa for the prompt, a plain matmul for each one-token step; fp32: sdpa
+    # The keywords name sdpa; in bf16 prepare() runs the decode attention in its place (sdpa for the prompt,
+    # the query heads grouped by key/value head for each one-token step); fp32: sdpa.
+    assert model.config._attn_implementation == res.attn_implementation == "sdpa"
+    res.prepare(model)
     want = ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa"
-    assert model.config._attn_implementation == res.attn_implementation == want
+    assert model.config._attn_implementation == want
     out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=False)
     assert out.shape == (1, 8)
 

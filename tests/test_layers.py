@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("model",)),
     ("launch", ("launch",)),
     ("device", ("device",)),
+    ("measure", ("measure",)),
     ("precision", ("precision",)),
     ("attention", ("attention",)),
     ("memory", ("memory",)),

@@ -20,7 +20,7 @@ import pytest
 import whichdevice as wd
 from whichdevice import testing
 from whichdevice.core.errors import DamagedModelError, DeviceError
-from whichdevice.resolve import resolver
+from whichdevice.resolve import opening
 from whichdevice.testing import simulate
 
 
@@ -41,7 +41,7 @@ def check(error: pytest.ExceptionInfo[BaseException], kind: type[DeviceError], s
 def test_a_change_made_while_resolving_is_not_stored_under_the_old_key(monkeypatch: pytest.MonkeyPatch) -> None:
     # Another thread changes WHICHDEVICE_DEVICE between the key and the resolution: the answer
     # follows the reading the key was made from, and the next call sees the new value.
-    real = resolver.read_request
+    real = opening.read_request
 
     def changed_meanwhile(device: object) -> object:
         os.environ["WHICHDEVICE_DEVICE"] = "cuda:1"
@@ -49,9 +49,9 @@ def test_a_change_made_while_resolving_is_not_stored_under_the_old_key(monkeypat
 
     monkeypatch.setenv("WHICHDEVICE_DEVICE", "cuda:0")
     with simulate("cuda:2"):
-        monkeypatch.setattr(resolver, "read_request", changed_meanwhile)
+        monkeypatch.setattr(opening, "read_request", changed_meanwhile)
         assert wd.resolve_device().device == "cuda:0"
-        monkeypatch.setattr(resolver, "read_request", real)
+        monkeypatch.setattr(opening, "read_request", real)
         assert wd.resolve_device().device == "cuda:1"
         monkeypatch.setenv("WHICHDEVICE_DEVICE", "cuda:0")
         assert wd.resolve_device().device == "cuda:0"

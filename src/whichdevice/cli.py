@@ -168,7 +168,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from whichdevice.hardware.calibration import calibration_enabled, run_calibration
+    from whichdevice.measure.calibration import calibration_enabled, run_calibration
     from whichdevice.report.calibration import render_calibration
 
     if args.simulate:
@@ -214,6 +214,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 0
     title = f"{result.model}: {result.task} at batch {result.batch_size} x {result.max_length} tokens"
     lines = [printable(title)] + ([printable(result.fetched)] if result.fetched else [])
+    lines += [printable(f"warning: {w}") for w in result.warnings]
     _emit("\n".join(lines) + "\n\n" + result.table())
     return 0
 

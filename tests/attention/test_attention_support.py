@@ -149,12 +149,16 @@ def test_every_verified_decoder_loads_and_generates_with_the_resolution(model_ty
     path = _save_decoder(model_type, tmp_path / model_type)
     res = wd.resolve_device(model=path)
     kwargs = res.model_kwargs()
-    if cpu_kind.dtype == "bfloat16":
-        assert res.attn_implementation == ATTENTION_NAME and kwargs["attn_implementation"] == ATTENTION_NAME
+    if cpu_kind.dtype == "bfloat16":  # sdpa handed over, and prepare() runs the decode attention in its place
+        assert res.attn_implementation == "sdpa" and kwargs["attn_implementation"] == "sdpa"
+        assert res.tuning is not None and res.tuning.decode_attention
     else:  # fp32 on this CPU: transformers' own sdpa, not passed
         assert res.attn_implementation == "sdpa" and "attn_implementation" not in kwargs
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     assert model.config._attn_implementation == res.attn_implementation
+    res.prepare(model)
+    prepared = res.tuning.attention_after_prepare(res.attn_implementation) if res.tuning else res.attn_implementation
+    assert model.config._attn_implementation == prepared == (ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa")
     _run(model, "AutoModelForCausalLM")
 
 

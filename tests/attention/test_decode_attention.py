@@ -195,6 +195,11 @@ def _decode(model, ids, mask, steps, forced=None):
     return torch.stack(logits), tokens
 
 
+def _runs(res: wd.Resolution) -> str | None:
+    """The attention a model loaded with res.model_kwargs() runs once res.prepare(model) ran."""
+    return res.tuning.attention_after_prepare(res.attn_implementation) if res.tuning else res.attn_implementation
+
+
 @pytest.mark.parametrize("model_type", sorted(VERIFIED_MODEL_TYPES))
 def test_every_verified_architecture_decodes_as_eager_attention_does(model_type, tmp_path, monkeypatch):
     """The resolver picks the decode attention for the architecture, transformers routes every
@@ -203,13 +208,13 @@ def test_every_verified_architecture_decodes_as_eager_attention_does(model_type,
 
     path = _family_checkpoint(model_type, tmp_path / model_type)
     res = wd.resolve_device(model=path, dtype="bfloat16")
-    if res.attn_implementation != ATTENTION_NAME:
+    if _runs(res) != ATTENTION_NAME:
         # A multi-head model is not given it (its logits are further from eager fp32 than sdpa's);
         # a user may still ask for it, and then it must decode as eager attention does.
         line = next(s.message for s in res.trace if s.topic == "attention")
         assert "not passed for a multi-head model" in line, res.explain()
         res = wd.resolve_device(model=path, dtype="bfloat16", attn_implementation=ATTENTION_NAME)
-    model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval()
+    model = res.prepare(AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval())
     eager = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager").eval()
     assert model.config._attn_implementation == ATTENTION_NAME
 
@@ -260,7 +265,9 @@ def test_the_resolver_picks_it_for_cpu_inference_in_half_precision(kwargs, want,
     kv_heads = kwargs.pop("kv_heads", 2)  # the tiny Llama's 4 heads over 2 key/value heads, or over 4
     path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False, num_key_value_heads=kv_heads)
     res = wd.resolve_device(model=path, **kwargs)
-    assert res.attn_implementation == want
+    assert _runs(res) == want
+    # The keywords name a name transformers knows: sdpa, with the decode attention installed by prepare().
+    assert res.attn_implementation == ("sdpa" if want == ATTENTION_NAME else want)
     line = next(s.message for s in res.trace if s.topic == "attention")
     assert why in line
 
@@ -272,7 +279,7 @@ def test_the_automatic_choice_follows_the_cpus_dtype(cpu_kind, tmp_path):
     path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
     res = wd.resolve_device(model=path)
     assert res.dtype_name == cpu_kind.dtype
-    assert res.attn_implementation == (ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa")
+    assert _runs(res) == (ATTENTION_NAME if cpu_kind.dtype == "bfloat16" else "sdpa")
 
 
 def test_without_a_model_it_leaves_attention_to_transformers_and_says_how_to_get_it():
@@ -347,7 +354,7 @@ REGISTRATION = """
 import sys, torch, whichdevice as wd
 {before}
 res = wd.resolve_device(model=sys.argv[1], dtype="bfloat16")  # the half-precision path on any CPU
-assert res.attn_implementation == "{name}", res.attn_implementation
+assert res.tuning.decode_attention and res.attn_implementation == "sdpa", res.explain()
 from transformers import AutoModelForCausalLM
 kwargs = {kwargs}
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], **kwargs)
@@ -356,33 +363,36 @@ print("loaded with", model.config._attn_implementation)
 
 
 @pytest.mark.parametrize(
-    ("before", "kwargs"),
+    ("before", "kwargs", "name"),
     [
-        ("", "res.model_kwargs()"),
-        # the issue's case: resolved before transformers is imported, the name passed by hand
-        ("", "dict(dtype=res.dtype, attn_implementation=res.attn_implementation)"),
-        ("import transformers", "dict(dtype=res.dtype, attn_implementation=res.attn_implementation)"),
+        ("", "res.model_kwargs()", "sdpa"),
+        ("", "dict(dtype=res.dtype, attn_implementation=res.attn_implementation)", "sdpa"),
+        # A script that passes the decode attention's name by hand (what res.attn_implementation said
+        # before schema 1.9): the resolution registered it, before or after transformers is imported.
+        ("", "dict(dtype=res.dtype, attn_implementation='whichdevice_sdpa')", ATTENTION_NAME),
+        ("import transformers", "dict(dtype=res.dtype, attn_implementation='whichdevice_sdpa')", ATTENTION_NAME),
     ],
-    ids=["model_kwargs", "attribute-before-importing-transformers", "attribute-after-importing-transformers"],
+    ids=["model_kwargs", "attribute", "by-hand-before-importing-transformers", "by-hand-after-importing-transformers"],
 )
-def test_a_fresh_process_can_load_with_what_the_resolver_chose(before, kwargs, tmp_path):
+def test_a_fresh_process_can_load_with_what_the_resolver_chose(before, kwargs, name, tmp_path):
     from tiny_models import save_tiny_llama
 
     path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
-    script = REGISTRATION.format(before=before, name=ATTENTION_NAME, kwargs=kwargs)
+    script = REGISTRATION.format(before=before, kwargs=kwargs)
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), str(path)], capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"loaded with {ATTENTION_NAME}" in proc.stdout
+    assert f"loaded with {name}" in proc.stdout
 
 
 UNPICKLED = """
 import pickle, sys
 res = pickle.loads(bytes.fromhex(sys.argv[2]))  # another process: nothing registered there yet
 from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=res.dtype, attn_implementation=res.attn_implementation)
-print("loaded with", model.config._attn_implementation)
+for name in (res.attn_implementation, "whichdevice_sdpa"):  # what the keywords name, and the name by hand
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=res.dtype, attn_implementation=name)
+    print("loaded with", model.config._attn_implementation)
 """
 
 
@@ -393,7 +403,7 @@ def test_a_resolution_sent_to_another_process_registers_there(tmp_path):
 
     path = save_tiny_llama(tmp_path / "llama", torch.bfloat16, tokenizer=False)
     res = wd.resolve_device(model=path, dtype="bfloat16")
-    assert res.attn_implementation == ATTENTION_NAME
+    assert res.tuning.decode_attention
     proc = subprocess.run(
         [sys.executable, "-c", UNPICKLED, str(path), pickle.dumps(res).hex()],
         capture_output=True,
@@ -401,4 +411,4 @@ def test_a_resolution_sent_to_another_process_registers_there(tmp_path):
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"loaded with {ATTENTION_NAME}" in proc.stdout
+    assert proc.stdout.split("\n")[:2] == ["loaded with sdpa", f"loaded with {ATTENTION_NAME}"]

@@ -72,7 +72,7 @@ def test_generate_batch_runs_on_this_cpu_with_what_is_handed_over(path: Path) ->
 
     longest = max(map(len, PROMPTS)) + NEW_TOKENS
     res = wd.resolve_device(model=str(path), dtype="bfloat16", serving=True, batch_size=2, max_length=longest)
-    assert res.attn_implementation != ATTENTION_NAME
+    assert res.attn_implementation != ATTENTION_NAME and (res.tuning is None or not res.tuning.decode_attention)
     assert set(res.serving.config) == {"auto_switch_to_flash", "num_blocks", "max_batch_tokens"}
     model = AutoModelForCausalLM.from_pretrained(path, **res.model_kwargs()).eval()
     announced = model.config._attn_implementation
@@ -95,13 +95,14 @@ def test_the_cpu_decode_attention_is_not_chosen_for_serving_and_would_crash_gene
 
     plain = wd.resolve_device(model=str(path), dtype="bfloat16")
     serving = wd.resolve_device(model=str(path), dtype="bfloat16", serving=True)
-    assert serving.attn_implementation != ATTENTION_NAME
+    assert serving.tuning is None or not serving.tuning.decode_attention
     attention = next(s.message for s in serving.trace if s.topic == "attention")
-    if plain.attn_implementation == ATTENTION_NAME:  # chosen here for generate() (the CPU's measure decides)
+    if plain.tuning is not None and plain.tuning.decode_attention:  # chosen for generate() (the CPU's measure decides)
         assert f"{ATTENTION_NAME} not passed for serving=True: model.generate_batch refuses it" in attention
-    # Why: a model loaded with it is refused by generate_batch itself.
+    # Why: a model running it (prepare() installs it under the sdpa handed over) is refused by generate_batch.
     asked = wd.resolve_device(model=str(path), dtype="bfloat16", attn_implementation=ATTENTION_NAME)
-    model = AutoModelForCausalLM.from_pretrained(path, **asked.model_kwargs()).eval()
+    model = asked.prepare(AutoModelForCausalLM.from_pretrained(path, **asked.model_kwargs()).eval())
+    assert model.config._attn_implementation == ATTENTION_NAME
     with pytest.raises(ValueError, match="not supported for continuous batching"):
         model.generate_batch(PROMPTS[:1], generation_config=GenerationConfig(max_new_tokens=2, do_sample=False))
 

@@ -93,7 +93,7 @@ def test_a_child_forked_inside_a_step_runs_its_own_steps(quick: float) -> None:
 
 def test_the_api_logs_probing_and_calibration_at_info(caplog: pytest.LogCaptureFixture) -> None:
     from whichdevice.hardware import probing
-    from whichdevice.hardware.calibration import run_calibration
+    from whichdevice.measure.calibration import run_calibration
 
     probing.clear_cache()
     with caplog.at_level(logging.INFO, logger="whichdevice"):

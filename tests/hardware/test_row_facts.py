@@ -16,6 +16,7 @@ from kernels_versions import GOOD_KERNELS
 from whichdevice.attention import flash
 from whichdevice.attention import kernels as kernels_support
 from whichdevice.core.packages import simulated_packages
+from whichdevice.device.target import Target
 from whichdevice.hardware.probing import DeviceInfo, ProbeResult
 from whichdevice.hardware.registry import backends
 from whichdevice.hardware.visible import visible_devices
@@ -60,14 +61,14 @@ def kernels_usable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_a_plugin_row_is_treated_as_its_fields_say(capable, kernels_usable):
     result = wd.probe("plugdev")
-    assert quantization.bitsandbytes_supports(capable, result)[0]
-    assert kernels_support.kernels_key(capable, result) == "x"
+    assert quantization.bitsandbytes_supports(Target.of(capable, result))[0]
+    assert kernels_support.kernels_key(Target.of(capable, result)) == "x"
     assert "x" in kernels_support.kernels_keys()
-    assert flash.flash_fits("flash_attention_2", capable, result, "bfloat16")[0]
-    ok, why = flash.flash_fits("flash_attention_3", capable, result, "bfloat16")
+    assert flash.flash_fits("flash_attention_2", Target.of(capable, result), "bfloat16")[0]
+    ok, why = flash.flash_fits("flash_attention_3", Target.of(capable, result), "bfloat16")
     assert not ok and "CUDA GPUs only" in why
     # The other backends name it among those that run FlashAttention 2.
-    ok, why = flash.flash_fits("flash_attention_2", wd.get_backend("hpu"), wd.probe("cpu"), "bfloat16")
+    ok, why = flash.flash_fits("flash_attention_2", Target.of(wd.get_backend("hpu"), wd.probe("cpu")), "bfloat16")
     assert not ok and "plugdev" in why
 
     res = wd.resolve_device("plugdev", quantize="4bit", attn_implementation="flash_attention_2", use_kernels="auto")
@@ -80,10 +81,10 @@ def test_a_plugin_row_is_treated_as_its_fields_say(capable, kernels_usable):
 def test_a_plugin_row_without_those_fields_gets_none_of_them(kernels_usable):
     plain = wd.register_backend(_row())
     result = wd.probe("plugdev")
-    ok, why = quantization.bitsandbytes_supports(plain, result)
+    ok, why = quantization.bitsandbytes_supports(Target.of(plain, result))
     assert not ok and "it supports " + ", ".join(b.name for b in backends() if b.bitsandbytes) in why
-    assert kernels_support.kernels_key(plain, result) is None
-    assert not flash.flash_fits("flash_attention_2", plain, result, "bfloat16")[0]
+    assert kernels_support.kernels_key(Target.of(plain, result)) is None
+    assert not flash.flash_fits("flash_attention_2", Target.of(plain, result), "bfloat16")[0]
     res = wd.resolve_device("plugdev", use_kernels="auto")
     assert res.use_kernels is False and res.attn_implementation is None
     with pytest.raises(wd.ConfigConflictError, match="bitsandbytes does not support plugdev"):
@@ -101,19 +102,19 @@ def test_native_flash_attention_comes_from_the_row():
 def test_fast_fp16_decides_precision_and_training():
     bf16_chip = wd.register_backend(_row(fast_fp16=False, default_dtype="bfloat16"))
     result = wd.probe("plugdev")
-    assert precision.supports(bf16_chip, result, "bfloat16")[0]
-    assert not precision.supports(bf16_chip, result, "float16")[0]
-    assert training_settings.training_precision(bf16_chip, result, "bfloat16")[0] == "bf16"
+    assert precision.supports(Target.of(bf16_chip, result), "bfloat16")[0]
+    assert not precision.supports(Target.of(bf16_chip, result), "float16")[0]
+    assert training_settings.training_precision(Target.of(bf16_chip, result), "bfloat16")[0] == "bf16"
     no_bf16 = ProbeResult("plugdev", installed=True, available=True, device_count=1, devices=(DeviceInfo(0),))
     plain = _row(fast_fp16=False)
-    assert precision.choose_dtype(plain, no_bf16)[0] == "float32"
-    assert training_settings.training_precision(plain, no_bf16, None)[0] is None
+    assert precision.choose_dtype(Target.of(plain, no_bf16))[0] == "float32"
+    assert training_settings.training_precision(Target.of(plain, no_bf16), None)[0] is None
 
 
 def test_memory_by_name_and_shared_device_come_from_the_row():
     pooled = wd.register_backend(_row(memory_by_name=True))
     result = wd.probe("plugdev")
-    assert capacity.capacities(pooled, result, "plugdev:0", None, None) == {"plugdev": 16 * GiB}
+    assert capacity.capacities(Target.of(pooled, result), None) == {"plugdev": 16 * GiB}
     shared = _row(shared_device=True)
     wd.register_backend(shared, replace=True)
     assert wd.resolve_device("plugdev:0").device == "plugdev"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 import whichdevice as wd
 from whichdevice.launch.launch_strategy import read_launch_strategy
+from whichdevice.report import load_schema
 from whichdevice.testing import simulate
 
 GiB = 1024**3
@@ -154,3 +156,88 @@ def test_the_launchs_strategy_is_said_without_a_model_and_a_bad_stage_is_warned(
     assert "the launch's variables carry DeepSpeed ZeRO-2" in said  # DeepSpeedPlugin's default stage
     assert "ACCELERATE_DEEPSPEED_ZERO_STAGE='three' is not a ZeRO stage" in said
     assert "deepspeed" not in res.training_kwargs()
+
+
+# ------------------------------------------------------------ CPU processes (issue 54)
+# accelerate 1.16 state.py: AcceleratorState takes DistributedType.DEEPSPEED whenever ACCELERATE_USE_DEEPSPEED
+# is true "and not cpu", where cpu is the Accelerator's own argument (Trainer passes none) or
+# ACCELERATE_USE_CPU: DeepSpeed runs on CPU processes. FSDP is taken only for the MULTI_GPU, MULTI_XPU, ...
+# types, so a MULTI_CPU run keeps DDP. tests/launch/test_launched_strategies.py reads both back from a
+# real Trainer in launched processes.
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    from tiny_models import save_tiny_llama
+
+    return str(save_tiny_llama(tmp_path / "tiny", tokenizer=False))
+
+
+@pytest.mark.parametrize(("name", "key"), [("ZeRO-2", "zero2"), ("ZeRO-3", "zero3")])
+def test_a_deepspeed_launch_on_cpu_processes_is_planned_as_trainer_runs_it(launch, tiny, name, key):
+    launch(name, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ACCELERATE_MIXED_PRECISION="no")
+    res = wd.resolve_device(model=tiny, task="training")
+    assert res.device == "cpu"
+    plan = res.training_plan
+    assert plan is not None and plan.launched is not None and plan.chosen.key == key, res.explain()
+    kwargs = res.model_kwargs()
+    # from_pretrained raises "DeepSpeed Zero-3 is not compatible with passing a `device_map`"; transformers 5
+    # drops low_cpu_mem_usage (modeling_utils.py), and whichdevice never passes it.
+    assert ("device_map" in kwargs) == (key == "zero2") and "low_cpu_mem_usage" not in kwargs
+    assert "deepspeed" not in res.training_kwargs()
+    # Without model= there is no plan: the launch itself still decides what the keywords carry.
+    bare = wd.resolve_device(task="training")
+    assert ("device_map" in bare.model_kwargs()) == (key == "zero2")
+    assert ("device_map" in bare.pipeline_kwargs()) == (key == "zero2")
+    assert bare.to_dict()["device_map_passed"] == res.to_dict()["device_map_passed"] == (key == "zero2")
+    if key == "zero3":  # and the trace and the report say what is handed over
+        assert any(s.message.startswith("device_map: none passed: under ZeRO-3") for s in bare.trace)
+        from whichdevice.report import gather, render_text
+
+        data = gather(tasks=("training",), job={"model": tiny})
+        jsonschema.Draft202012Validator(load_schema()).validate(data)
+        assert "no device_map (ZeRO-3 places the weights as they load)" in render_text(data, width=1000)
+
+
+def test_accelerate_use_cpu_makes_a_deepspeed_launch_a_cpu_run_without_it(launch, tiny):
+    launch("ZeRO-3", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ACCELERATE_USE_CPU="1", ACCELERATE_MIXED_PRECISION="no")
+    res = wd.resolve_device(model=tiny, task="training")
+    assert res.training_plan.launched is None and res.training_plan.chosen.key == "ddp"
+    assert "device_map" in res.model_kwargs()
+    assert "ACCELERATE_USE_CPU='1'" in res.explain()
+
+
+@pytest.mark.parametrize("version", ["2", "1"])
+def test_an_fsdp_launch_on_cpu_processes_is_ddp_as_accelerate_runs_it(launch, tiny, version):
+    sync = {} if version == "2" else {"FSDP_SYNC_MODULE_STATES": "true"}  # accelerate launch's v1 default
+    launch("FSDP", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", FSDP_VERSION=version, ACCELERATE_MIXED_PRECISION="no", **sync)
+    res = wd.resolve_device(model=tiny, task="training")
+    assert res.training_plan.launched is None and res.training_plan.chosen.key == "ddp"
+    said = res.explain()
+    assert "accelerate runs CPU processes with DDP" in said
+    refused = [s.message for s in res.trace if s.topic == "warning" and "FullyShardedDataParallelPlugin" in s.message]
+    # accelerate's plugin itself refuses sync_module_states=True on a CPU: Trainer would raise building it.
+    assert bool(refused) == (version == "1"), said
+    if refused:
+        assert "sync_module_states=True" in refused[0] and "--fsdp_sync_module_states false" in refused[0]
+
+
+@pytest.mark.usefixtures("restore_accelerate_variables")
+def test_a_zero3_trainingarguments_built_here_keeps_device_map_out(tmp_path):
+    """A deepspeed= config with stage 3 (no launch variable at all): once TrainingArguments is built,
+    transformers' is_deepspeed_zero3_enabled() is what from_pretrained asks, and model_kwargs() asks it too."""
+    import gc
+
+    from transformers import TrainingArguments
+
+    res = wd.resolve_device(task="training")
+    assert "device_map" in res.model_kwargs()
+    config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], deepspeed=config)
+    try:
+        assert "device_map" not in res.model_kwargs() and "device_map" not in res.pipeline_kwargs()
+        assert res.model_kwargs(device_map="cpu")["device_map"] == "cpu"  # yours is kept, as asked
+    finally:
+        del args
+        gc.collect()
+    assert "device_map" in res.model_kwargs()

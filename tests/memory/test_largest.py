@@ -79,7 +79,7 @@ def test_limits_where_nothing_fits_are_none_not_zero():
     with simulate("cuda:1,mem=2GiB"), pytest.raises(wd.DoesNotFitError) as err:
         wd.resolve_device(model=_llama(), task="training", batch_size=1, max_length=512, quantize=None)
     assert "not one token" in str(err.value) and "=0" not in str(err.value)
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.fit import LargestFit
 
     none = LargestFit(1, 512, None, None, 2048, "for full fine-tuning in float32")
     assert none.to_dict()["largest_batch_size"] is None and "not one sequence" in none.text()

@@ -91,7 +91,7 @@ def test_the_quantized_warmup_is_what_the_installed_transformers_allocates(bits:
     quantizer = AutoHfQuantizer.from_config(BitsAndBytesConfig(load_in_4bit=bits == 4, load_in_8bit=bits == 8))
     quantizer.preprocess_model(meta, dtype=torch.bfloat16, device_map={"": "cuda:0"})  # bitsandbytes' layers, on meta
     theirs = installed_warmup(meta, _everything_on(meta, "cuda:0"), {"cuda:0": (80 * GiB, 80 * GiB)}, quantizer)
-    ours = load_peak(size_from_config(config), "bfloat16", "cuda:0", None, 80 * GiB, bits=bits)
+    ours = load_peak(size_from_config(config), "bfloat16", "cuda:0", None, 80 * GiB, bits=bits, kind="cuda")
     assert ours.warmup == theirs["cuda:0"]
 
 
@@ -127,12 +127,12 @@ def test_a_7b_load_peaks_at_the_weights_and_its_small_tensors() -> None:
     from transformers import LlamaConfig
 
     size = size_from_config(LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32))
-    peak = load_peak(size, "bfloat16", "cuda:0", 79 * GiB, 80 * GiB)
+    peak = load_peak(size, "bfloat16", "cuda:0", 79 * GiB, 80 * GiB, kind="cuda")
     assert peak.warmup == peak.weights == size.bytes_in("bfloat16")
     assert peak.small == 65 * 4096 * 2  # the RMSNorm weights: 65 tensors of 8 KiB
     assert peak.weights < peak.peak <= peak.weights + 2 * ROUND_LARGE + SMALL_SEGMENT
     assert peak.fits and "fits" in peak.text()
-    quantized = load_peak(size, "bfloat16", "cuda:0", 79 * GiB, 80 * GiB, bits=4)
+    quantized = load_peak(size, "bfloat16", "cuda:0", 79 * GiB, 80 * GiB, bits=4, kind="cuda")
     assert quantized.transient == 4096 * 11008 * 2  # the largest linear weight in bf16, before it is quantized
     assert quantized.weights < size.bytes_in("bfloat16") / 3
 
@@ -141,10 +141,10 @@ def test_small_tensors_are_reserved_twice_and_a_move_is_not() -> None:
     from tiny_models import tiny_config
 
     size = size_from_config(tiny_config())  # every tensor is under 1 MiB
-    peak = load_peak(size, "float32", "cuda:0", None, 80 * GiB)
+    peak = load_peak(size, "float32", "cuda:0", None, 80 * GiB, kind="cuda")
     assert peak.small == peak.weights and peak.warmup == peak.weights
     assert peak.peak == 2 * SMALL_SEGMENT and peak.moved == SMALL_SEGMENT
-    assert load_peak(size, "float32", "hpu", None, None).small == 0  # the small pool is CUDA's and XPU's
+    assert load_peak(size, "float32", "hpu", None, None, kind="hpu").small == 0  # the small pool is CUDA's and XPU's
 
 
 # ---------------------------------------------------------------------------------- in the resolver
@@ -184,7 +184,7 @@ def test_where_only_the_load_does_not_fit_the_model_is_loaded_on_the_cpu_and_mov
 
 def test_without_room_on_the_cpu_the_load_is_spread_with_a_lower_max_memory() -> None:
     config = _config()
-    peak = load_peak(size_from_config(config), "float32", "cuda:0", None, 8 * GiB)
+    peak = load_peak(size_from_config(config), "float32", "cuda:0", None, 8 * GiB, kind="cuda")
     free = (peak.moved + peak.peak) // 2 // MiB  # the weights fit, the load does not
     budget = {0: f"{free}MiB", 1: f"{free}MiB"}
     with simulate(f"cuda:2,mem=8GiB,free={free}MiB", "cpu,mem=1GiB,free=1MiB"):

@@ -10,7 +10,8 @@ import whichdevice as wd
 from whichdevice.core.job import Job
 from whichdevice.core.packages import simulated_packages
 from whichdevice.memory.strategy import ORDER, Priced, plan_strategies
-from whichdevice.memory.training_job import TrainingSetup, setup_weights, training_memory
+from whichdevice.memory.training_job import setup_weights, training_memory
+from whichdevice.memory.training_records import TrainingSetup
 from whichdevice.model.facts import model_shape
 from whichdevice.model.layers import layer_classes
 from whichdevice.testing import simulate
@@ -37,7 +38,7 @@ def torchrun_env(monkeypatch):
 
 def _ways(size, shape, batch=None, length=None):
     """The four ways plan_strategies sizes, priced as memory/training_placement.py prices them."""
-    job = Job("training", batch, length, attention="sdpa")
+    job = Job("training", batch, length)
     lora = TrainingSetup("lora", "bfloat16", "bfloat16")
     qlora = TrainingSetup("qlora", "bfloat16", "bfloat16", optimizer="paged_adamw_8bit")
     return dict(

@@ -11,7 +11,8 @@ import pytest
 import whichdevice as wd
 from whichdevice.core.job import Job
 from whichdevice.memory.fit import CUDA_CONTEXT, priced_margin
-from whichdevice.memory.training_job import TrainingSetup, adapter_parameters, setup_weights, training_memory
+from whichdevice.memory.training_job import adapter_parameters, setup_weights, training_memory
+from whichdevice.memory.training_records import TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 from whichdevice.testing import simulate
 
@@ -71,7 +72,7 @@ def test_the_65b_fits_one_48gb_gpu_as_the_qlora_paper_ran_it():
     config = _llama_65b()
     size, shape = estimate_model_size(config), model_shape(config)
     paper = TrainingSetup("qlora", "bfloat16", "bfloat16", True, "paged_adamw_32bit", lora_r=64)
-    memory = training_memory(size, shape, Job("training", 1, 16 + 512, attention="sdpa"), paper)
+    memory = training_memory(size, shape, Job("training", 1, 16 + 512), paper)
     weights = setup_weights(size, paper)
     card = 48 * GiB
     usable = priced_margin("cuda", None, "training").usable(card, memory.bytes)
@@ -114,7 +115,7 @@ def test_optimizer_state_per_trained_parameter():
 def test_paged_optimizer_state_is_not_counted_through_backward():
     config = _llama_3_8b()
     size, shape = estimate_model_size(config), model_shape(config)
-    job = Job("training", 1, 512, attention="sdpa")
+    job = Job("training", 1, 512)
     plain = training_memory(size, shape, job, TrainingSetup("qlora", "bfloat16", "bfloat16", True, "adamw_8bit"))
     paged = training_memory(size, shape, job, TrainingSetup("qlora", "bfloat16", "bfloat16", True, "paged_adamw_8bit"))
     assert paged.bytes < plain.bytes and plain.bytes - paged.bytes <= plain.term("optimizer state")

@@ -17,9 +17,9 @@ import transformers
 import whichdevice as wd
 from tiny_models import save_tiny_llama
 from whichdevice.core.job import Job
-from whichdevice.hardware.calibration import parse_figures
-from whichdevice.model.size import StepWeights
-from whichdevice.precision.estimate import ASSUMED_PARAMETERS, MARGIN
+from whichdevice.measure.calibration import parse_figures
+from whichdevice.measure.estimate import ASSUMED_PARAMETERS, MARGIN
+from whichdevice.model.step_weights import StepWeights
 from whichdevice.precision.measured import measured_dtype
 from whichdevice.testing import simulate
 

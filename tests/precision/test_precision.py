@@ -113,25 +113,25 @@ def test_a_p100_gets_fp16_from_nvidias_throughput_table():
     assert res.training_kwargs() == {"bf16": False, "fp16": True}
     assert inference.dtype == torch.float16
     assert "fp16 arithmetic runs at 2x fp32 on compute capability 6.0" in _messages(inference)
-    assert check_precision_flag(res.backend, res.probe, res.device, "fp16").verdict == "ok"
+    assert check_precision_flag(res.target, "fp16").verdict == "ok"
 
 
 def test_user_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost():
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     with simulate("cpu,flags=,calib=bf16.prompt:0.0306/fp16.prompt:0.25"):
         res = wd.resolve_device(task="training")
         calib = calibration(measure=False)[0]
-    check = check_precision_flag(res.backend, res.probe, res.device, "bf16", calib)
+    check = check_precision_flag(res.target, "bf16", calib)
     assert check.verdict == "warn"
     # This CPU's figure, saying where it comes from; none typed from another machine.
     assert "measured on this CPU (whichdevice's calibration): a prompt-sized bf16 matmul runs at 0.03x" in check.message
     assert "0.30x" not in check.message and "0.63x" not in check.message
-    assert precision_conflicts(res.backend, res.probe, res.device, {"bf16": True}, calib) == [check.message]
-    fp16 = check_precision_flag(res.backend, res.probe, res.device, "fp16", calib)
+    assert precision_conflicts(res.target, {"bf16": True}, calib) == [check.message]
+    fp16 = check_precision_flag(res.target, "fp16", calib)
     assert "fp16 matmul runs at 0.25x the speed of fp32 (4.0x the time)" in fp16.message
     assert "measured here" not in fp16.message
-    uncalibrated = check_precision_flag(res.backend, res.probe, res.device, "fp16")
+    uncalibrated = check_precision_flag(res.target, "fp16")
     assert "its cost is not measured on this CPU" in uncalibrated.message
 
 
@@ -139,14 +139,14 @@ def test_precision_flags_that_cannot_run_are_refused():
     with simulate("mps,macos=13.6"):
         mps = wd.resolve_device(task="training")
     with pytest.raises(wd.ConfigConflictError, match="macOS 14"):
-        precision_conflicts(mps.backend, mps.probe, mps.device, {"bf16": True})
+        precision_conflicts(mps.target, {"bf16": True})
     with simulate("tpu:4"):
         tpu = wd.resolve_device(task="training")
-    check = check_precision_flag(tpu.backend, tpu.probe, tpu.device, "fp16")
+    check = check_precision_flag(tpu.target, "fp16")
     assert check.verdict == "refuse" and "bf16=True" in check.message
     with simulate("cpu,flags=avx512_bf16"):
         cpu = wd.resolve_device(task="training")
-    assert check_precision_flag(cpu.backend, cpu.probe, cpu.device, "bf16").verdict == "ok"
+    assert check_precision_flag(cpu.target, "bf16").verdict == "ok"
 
 
 @pytest.mark.parametrize(
@@ -264,11 +264,11 @@ def test_each_gpu_generation_gets_its_fast_dtype_from_the_vendors_figures(spec, 
 def test_fp16_true_before_fp16_arithmetic_runs_with_a_warning_not_a_refusal():
     with simulate("cuda:1,cc=5.2"):
         res = wd.resolve_device(task="training")
-    check = check_precision_flag(res.backend, res.probe, res.device, "fp16")
+    check = check_precision_flag(res.target, "fp16")
     assert check.verdict == "warn" and "runs, slowly" in check.message and "no fp16 arithmetic" in check.message
     with simulate("cuda:1,cc=6.1"):
         res = wd.resolve_device(task="training")
-    assert "1/64 of fp32" in check_precision_flag(res.backend, res.probe, res.device, "fp16").message
+    assert "1/64 of fp32" in check_precision_flag(res.target, "fp16").message
 
 
 # ---------------------------------------------------------------- reasons that are true (issue 44)
@@ -285,7 +285,7 @@ def test_a_gpu_with_native_bf16_is_said_to_have_it():
 def test_the_mi100_runs_bf16_natively_at_half_the_fp16_rate_not_emulated():
     with simulate("cuda:1,variant=rocm,name=AMD Instinct MI100"):
         res = wd.resolve_device(task="training")
-    check = check_precision_flag(res.backend, res.probe, res.device, "bf16")
+    check = check_precision_flag(res.target, "bf16")
     assert check.verdict == "warn" and "emulated" not in check.message
     assert "computes bf16 natively, at half its fp16 rate" in check.message and "184.6" in check.message
 
@@ -294,8 +294,8 @@ def test_the_mi100_runs_bf16_natively_at_half_the_fp16_rate_not_emulated():
 def test_bf16_on_a_gpu_with_slow_fp16_does_not_recommend_fp16(cc):
     with simulate(f"cuda:1,cc={cc}"):
         res = wd.resolve_device(task="training")
-    bf16 = check_precision_flag(res.backend, res.probe, res.device, "bf16")
-    fp16 = check_precision_flag(res.backend, res.probe, res.device, "fp16")
+    bf16 = check_precision_flag(res.target, "bf16")
+    fp16 = check_precision_flag(res.target, "fp16")
     assert fp16.verdict == "warn" and "fp16=True is the fast one" not in bf16.message
     assert "fp32 (neither flag) is the fast one" in bf16.message
 
@@ -330,7 +330,7 @@ def _recommended(message: str) -> set[str]:
 def test_no_answer_both_recommends_and_warns_against_one_flag(spec):
     with simulate(spec):
         res = wd.resolve_device(task="training")
-        checks = {flag: check_precision_flag(res.backend, res.probe, res.device, flag) for flag in ("bf16", "fp16")}
+        checks = {flag: check_precision_flag(res.target, flag) for flag in ("bf16", "fp16")}
     lines = [s.message for s in res.trace] + [c.message for c in checks.values()]
     for line in lines:
         for flag in _recommended(line):

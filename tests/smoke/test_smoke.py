@@ -73,12 +73,13 @@ def test_smoke_passes_on_this_machine(smoke_run: subprocess.CompletedProcess[str
     ]
     assert all(s["ok"] for s in data["steps"])
     # The model really ran where, and how, the resolution for that model said (on a CPU with
-    # native bf16 the attention is the decode attention verified for Llama).
+    # native bf16 the keywords name sdpa and prepare() runs the decode attention verified for Llama).
     expected = resolve_device(model=smoke.tiny_llama_config())
     inference, training = data["inference"], data["training"]
     assert inference["device"] == expected.device == inference["resolved_device"]
     assert inference["dtype"] == expected.dtype_name
-    assert inference["attn_implementation"] == expected.attn_implementation
+    prepared = expected.tuning.attention_after_prepare(expected.attn_implementation) if expected.tuning else None
+    assert inference["attn_implementation"] == (prepared or expected.attn_implementation)
     assert inference["new_tokens"] == smoke.NEW_TOKENS and inference["tokens_per_second"] > 0
     assert training["device"] == expected.device and training["steps"] == smoke.TRAIN_STEPS
     assert training["seconds_per_step"] > 0 and training["loss"] > 0

@@ -97,12 +97,13 @@ def test_simulated_gaudi_generation_comes_from_the_device_name() -> None:
 
 
 def test_simulated_gaudi1_has_no_fp16() -> None:
+    from whichdevice.device.target import Target
     from whichdevice.precision.hardware import supports
 
     with simulate("hpu:1,gen=gaudi1"):
         result = wd.probe("hpu")
     assert result.devices[0].name == "GAUDI1" and result.devices[0].generation == "gaudi1"
-    assert supports(wd.get_backend("hpu"), result, "float16")[0] is False
+    assert supports(Target.of(wd.get_backend("hpu"), result), "float16")[0] is False
 
 
 @pytest.mark.parametrize(("macos", "bf16"), [("13.6", False), ("14.0", True), (None, True)])

@@ -60,7 +60,7 @@ def test_precision_that_runs_at_a_cost_is_warned_not_refused(tmp_path, spec, fla
 
     with simulate(spec):
         res = resolve_device(task="training")
-        (message,) = precision_conflicts(res.backend, res.probe, res.device, {flag: True})
+        (message,) = precision_conflicts(res.target, {flag: True})
     assert match in message
 
 

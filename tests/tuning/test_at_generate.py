@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 import whichdevice as wd
 from simulated_cpus import PACKS_FP32
 from tiny_models import save_tiny_llama
-from whichdevice.hardware.probes.cpu_memory import packing_ops
+from whichdevice.measure.cpu_memory import packing_ops
 from whichdevice.testing import simulate
 from whichdevice.tuning import packed_weights
 from whichdevice.tuning.at_generate import DEFAULT_NEW_TOKENS, call_tokens, remove_generate_hook

@@ -29,6 +29,11 @@ def _single_row(res: wd.Resolution) -> bool:
     return res.tuning is not None and res.tuning.single_row
 
 
+def _no_cpu_tuning(res: wd.Resolution) -> bool:
+    """Neither CPU tuning of the estimate (the decode attention is decided with the attention, apart)."""
+    return res.tuning is None or not (res.tuning.single_row or res.tuning.packing)
+
+
 def _packed_for(res: wd.Resolution) -> int | None:
     return res.tuning.packed_for_batch if res.tuning is not None else None
 
@@ -42,8 +47,9 @@ def test_a_resolution_for_a_bf16_model_hands_over_the_single_row_setting(tmp_pat
         training = wd.resolve_device(model=path, task="training")
     assert one.dtype_name == "bfloat16" and _single_row(one)
     assert "oneDNN off" in _line(one, "generation") and one.to_dict()["tuning"]["single_row"] is True
-    assert not _single_row(four) and _line(four, "generation") == "" and four.to_dict()["tuning"] is None
-    assert training.tuning is None
+    assert not _single_row(four) and _line(four, "generation") == "" and _packed_for(four) is None
+    # What is left of the record is the decode attention, decided with the attention (tuning.decode_attention).
+    assert _no_cpu_tuning(four) and training.tuning is None
 
 
 def test_a_resolution_that_does_not_load_bf16_never_hands_it_over(tmp_path: Path):
@@ -89,7 +95,7 @@ def test_a_placement_off_the_cpu_or_a_quantized_load_gets_no_cpu_tuning(tmp_path
     with simulate(spec):
         mapped = wd.resolve_device(model=path, batch_size=1, max_length=64, device_map={"": "cpu"})
         quantized = wd.resolve_device(model=path, batch_size=4, max_length=1024, max_new_tokens=768, quantize="8bit")
-    assert mapped.tuning is None and quantized.tuning is None
+    assert _no_cpu_tuning(mapped) and _no_cpu_tuning(quantized)
 
 
 def test_an_unsteady_figure_the_job_needs_leaves_the_flags_and_no_tuning(tmp_path: Path):
@@ -97,4 +103,4 @@ def test_an_unsteady_figure_the_job_needs_leaves_the_flags_and_no_tuning(tmp_pat
     lost = EPYC.replace("mem.llc:33554432", "mem.llc:1024") + "/lost:s1"
     with simulate(f"cpu,flags=avx512_bf16,calib={lost}"):
         one = wd.resolve_device(model=path, batch_size=1, max_length=64)
-    assert one.tuning is None and "could not be timed steadily" in _line(one, "calibration")
+    assert _no_cpu_tuning(one) and "could not be timed steadily" in _line(one, "calibration")

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 import whichdevice as wd
 from simulated_cpus import PACKS
 from tiny_models import ARCHITECTURES, save_tiny, save_tiny_llama
-from whichdevice.hardware.probes.cpu_memory import packable_dtypes, packing_ops
+from whichdevice.measure.cpu_memory import packable_dtypes, packing_ops
 from whichdevice.testing import simulate
 from whichdevice.tuning import packed_weights
 from whichdevice.tuning.packed_weights import _ATTRIBUTE, install_packed_weights, is_packed, packable_layers, unpack

@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 import whichdevice as wd
 from simulated_cpus import PACKS_FP32
 from tiny_models import save_tiny_llama
-from whichdevice.core.packing_plan import PackingPlan
-from whichdevice.hardware.probes.cpu_memory import packing_ops
+from whichdevice.measure.cpu_memory import packing_ops
+from whichdevice.measure.packing_plan import PackingPlan
 from whichdevice.testing import simulate
 from whichdevice.tuning import packed_weights
 from whichdevice.tuning.packed_weights import is_packed, packable_layers

@@ -116,7 +116,7 @@ def test_without_model_the_trace_asks_for_it() -> None:
 
 def test_a_model_larger_than_measured_is_left_to_transformers() -> None:
     # The weights a decode step reads, past the largest measured (the 1.1B's): bf16, 2 bytes each.
-    from whichdevice.model.size import StepWeights
+    from whichdevice.model.step_weights import StepWeights
     from whichdevice.tuning.static_cache import _outside_measured
 
     job = Job(batch_size=1, max_new_tokens=10 * NEEDED)

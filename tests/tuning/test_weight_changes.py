@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tiny_models import save_tiny, save_tiny_llama
-from whichdevice.hardware.probes.cpu_memory import packing_ops
+from whichdevice.measure.cpu_memory import packing_ops
 from whichdevice.tuning.packed_weights import install_packed_weights, is_packed, packable_layers, unpack
 
 pytestmark = pytest.mark.skipif(packing_ops(torch) is None, reason="this torch has no oneDNN packing ops")

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fits
+from whichdevice.attention.record import Attention
 from whichdevice.core.errors import ConfigConflictError, DeviceError
 from whichdevice.core.packages import pip_install
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult, TraceStep
-    from whichdevice.hardware.calibration import Calibration
+    from whichdevice.core.records import Backend, TraceStep
+    from whichdevice.device.target import Target
+    from whichdevice.measure.calibration import Calibration
     from whichdevice.model.facts import ModelFacts
     from whichdevice.model.support import AttentionSupport
 
 __all__ = [
     "AUTO_HUB",
     "KNOWN_IMPLEMENTATIONS",
-    "AttentionChoice",
     "choose_attention",
     "flash_attention_package",
     "is_hub_kernel",
@@ -45,20 +46,12 @@ def is_hub_kernel(value: str) -> bool:
     return re.fullmatch(r"[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?", value) is not None
 
 
-class AttentionChoice(NamedTuple):
-    """The attention decision: what the model runs with, and whether model_kwargs() passes it."""
-
-    name: str | None  # None: transformers decides, and whichdevice cannot tell what (no model= to read)
-    passed: bool
-
-
 # benchmarks/decode_accuracy.py's multi-head figures (whichdevice_sdpa against sdpa, dynamic cache).
 _MULTI_HEAD_DISTANCE = {"bfloat16": "0.01037 against 0.00897", "float16": "0.00134 against 0.00122"}
 
 
 def choose_attention(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str | None,
     requested: str = "auto",
     *,
@@ -66,7 +59,7 @@ def choose_attention(
     model: ModelFacts | None = None,
     measured: Calibration | None = None,
     serving: bool = False,
-) -> tuple[AttentionChoice, list[TraceStep]]:
+) -> tuple[Attention, list[TraceStep]]:
     """Pass an implementation only when it beats what transformers picks by itself (FlashAttention,
     a Hub FlashAttention kernel, the CPU decode attention) and every class ``model=`` loads as supports
     it; an explicit request is passed as asked, and refused when the model's classes refuse it.
@@ -74,27 +67,44 @@ def choose_attention(
     ``serving``: the job serves requests through generate_batch, which refuses some attentions
     (attention/serving.py): none of those is chosen, and asking for one is refused.
     Returns the choice and the trace line that says why."""
-    from whichdevice.core.records import TraceStep
     from whichdevice.model.support import support_of_config
 
     # Read from the model's config, once per call (the classes' flags are cached per config's names).
     support = support_of_config(model.config) if model is not None else None
     if requested not in ("auto", AUTO_HUB):
-        name, why = _as_requested(backend, result, dtype, requested)
+        name, why = _as_requested(target, dtype, requested)
         if serving:
             _refuse_for_serving(name)
         line = why if why.startswith(name) else f"{name}: {why}"
-        return AttentionChoice(name, True), [TraceStep("attention", line + _request_checked(name, support))]
-    wanted, why = _wanted(backend, result, dtype, requested, task, model, measured)
+        return _handed_over(Attention(name, True), line + _request_checked(name, support))
+    wanted, why = _wanted(target, dtype, requested, task, model, measured)
     if serving and wanted is not None:
         wanted, why = _kept_for_serving(wanted, why)
     chosen, passed, line = _settle(wanted, why, support)
-    return AttentionChoice(chosen, passed), [TraceStep("attention", line)]
+    return _handed_over(Attention(chosen, passed), line)
+
+
+def _handed_over(choice: Attention, line: str) -> tuple[Attention, list[TraceStep]]:
+    """The choice as the keywords hand it over. whichdevice's decode attention is a name only a process
+    that imported whichdevice knows: the keywords name sdpa, which it runs under, and ``prepare()``
+    installs it on the loaded model (tuning/decode_attention.py)."""
+    from whichdevice.attention.decode import ATTENTION_NAME
+    from whichdevice.core.records import TraceStep
+
+    if choice.name != ATTENTION_NAME:
+        return choice, [TraceStep("attention", line)]
+    said = line.removeprefix(f"{ATTENTION_NAME}: ")
+    return Attention("sdpa", True, decode=True), [
+        TraceStep(
+            "attention",
+            f"sdpa handed over (a name transformers knows in any process), and res.prepare(model) runs "
+            f"{ATTENTION_NAME} on the loaded model in its place, res.unprepare(model) puts sdpa back: {said}",
+        )
+    ]
 
 
 def _wanted(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str | None,
     requested: str,
     task: str,
@@ -103,43 +113,43 @@ def _wanted(
 ) -> tuple[str | None, str]:
     """The implementation whichdevice would pass on this hardware (None: transformers' own choice is best), and why."""
     for impl in ("flash_attention_3", "flash_attention_2"):
-        if FLASH[impl][0] in backend.flash_attention_native and flash_fits(impl, backend, result, dtype)[0]:
+        if FLASH[impl][0] in target.backend.flash_attention_native and flash_fits(impl, target, dtype)[0]:
             # torch_npu's own kernels (transformers' integrations/npu_flash_attention.py): no package needed.
-            return impl, f"served by {backend.module}'s own FlashAttention, no flash-attn package needed"
+            return impl, f"served by {target.backend.module}'s own FlashAttention, no flash-attn package needed"
         version = flash_attention_package(impl)
-        if version is None or not backend.flash_attn_builds:
+        if version is None or not target.backend.flash_attn_builds:
             continue
-        ok, why = flash_fits(impl, backend, result, dtype)
+        ok, why = flash_fits(impl, target, dtype)
         if ok:
-            return impl, f"{FLASH[impl][1]} {version} is installed and fits this {backend.name} and dtype"
+            return impl, f"{FLASH[impl][1]} {version} is installed and fits this {target.name} and dtype"
     installed = [impl for impl in FLASH if flash_attention_package(impl)]
     packages = ", ".join(dict.fromkeys(FLASH[impl][1] for impl in installed))
     if not installed:
         have = "no FlashAttention package is installed"
-    elif not backend.flash_attn_builds:
+    elif not target.backend.flash_attn_builds:
         # Installed, but the package builds for CUDA and ROCm only (the registry row says why): say so,
         # rather than claim nothing is installed or call it "unusable" as if a setting could fix it.
-        have = f"{packages} is installed but has no build for {backend.hardware}"
+        have = f"{packages} is installed but has no build for {target.backend.hardware}"
     else:
         have = f"{', '.join(installed)} installed but unusable here"
     if requested == AUTO_HUB:
         from whichdevice.attention.kernels import hub_flash_attention
 
-        repo, why = hub_flash_attention(backend, result, dtype)
+        repo, why = hub_flash_attention(target, dtype)
         if repo is not None:
             return repo, (
                 f"{have}, so the Hub kernel transformers uses in its place "
                 f"(attn_implementation='{AUTO_HUB}' opts in): {why}"
             )
         return _without_flash(
-            backend,
+            target.backend,
             dtype,
             task,
             model,
             f"{have}, and attn_implementation='{AUTO_HUB}' found no Hub kernel: {why}",
             measured,
         )
-    return _without_flash(backend, dtype, task, model, have, measured)
+    return _without_flash(target.backend, dtype, task, model, have, measured)
 
 
 def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> tuple[str | None, bool, str]:
@@ -215,7 +225,7 @@ def _request_checked(name: str, support: AttentionSupport | None) -> str:
     return f"; supported by {support.checked()}"
 
 
-def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requested: Any) -> tuple[str, str]:
+def _as_requested(target: Target, dtype: str | None, requested: Any) -> tuple[str, str]:
     """An explicit attn_implementation: kept as asked, checked, and said what it will do."""
     if isinstance(requested, str) and is_hub_kernel(requested):
         from whichdevice.attention.kernels import hub_access, kernels_compatibility
@@ -232,17 +242,17 @@ def _as_requested(backend: Backend, result: ProbeResult, dtype: str | None, requ
         )
     if requested not in FLASH:
         return requested, "as you asked"
-    ok, why = flash_fits(requested, backend, result, dtype)
+    ok, why = flash_fits(requested, target, dtype)
     if not ok:
         raise ConfigConflictError(f"attn_implementation={requested!r}: {why}")
-    if FLASH[requested][0] in backend.flash_attention_native:
-        return requested, f"{requested} as you asked: served by {backend.module}'s own FlashAttention"
+    if FLASH[requested][0] in target.backend.flash_attention_native:
+        return requested, f"{requested} as you asked: served by {target.backend.module}'s own FlashAttention"
     if flash_attention_package(requested) is not None:
         return requested, "as you asked"
     from whichdevice.attention.kernels import hub_flash_attention
 
     package = FLASH[requested][1]
-    repo, why = hub_flash_attention(backend, result, dtype, requested)
+    repo, why = hub_flash_attention(target, dtype, requested)
     if repo is not None:
         return requested, (
             f"{requested} as you asked; {package} is not installed, so transformers loads the Hub kernel {why}"

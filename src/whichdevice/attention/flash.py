@@ -6,9 +6,13 @@ version; the NVIDIA compute-capability floors are this module's own facts.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from whichdevice.core.packages import package_version
-from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.registry import backends
+
+if TYPE_CHECKING:
+    from whichdevice.device.target import Target
 
 __all__ = ["FLASH", "flash_attention_package", "flash_fits"]
 
@@ -29,16 +33,16 @@ def flash_attention_package(impl: str) -> str | None:
     return found
 
 
-def flash_fits(impl: str, backend: Backend, result: ProbeResult, dtype: str | None) -> tuple[bool, str]:
+def flash_fits(impl: str, target: Target, dtype: str | None) -> tuple[bool, str]:
     version_major, _, min_cc = FLASH[impl]
-    if version_major not in backend.flash_attention:
-        able = [b.name for b in backends() if version_major in b.flash_attention and b.name != backend.name]
+    if version_major not in target.backend.flash_attention:
+        able = [b.name for b in backends() if version_major in b.flash_attention and b.name != target.name]
         where = ", ".join(able) if version_major == 2 else f"{'/'.join(n.upper() for n in able)} GPUs only"
-        instead = "'flash_attention_2' or 'sdpa'" if 2 in backend.flash_attention else "'sdpa'"
-        return False, f"{impl} does not run on {backend.name} ({where}); use {instead}"
-    if backend.name == "cuda" and result.variant != "rocm":
+        instead = "'flash_attention_2' or 'sdpa'" if 2 in target.backend.flash_attention else "'sdpa'"
+        return False, f"{impl} does not run on {target.name} ({where}); use {instead}"
+    if target.name == "cuda" and target.variant != "rocm":
         # Compute-capability floors are NVIDIA's own facts (FLASH above); ROCm has none.
-        cc = result.min_capability
+        cc = target.capability
         if cc is not None and cc < min_cc:
             return False, (
                 f"{impl} needs compute capability {min_cc[0]}.{min_cc[1]} or newer; this GPU has "
@@ -53,4 +57,4 @@ def flash_fits(impl: str, backend: Backend, result: ProbeResult, dtype: str | No
         return False, f"{impl} runs on NVIDIA CUDA GPUs only; use 'flash_attention_2' or 'sdpa'"
     if dtype == "float32":
         return False, f"{impl} needs fp16 or bf16, and the dtype is fp32; use 'sdpa'"
-    return True, f"{impl} fits {backend.name}"
+    return True, f"{impl} fits {target.name}"

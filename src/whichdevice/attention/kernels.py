@@ -14,7 +14,8 @@ from whichdevice.core.errors import ConfigConflictError
 from whichdevice.core.packages import package_version, pip_install, version_at_least, version_before
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult, TraceStep
+    from whichdevice.core.records import TraceStep
+    from whichdevice.device.target import Target
 
 __all__ = [
     "ENV_VARIABLES",
@@ -84,11 +85,11 @@ def kernels_compatibility() -> tuple[bool, str]:
 _VARIANT_KEYS = {"rocm": "rocm"}
 
 
-def kernels_key(backend: Backend, result: ProbeResult) -> str | None:
+def kernels_key(target: Target) -> str | None:
     """The kernels device key: the row's own, except ROCm which is its own target ("rocm")."""
-    if backend.name == "cuda" and result.variant in _VARIANT_KEYS:
-        return _VARIANT_KEYS[result.variant]
-    return backend.kernels_key
+    if target.name == "cuda" and target.variant in _VARIANT_KEYS:
+        return _VARIANT_KEYS[target.variant]
+    return target.backend.kernels_key
 
 
 def kernels_keys() -> tuple[str, ...]:
@@ -195,26 +196,24 @@ HUB_FLASH_KERNEL_DEVICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def hub_flash_attention(
-    backend: Backend, result: ProbeResult, dtype: str | None, impl: str = "flash_attention_2"
-) -> tuple[str | None, str]:
+def hub_flash_attention(target: Target, dtype: str | None, impl: str = "flash_attention_2") -> tuple[str | None, str]:
     """(the Hub kernel repo transformers loads for ``impl`` here when its package is missing, or
     None; why). Checks the kernel's builds, the hardware and dtype, the kernels version and access."""
     from whichdevice.attention.flash import FLASH, flash_fits
 
-    key = kernels_key(backend, result)
+    key = kernels_key(target)
     choices = HUB_FLASH_ATTENTION[impl]
     repo = choices.get(key or "", choices["*"])
     problems = []
     if key is None or key not in HUB_FLASH_KERNEL_DEVICES.get(repo, (key,)):
         builds = ", ".join(f"{r} ({'/'.join(HUB_FLASH_KERNEL_DEVICES[r])})" for r in dict.fromkeys(choices.values()))
-        problems.append(f"no {impl} Hub kernel is built for {key or backend.name} (only {builds})")
-        if FLASH[impl][0] in backend.flash_attention_native:
+        problems.append(f"no {impl} Hub kernel is built for {key or target.name} (only {builds})")
+        if FLASH[impl][0] in target.backend.flash_attention_native:
             problems.append(
-                f"on {backend.name}, attn_implementation={impl!r} runs {backend.module}'s own FlashAttention"
+                f"on {target.name}, attn_implementation={impl!r} runs {target.backend.module}'s own FlashAttention"
             )
     else:
-        fits, fit_why = flash_fits(impl, backend, result, dtype)
+        fits, fit_why = flash_fits(impl, target, dtype)
         if not fits:
             problems.append(fit_why.split("; use ")[0])
     compatible, compat_why = kernels_compatibility()
@@ -228,14 +227,12 @@ def hub_flash_attention(
     return repo, f"{repo} is built for {key}; {compat_why}; {access_why}"
 
 
-def decide_kernels(
-    backend: Backend, result: ProbeResult, requested: Any
-) -> tuple[tuple[bool, str | None], list[TraceStep]]:
+def decide_kernels(target: Target, requested: Any) -> tuple[tuple[bool, str | None], list[TraceStep]]:
     """(use_kernels, kernels device key) and the trace line that says why: off unless asked ("auto":
     on where every check passes; True: on, or ConfigConflictError with the reasons)."""
     from whichdevice.core.records import TraceStep
 
-    key = kernels_key(backend, result)
+    key = kernels_key(target)
     if requested is False:
         # Off unless asked, as in transformers: on, transformers downloads compiled code from the Hub and runs it.
         off = TraceStep(
@@ -250,7 +247,7 @@ def decide_kernels(
     checks = [kernels_compatibility()]
     if key is None:
         keys = ", ".join(kernels_keys())
-        checks.append((False, f"Hub kernels have no device key for {backend.name} (keys: {keys})"))
+        checks.append((False, f"Hub kernels have no device key for {target.name} (keys: {keys})"))
     else:
         checks.append((True, f"kernel device key {key!r}"))
     checks.append(hub_access())

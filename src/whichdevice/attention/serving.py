@@ -28,7 +28,6 @@ What is checked, and handed over:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
@@ -36,28 +35,18 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.flash import FLASH, flash_attention_package, flash_fits
+from whichdevice.attention.record import Serving
 from whichdevice.core.packages import package_version
 
 if TYPE_CHECKING:
     from whichdevice.core.job import Job
-    from whichdevice.core.records import Backend, ProbeResult, TraceStep
+    from whichdevice.core.records import Backend, TraceStep
+    from whichdevice.device.target import Target
 
-__all__ = ["Serving", "continuous_batching_available", "decide_serving", "generate_batch_refusal"]
+__all__ = ["continuous_batching_available", "decide_serving", "generate_batch_refusal"]
 
 # Where generate_batch lives (transformers 5.x): read as text, so transformers is not imported to answer.
 _API_FILE = ("generation", "continuous_batching", "continuous_api.py")
-
-
-@dataclass(frozen=True)
-class Serving:
-    """The continuous-batching answer: whether it applies, and the ContinuousBatchingConfig fields
-    whichdevice checked (``config``), which ``Resolution.generate_batch_kwargs()`` hands over."""
-
-    applies: bool
-    config: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"applies": self.applies, "continuous_batching_config": dict(self.config)}
 
 
 @lru_cache(maxsize=1)
@@ -107,8 +96,7 @@ def generate_batch_refusal(attention: str | None) -> str | None:
 
 
 def decide_serving(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     job: Job,
     *,
     attention: str | None,
@@ -137,13 +125,13 @@ def decide_serving(
             "**res.generate_batch_kwargs()) runs the requests, joining and leaving the batch at every step",
         )
     ]
-    switch, switch_why = _auto_switch(backend, result, attention, dtype, use_kernels)
+    switch, switch_why = _auto_switch(target, attention, dtype, use_kernels)
     if switch is not None:
         config["auto_switch_to_flash"] = switch
     steps.append(TraceStep("serving", switch_why))
-    sizes, sizes_why = _cpu_cache(backend, job)
+    sizes, sizes_why = _cpu_cache(target.backend, job)
     config.update(sizes)
-    steps.append(TraceStep("warning" if backend.name == "cpu" and not sizes else "serving", sizes_why))
+    steps.append(TraceStep("warning" if target.name == "cpu" and not sizes else "serving", sizes_why))
     return Serving(True, config), steps
 
 
@@ -198,7 +186,7 @@ def _page_size() -> int:
 
 
 def _auto_switch(
-    backend: Backend, result: ProbeResult, attention: str | None, dtype: str | None, use_kernels: bool
+    target: Target, attention: str | None, dtype: str | None, use_kernels: bool
 ) -> tuple[bool | None, str]:
     """auto_switch_to_flash=False where generate_batch's switch would leave the attention announced
     for a FlashAttention that does not fit here or is fetched from the Hub unasked; None: left as is."""
@@ -212,7 +200,7 @@ def _auto_switch(
     fitting = [
         impl
         for impl in ("flash_attention_3", "flash_attention_2")
-        if flash_attention_package(impl) is not None and flash_fits(impl, backend, result, dtype)[0]
+        if flash_attention_package(impl) is not None and flash_fits(impl, target, dtype)[0]
     ]
     if fitting:
         return None, (
@@ -225,7 +213,7 @@ def _auto_switch(
             "Hub FlashAttention kernel is one you opted into"
         )
     return False, (
-        f"auto_switch_to_flash=False: no FlashAttention package fits {backend.name} in {dtype}, and generate_batch "
+        f"auto_switch_to_flash=False: no FlashAttention package fits {target.name} in {dtype}, and generate_batch "
         f"would otherwise leave {shown} for FlashAttention fetched from the Hub (with the kernels package, "
         "is_flash_attn_3_available(kernels_fallback_ok=True) downloads kernels-community's build to answer), "
         "code use_kernels never asked for; the model keeps the attention announced here"

@@ -1,4 +1,4 @@
-"""The job resolve_device() was told about: task, sequences, offload and attention, one record for every decider.
+"""The job resolve_device() was told about: task, sequences and offload, one record for every decider.
 
 The CPU's measured dtype (precision) reads its batch size and length; placement (memory) reads all
 of it. It lives here, below both, so neither imports the other for it.
@@ -20,11 +20,6 @@ class Job:
     max_length: int | None = None
     offload: str | None = None
     offload_folder: str | None = None
-    # The attention the model will run with: "eager" materialises every head's T x T scores; sdpa and
-    # FlashAttention kernels do not. Known once attention is chosen, after the dtype.
-    attention: str | None = None
-    # A pre-quantized checkpoint that transformers loads dequantized here (FP8 below cc 8.9, ...).
-    dequantize: bool = False
     # Tokens each sequence generates (generate's max_new_tokens): what a one-time setup is counted
     # against. None: not said (then half of max_length).
     max_new_tokens: int | None = None

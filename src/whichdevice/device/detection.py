@@ -19,14 +19,15 @@ from whichdevice.core.errors import DeviceError, DeviceUnavailableError
 from whichdevice.core.records import Backend, ProbeResult, TraceStep
 from whichdevice.device.choice import least_busy
 from whichdevice.device.others import other_accelerators
-from whichdevice.device.request import ENV_DEVICE, DeviceRequest, device_names
+from whichdevice.device.request import ENV_DEVICE, DeviceRequest, device_names, parse_device
+from whichdevice.device.target import Target
 from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends, get_backend
 
 if TYPE_CHECKING:
     from whichdevice.launch.distributed import DistributedContext
 
-__all__ = ["choose_backend", "describe", "detection_order", "device_string"]
+__all__ = ["candidates_after", "choose_backend", "describe", "detection_order", "device_string"]
 
 
 # (the backend, its probe result), and the trace lines that say why
@@ -47,6 +48,16 @@ def choose_backend(request: DeviceRequest, prefer: Any, exclude: Any) -> _Chosen
         chosen, found = _detect(order)
         return chosen, steps + found
     return _asked_for(request)
+
+
+def candidates_after(chosen: Target, prefer: Any, exclude: Any) -> list[Target]:
+    """The usable backends after ``chosen`` in the detection order, each a candidate target on its first
+    device (a pre-quantized checkpoint's method may run on one of them)."""
+    order = detection_order(prefer, exclude)[0]
+    names = [b.name for b in order]
+    later = order[names.index(chosen.name) + 1 :] if chosen.name in names else []
+    found = ((backend, probing.probe(backend.name)) for backend in later)
+    return [Target.of(backend, result) for backend, result in found if result.available]
 
 
 def detection_order(prefer: Any, exclude: Any) -> tuple[list[Backend], list[TraceStep]]:
@@ -196,8 +207,9 @@ def device_string(
     request: DeviceRequest,
     dist: DistributedContext | None,
     task: str = "inference",
-) -> tuple[tuple[str, int], list[TraceStep]]:
-    """The device string and how many devices this process uses.
+) -> tuple[tuple[str, int | None, int], list[TraceStep]]:
+    """The device string, its index (None: the backend's strings carry none) and how many devices this
+    process uses.
 
     In a distributed run each process takes the device accelerate will give it: the device of its
     local rank; its current device on a backend without indices in its device strings (Gaudi,
@@ -215,22 +227,34 @@ def device_string(
                 "use device='cpu' (gloo)"
             )
         if index is not None:
-            return (f"{backend.name}:{index}", 1), []
+            return (f"{backend.name}:{index}", index, 1), []
         return _rank_device(backend, result, dist)
     steps = _accelerate_device_differs(backend, dist)
     if backend.shared_device:
-        return (backend.name, 1), steps
+        return (backend.name, None, 1), steps
     if index is not None:
-        return (f"{backend.name}:{index}", 1), steps
+        return (f"{backend.name}:{index}", index, 1), steps
     if backend.indexed:
         chosen, why = least_busy(backend, result, task)
-        return (f"{backend.name}:{chosen}", result.device_count), steps + why
-    return (backend.name, result.device_count), steps
+        return (f"{backend.name}:{chosen}", chosen, result.device_count), steps + why
+    return (backend.name, None, result.device_count), steps
+
+
+def _accelerate_device(dist: DistributedContext | None) -> tuple[str, int | None] | None:
+    """ACCELERATE_TORCH_DEVICE as (backend name, index), read once here; None where unset, not seen by
+    accelerate, or not a device string (then accelerate's own parse fails, and nothing is taken from it)."""
+    given = dist.accelerate_device if dist is not None and dist.seen else None
+    if given is None:
+        return None
+    try:
+        return parse_device(given, "ACCELERATE_TORCH_DEVICE")
+    except DeviceError:
+        return None
 
 
 def _rank_device(
     backend: Backend, result: ProbeResult, dist: DistributedContext
-) -> tuple[tuple[str, int], list[TraceStep]]:
+) -> tuple[tuple[str, int | None, int], list[TraceStep]]:
     if dist.local_rank >= result.device_count:
         vis = result.visible
         because = f" ({vis.variable}={vis.raw!r})" if vis is not None and vis.variable else ""
@@ -240,31 +264,32 @@ def _rank_device(
             f"{result.device_count} processes per node (--nproc_per_node={result.device_count}) "
             "or make more devices visible"
         )
-    given = dist.accelerate_device
-    if given is not None and given.partition(":")[0] == backend.name and dist.seen:
-        why = f"ACCELERATE_TORCH_DEVICE={given!r} ({dist.launcher}): the device accelerate will use"
-        return (given, 1), [TraceStep("device", why)]
+    given = _accelerate_device(dist)
+    if given is not None and given[0] == backend.name:
+        why = f"ACCELERATE_TORCH_DEVICE={dist.accelerate_device!r} ({dist.launcher}): the device accelerate will use"
+        return (str(dist.accelerate_device), given[1], 1), [TraceStep("device", why)]
     if not backend.indexed:
         why = (
             f"{backend.name}: local rank {dist.local_rank} ({dist.local_rank_variable}) owns one device, "
             f"which is its current device; accelerate uses torch.device({backend.name!r}, current_device()) "
             "and device_map stays on it"
         )
-        return (backend.name, 1), [TraceStep("device", why)]
+        return (backend.name, None, 1), [TraceStep("device", why)]
     device = f"{backend.name}:{dist.local_rank}"
     why = f"{device}: local rank {dist.local_rank} ({dist.local_rank_variable}) picks its own device"
-    return (device, 1), [TraceStep("device", why), *_accelerate_device_differs(backend, dist)]
+    return (device, dist.local_rank, 1), [TraceStep("device", why), *_accelerate_device_differs(backend, dist)]
 
 
 def _accelerate_device_differs(backend: Backend, dist: DistributedContext | None) -> list[TraceStep]:
     """A warning when ACCELERATE_TORCH_DEVICE will put the Trainer on another kind of device."""
-    given = dist.accelerate_device if dist is not None and dist.seen else None
-    if given is None or given.partition(":")[0] == backend.name:
+    given = _accelerate_device(dist)
+    if given is None or given[0] == backend.name:
         return []
+    said = dist.accelerate_device if dist is not None else None
     return [
         TraceStep(
             "warning",
-            f"ACCELERATE_TORCH_DEVICE={given!r}: accelerate will train on {given}, not on {backend.name}; "
-            f"pass device={given.partition(':')[0]!r} or unset ACCELERATE_TORCH_DEVICE",
+            f"ACCELERATE_TORCH_DEVICE={said!r}: accelerate will train on {said}, not on {backend.name}; "
+            f"pass device={given[0]!r} or unset ACCELERATE_TORCH_DEVICE",
         )
     ]

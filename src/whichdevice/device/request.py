@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from whichdevice.core import envview
 from whichdevice.core.errors import DeviceError, UnknownDeviceError, closest_match, shown
@@ -22,6 +22,8 @@ __all__ = [
     "ENV_VARIABLES",
     "TASKS",
     "DeviceRequest",
+    "Task",
+    "as_task",
     "device_names",
     "parse_device",
     "read_request",
@@ -30,7 +32,16 @@ __all__ = [
 ENV_DEVICE = "WHICHDEVICE_DEVICE"
 # The variables this module reads (the memo key holds them; see whichdevice.resolve.memo).
 ENV_VARIABLES = (ENV_DEVICE,)
-TASKS = ("inference", "training")
+Task = Literal["inference", "training"]
+TASKS: tuple[Task, ...] = ("inference", "training")
+
+
+def as_task(value: str) -> Task:
+    """A task name read from a command line or a file, as resolve_device() types it; DeviceError otherwise."""
+    for task in TASKS:
+        if value == task:
+            return task
+    raise DeviceError(f"task={value!r}: use 'inference' or 'training'")
 
 
 @dataclass(frozen=True)

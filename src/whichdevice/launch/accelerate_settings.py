@@ -1,4 +1,4 @@
-"""accelerate's own settings, which steer Trainer after whichdevice has answered, and the device Trainer takes.
+"""accelerate's own settings, which steer Trainer after whichdevice has answered.
 
 Three of them change a Trainer run without a word to whichdevice (accelerate 1.16, transformers 5.24):
 
@@ -11,28 +11,25 @@ Three of them change a Trainer run without a word to whichdevice (accelerate 1.1
   reads it and exports its ``mixed_precision`` and ``use_cpu`` as the two variables above. A program
   started with plain ``python`` never reads it.
 
-And in one process ``TrainingArguments`` always takes device index 0 (``cuda:0``, ``xpu:0``, ...;
-``torch.cuda.set_device(0)``), wrapping the model in ``nn.DataParallel`` over every visible CUDA
-device; only the visible-devices variable, set before the program starts, chooses another device.
+The device Trainer takes, and the command that launches one process per device, are asked of the
+target: device/launch_command.py.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core import envview
-from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.core.errors import ConfigConflictError
 from whichdevice.core.records import TraceStep
 from whichdevice.launch import launch_strategy
 from whichdevice.launch.launch_strategy import LaunchStrategy
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.core.records import Backend
 
 __all__ = [
     "ENV_MIXED_PRECISION",
@@ -41,9 +38,7 @@ __all__ = [
     "LAUNCHERS",
     "AccelerateSettings",
     "config_file_path",
-    "launch_command",
     "read_accelerate_settings",
-    "trainer_device_steps",
 ]
 
 ENV_USE_CPU = "ACCELERATE_USE_CPU"
@@ -129,7 +124,10 @@ def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> Accele
     path = config_file_path(env)
     config, problem = _read_config(path)
     strategy = launch_strategy.read_launch_strategy(env)
-    return AccelerateSettings(env.get(ENV_USE_CPU), env.get(ENV_MIXED_PRECISION), path, config, problem, strategy)
+    use_cpu = env.get(ENV_USE_CPU)
+    if strategy is not None and use_cpu is not None and truth(use_cpu) is True:
+        strategy = replace(strategy, cpu_forced=f"{ENV_USE_CPU}={use_cpu!r}")
+    return AccelerateSettings(use_cpu, env.get(ENV_MIXED_PRECISION), path, config, problem, strategy)
 
 
 def _read_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -243,119 +241,3 @@ def check_cpu_request(settings: AccelerateSettings, name: str, asked: str, sourc
             f"accelerate train on the CPU; unset {ENV_USE_CPU} (`accelerate launch --cpu` or a config with "
             "use_cpu: true exports it) to train on the accelerator, or ask for device='cpu'"
         )
-
-
-# ----------------------------------------------------------------------- the device Trainer takes
-
-
-def _visible_variable(backend: Backend, result: ProbeResult) -> str | None:
-    vis = result.visible
-    if vis is not None and vis.variable:
-        return vis.variable
-    return backend.visible_devices_env[0] if backend.visible_devices_env else None
-
-
-def _only(backend: Backend, result: ProbeResult, index: int) -> str:
-    """``CUDA_VISIBLE_DEVICES=3``: the setting that shows this process's device ``index`` alone."""
-    variable = _visible_variable(backend, result)
-    physical = result.visible.physical_id(index) if result.visible is not None else str(index)
-    if not variable:
-        return f"a {backend.name} setting that shows only device {index}"
-    return shlex.quote(f"{variable}={physical}")
-
-
-def trainer_device_steps(
-    backend: Backend,
-    result: ProbeResult,
-    index: int | None,
-    dist: DistributedContext | None,
-) -> list[TraceStep]:
-    """Check that Trainer trains where whichdevice resolved, and warn where one process leaves devices idle.
-
-    Raises :class:`ConfigConflictError` for a device index that Trainer would not use.
-    """
-    if backend.shared_device or not _launchable(backend):
-        return []
-    count = result.device_count
-    if dist is not None:
-        if index is not None and index != dist.local_rank % max(count, 1):
-            raise ConfigConflictError(
-                f"device '{backend.name}:{index}' for training in a {dist.launcher} run, but accelerate gives "
-                f"each process the device of its local rank ({dist.local_rank_variable}={dist.local_rank} -> "
-                f"{backend.name}:{dist.local_rank % max(count, 1)}); leave device out, or choose the "
-                f"processes' devices with {_visible_variable(backend, result) or 'its visible-devices variable'} "
-                "before launching"
-            )
-        return []
-    if index is not None and index > 0:
-        raise ConfigConflictError(
-            f"device '{backend.name}:{index}' for training: in one process TrainingArguments always trains on "
-            f"{backend.name}:0 (it calls set_device({backend.name}:0)), and the visible-devices variable "
-            f"cannot change once torch has initialised {backend.name}. Start the program with that device alone "
-            f"visible: {_only(backend, result, index)} python train.py (it is {backend.name}:0 there), or "
-            f"run one process per device with `{shlex.join(launch_command(backend, result, ['train.py']))}`"
-        )
-    if count < 2:
-        return []
-    # Quoted for a shell: the visible-devices value is copied from the environment as it is.
-    launch = shlex.join(launch_command(backend, result, ["train.py"]))
-    if backend.name == "cuda":
-        what = (
-            f"Trainer in one process wraps the model in nn.DataParallel over all {count} visible GPUs "
-            "(TrainingArguments.n_gpu = torch.cuda.device_count()), which is slower than one process per GPU"
-        )
-    else:
-        others = "the other device" if count == 2 else f"the other {count - 1}"
-        what = f"Trainer in one process trains on {backend.name}:0 only and leaves {others} idle"
-    return [TraceStep("warning", f"{what}; launch one process per device: `{launch}` (res.launch_command)")]
-
-
-def _launchable(backend: Backend) -> bool:
-    # A backend with no process group runs one process (mps); torch_xla starts its own processes.
-    return backend.distributed_backend not in (None, "xla")
-
-
-def launch_command(
-    backend: Backend,
-    result: ProbeResult,
-    script: Sequence[str],
-    *,
-    launcher: str = "torchrun",
-    nproc: int | None = None,
-) -> list[str]:
-    """The argument list that starts ``script`` (``["train.py", "--lr", "1e-4"]``) once per device.
-
-    A visible-devices variable set in this environment is written into the command, so that it
-    selects the same devices from any shell: ``["env", "CUDA_VISIBLE_DEVICES=2,3", "torchrun", ...]``.
-    """
-    if not _launchable(backend):
-        raise DeviceError(
-            f"no launch command for {backend.name}: "
-            + (
-                f"{backend.hardware} runs one process"
-                if backend.distributed_backend is None
-                else "torch_xla starts the processes of a TPU run itself (see torch_xla's documentation)"
-            )
-        )
-    if launcher not in LAUNCHERS:
-        raise DeviceError(f"launcher={launcher!r}: use {' or '.join(repr(x) for x in LAUNCHERS)}")
-    if not isinstance(script, str) and not (
-        isinstance(script, Sequence) and all(isinstance(a, (str, os.PathLike)) for a in script)
-    ):
-        raise DeviceError(
-            f"script={script!r}: give the command as a list of strings, e.g. ['train.py', '--lr', '1e-4']"
-        )
-    args = [script] if isinstance(script, str) else [str(a) for a in script]
-    if not args:
-        raise DeviceError("launch_command() needs the script and its arguments, e.g. ['train.py', '--lr', '1e-4']")
-    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
-        raise DeviceError(f"nproc={nproc!r}: pass a whole number of processes, 1 or more")
-    count = nproc if nproc is not None else (1 if backend.shared_device else max(result.device_count, 1))
-    if launcher == "torchrun":
-        command = ["torchrun", f"--nproc-per-node={count}", *args]
-    else:
-        command = ["accelerate", "launch", "--num_processes", str(count), *args]
-    vis = result.visible
-    if vis is not None and vis.variable and vis.raw is not None:
-        return ["env", f"{vis.variable}={vis.raw}", *command]
-    return command

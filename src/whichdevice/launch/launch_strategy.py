@@ -17,9 +17,13 @@ them when no keyword says otherwise (installed files, transformers 5.25 and acce
   ``ACCELERATE_USE_FSDP`` (``.lower() == "true"``, accelerate/accelerator.py:372-377) and the ``FSDP_*``
   variables (``FullyShardedDataParallelPlugin.__post_init__``, dataclasses.py:1702-1760). An
   ``fsdp_config=`` of ours would override the launch's version and resharding.
-- ``AcceleratorState`` checks DeepSpeed first, and neither on CPU processes (accelerate/state.py:935:
-  DeepSpeed "and not cpu"; :971, FSDP only for the MULTI_GPU/XPU/NPU/HPU/... types): both are
-  ignored there.
+- ``AcceleratorState`` checks DeepSpeed first (accelerate/state.py:935), "and not cpu", where ``cpu`` is
+  the ``Accelerator``'s own argument, which Trainer does not pass, or ``ACCELERATE_USE_CPU`` (state.py:876):
+  CPU processes run DeepSpeed, unless that variable is true (``LaunchStrategy.cpu_forced``). FSDP is
+  taken only for the MULTI_GPU/XPU/NPU/HPU/... types (:971), so a MULTI_CPU run ignores it; but
+  ``Accelerator`` builds the plugin from the variables first, and the plugin refuses
+  ``sync_module_states=True`` on a CPU (``accelerate launch --use_fsdp``'s default): ``fsdp_plugin_steps``
+  builds it as Trainer will, and warns where it raises.
 
 So whichdevice reads the same variables, sizes the strategy they name, warns with the numbers where it
 does not fit, and hands over no ``fsdp``/``deepspeed`` keyword while they are set.
@@ -29,13 +33,24 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core import envview
+from whichdevice.core.errors import printable
+from whichdevice.core.records import TraceStep
 
-__all__ = ["ENV_VARIABLES", "LaunchStrategy", "read_launch_strategy"]
+__all__ = [
+    "ENV_VARIABLES",
+    "ZERO3_LOADING",
+    "LaunchStrategy",
+    "fsdp_plugin_steps",
+    "partitioned_on_load",
+    "read_launch_strategy",
+]
 
 ENV_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
 ENV_ZERO_STAGE = "ACCELERATE_DEEPSPEED_ZERO_STAGE"
@@ -47,6 +62,9 @@ FSDP_VERSION = "FSDP_VERSION"
 FSDP_SHARDING = "FSDP_SHARDING_STRATEGY"
 FSDP_RESHARD = "FSDP_RESHARD_AFTER_FORWARD"
 FSDP_OFFLOAD = "FSDP_OFFLOAD_PARAMS"
+# Read by accelerate's FullyShardedDataParallelPlugin, which fsdp_plugin_steps builds (and which writes the
+# second one back): declared so that a change of either is a new memo key.
+FSDP_PLUGIN_READS = ("FSDP_SYNC_MODULE_STATES", "FSDP_CPU_RAM_EFFICIENT_LOADING")
 # The variables this module reads (the memo key holds them; see whichdevice.resolve.memo).
 ENV_VARIABLES = (
     ENV_USE_DEEPSPEED,
@@ -59,6 +77,7 @@ ENV_VARIABLES = (
     FSDP_SHARDING,
     FSDP_RESHARD,
     FSDP_OFFLOAD,
+    *FSDP_PLUGIN_READS,
 )
 # transformers' strtobool (utils/generic.py): what TrainingArguments reads ACCELERATE_USE_DEEPSPEED with.
 _TRUE = ("y", "yes", "t", "true", "on", "1")
@@ -79,6 +98,9 @@ class LaunchStrategy:
     offload_optimizer: bool = False
     offload_params: bool = False
     problem: str | None = None  # a setting that could not be read (the rest was still read)
+    # "ACCELERATE_USE_CPU='1'" where that variable is true: AcceleratorState is then a CPU run (cpu=True),
+    # which takes neither DeepSpeed nor FSDP (state.py:876, :935); None: Trainer runs the strategy.
+    cpu_forced: str | None = None
 
     @property
     def name(self) -> str:
@@ -177,3 +199,66 @@ def _fsdp(env: Mapping[str, str]) -> LaunchStrategy:
             sharding = "FULL_SHARD"
     offload = env.get(FSDP_OFFLOAD, "false").strip().lower() in _TRUE
     return LaunchStrategy("fsdp", ", ".join(said), None, sharding, offload, offload)
+
+
+def fsdp_plugin_steps() -> list[TraceStep]:
+    """A warning where accelerate's ``FullyShardedDataParallelPlugin``, which Trainer's ``Accelerator``
+    builds from the launch's variables before anything else, raises on them here; none where it builds.
+
+    Asked of accelerate itself (the plugin built as Accelerator builds it), so its own rules decide:
+    on a CPU it refuses ``sync_module_states=True``, which ``accelerate launch --use_fsdp`` sets by
+    default. The variable the plugin writes back (``FSDP_CPU_RAM_EFFICIENT_LOADING``) is put back as found.
+    """
+    try:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+    except ImportError:
+        return []
+    found = {name: os.environ.get(name) for name in FSDP_PLUGIN_READS}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            FullyShardedDataParallelPlugin()
+    except Exception as exc:  # whatever the plugin raises, Trainer raises
+        first = (str(exc).splitlines() or [""])[0][:200]
+        return [
+            TraceStep(
+                "warning",
+                f"Trainer will raise building accelerate's FullyShardedDataParallelPlugin from the launch's FSDP "
+                f"variables on this machine ({type(exc).__name__}: {printable(first)}); launch with "
+                "--fsdp_sync_module_states false --fsdp_cpu_ram_efficient_loading false or --fsdp_version 2 "
+                "(or without --use_fsdp: CPU processes train with DDP either way)",
+            )
+        ]
+    finally:
+        for name, value in found.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return []
+
+
+# transformers' from_pretrained under ZeRO-3 builds the model inside deepspeed.zero.Init (set up by
+# TrainingArguments' HfDeepSpeedConfig, so build it first) and refuses a device_map: model_kwargs() leaves
+# device_map (and max_memory) out.
+ZERO3_LOADING = (
+    "device_map: none passed: under ZeRO-3 from_pretrained partitions the weights over the ranks as it "
+    "loads (deepspeed.zero.Init, once TrainingArguments is built) and refuses a device_map"
+)
+
+
+def partitioned_on_load(planned: str | None, launched: LaunchStrategy | None, launched_run: bool) -> bool:
+    """Whether from_pretrained builds the model inside deepspeed.zero.Init (ZeRO-3), where it refuses a
+    device_map ("DeepSpeed Zero-3 is not compatible with passing a `device_map`"): in a launched run, the
+    plan's ZeRO-3 (``planned``, the chosen strategy's key) or a ZeRO-3 the launch carries and Trainer runs
+    (``launched``); anywhere, transformers' own ``is_deepspeed_zero3_enabled()`` now, the check
+    from_pretrained makes (true once a TrainingArguments with a stage-3 ``deepspeed=`` config, or under a
+    ZeRO-3 launch, is built in this process)."""
+    if launched_run:
+        if planned == "zero3":
+            return True
+        if launched is not None and launched.kind == "deepspeed" and launched.stage == 3 and not launched.cpu_forced:
+            return True
+    # Asked only where transformers' DeepSpeed integration is loaded: nothing else can have set it.
+    check = getattr(sys.modules.get("transformers.integrations.deepspeed"), "is_deepspeed_zero3_enabled", None)
+    return bool(check()) if callable(check) else False

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
 
-__all__ = ["CUDA_CONTEXT", "FIT_FRACTION", "SPLIT_FRACTION", "Margin", "Placement", "plan_placement", "priced_margin"]
+if TYPE_CHECKING:
+    from whichdevice.memory.load_peak import LoadPeak
+    from whichdevice.memory.quantization_plan import QuantizationPlan
+    from whichdevice.memory.training_records import TrainingPlan, TrainingSetup
+
+__all__ = [
+    "CUDA_CONTEXT",
+    "FIT_FRACTION",
+    "SPLIT_FRACTION",
+    "LargestFit",
+    "Margin",
+    "Placement",
+    "plan_placement",
+    "priced_margin",
+]
 
 
 # A model "fits" one device when its weights take at most this share of the memory; the rest is
@@ -69,18 +83,79 @@ def priced_margin(backend: str, variant: str | None, task: str) -> Margin:
     )
 
 
+@dataclass(frozen=True)
+class LargestFit:
+    """At ``batch_size``, ``max_length`` tokens at most; at ``max_length``, ``batch`` sequences at most
+    (None: not even one token or one sequence fits, so there is no value resolve_device() would take;
+    ``context`` is the model's own limit). ``plan`` names what they are the limits of: the plan the
+    resolution chose ("full fine-tuning in float32", "LoRA adapters on bfloat16 weights", ...)."""
+
+    batch_size: int
+    max_length: int
+    longest: int | None
+    largest_batch: int | None
+    context: int | None
+    plan: str = ""
+    # How the context was read (model/context.py's Context.text()): said where the limit is the context.
+    context_said: str = ""
+
+    def text(self) -> str:
+        whole = f": {self.context_said}" if self.context_said else ""
+        capped = (
+            f" (the model's whole context{whole})"
+            if self.context and self.longest and self.longest >= self.context
+            else ""
+        )
+        longest = (
+            f"max_length={self.longest}{capped} at batch_size={self.batch_size}"
+            if self.longest
+            else f"not one token at batch_size={self.batch_size}"
+        )
+        batch = (
+            f"batch_size={self.largest_batch} at max_length={self.max_length}"
+            if self.largest_batch
+            else f"not one sequence of max_length={self.max_length}"
+        )
+        of = f" {self.plan}" if self.plan else ""
+        return f"the largest that fit{of}: {longest}; {batch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+            "largest_max_length": self.longest,
+            "largest_batch_size": self.largest_batch,
+            "model_context": self.context,
+            "plan": self.plan,
+        }
+
+
 # When a model must be split, each device offers this share to accelerate's max_memory.
 SPLIT_FRACTION = 0.9
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the weights go: ``device_map`` and, when split, ``max_memory``."""
+    """Where a job's weights go and what placement decided with them: the one placement record, for
+    inference and training alike. ``device_map`` and, when split, ``max_memory`` as from_pretrained takes
+    them; ``fits`` and ``note`` as the fit found them; then what a placement may add: bitsandbytes'
+    quantization, the offload folder, the dtype the weights load in where placement chose it (LoRA's
+    16-bit base), the multi-device training plan and the way a job trains, the largest job that fits,
+    the load's peak, and the index of the device placement took where the job fits it alone and not
+    the one detected (memory/room.py's whole_job_device; None: the target's own device)."""
 
     device_map: str | dict[str, Any]
-    max_memory: dict[int | str, str] | None
-    note: str
+    max_memory: dict[int | str, str] | None = None
+    note: str = ""
     fits: bool = True
+    quantization: QuantizationPlan | None = None
+    offload_folder: str | None = None
+    weights: str | None = None
+    plan: TrainingPlan | None = None
+    setup: TrainingSetup | None = None
+    limits: LargestFit | None = None
+    load: LoadPeak | None = None
+    index: int | None = None
 
 
 def plan_placement(
@@ -173,7 +248,7 @@ class JobFit:
         if not self.job.generation:
             return replace(placed, max_memory=budget)
         note = (
-            f"{placed.note}; 'balanced_low_0' keeps {self.device.split(':')[0]}:0 light for generate()'s "
+            f"{placed.note}; 'balanced_low_0' keeps {self.backend}:0 light for generate()'s "
             "inputs and logits, as transformers advises for generation"
         )
         return replace(

@@ -10,60 +10,17 @@ the tokens and the batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
+from whichdevice.memory.fit import LargestFit
 from whichdevice.model.shape import ModelShape
 
-__all__ = ["LargestFit", "largest_fit", "say_limits", "whole_job_plan"]
+__all__ = ["largest_fit", "limits_steps", "whole_job_plan"]
 
 # Searched up to these; a model's own context (max_position_embeddings) caps the length first.
 _MAX_TOKENS = 1 << 24
 _MAX_BATCH = 1 << 16
-
-
-@dataclass(frozen=True)
-class LargestFit:
-    """At ``batch_size``, ``max_length`` tokens at most; at ``max_length``, ``batch`` sequences at most
-    (None: not even one token or one sequence fits, so there is no value resolve_device() would take;
-    ``context`` is the model's own limit). ``plan`` names what they are the limits of: the plan the
-    resolution chose ("full fine-tuning in float32", "LoRA adapters on bfloat16 weights", ...)."""
-
-    batch_size: int
-    max_length: int
-    longest: int | None
-    largest_batch: int | None
-    context: int | None
-    plan: str = ""
-
-    def text(self) -> str:
-        capped = (
-            " (the model's whole context)" if self.context and self.longest and self.longest >= self.context else ""
-        )
-        longest = (
-            f"max_length={self.longest}{capped} at batch_size={self.batch_size}"
-            if self.longest
-            else f"not one token at batch_size={self.batch_size}"
-        )
-        batch = (
-            f"batch_size={self.largest_batch} at max_length={self.max_length}"
-            if self.largest_batch
-            else f"not one sequence of max_length={self.max_length}"
-        )
-        of = f" {self.plan}" if self.plan else ""
-        return f"the largest that fit{of}: {longest}; {batch}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "batch_size": self.batch_size,
-            "max_length": self.max_length,
-            "largest_max_length": self.longest,
-            "largest_batch_size": self.largest_batch,
-            "model_context": self.context,
-            "plan": self.plan,
-        }
 
 
 def _bisect(ok: Callable[[int], bool], high: int) -> int:
@@ -96,7 +53,8 @@ def largest_fit(
 
     longest = _bisect(lambda t: fits(need(batch, t)), context or _MAX_TOKENS)
     largest_batch = _bisect(lambda b: fits(need(b, tokens)), _MAX_BATCH)
-    return LargestFit(batch, tokens, longest or None, largest_batch or None, context, plan)
+    said = shape.context.text() if shape.context is not None else ""
+    return LargestFit(batch, tokens, longest or None, largest_batch or None, context, plan, said)
 
 
 def whole_job_plan(job: Job, dtype: str) -> str:
@@ -104,14 +62,10 @@ def whole_job_plan(job: Job, dtype: str) -> str:
     return "for " + ("full fine-tuning" if job.task == "training" else job.task) + f" in {dtype}"
 
 
-def say_limits(largest: LargestFit | None, trace: list[TraceStep], found: list[LargestFit] | None) -> None:
-    """Say the limits of the chosen plan in the trace, and hand them to the resolution (largest_fit()).
+def limits_steps(largest: LargestFit | None) -> list[TraceStep]:
+    """The limits of the chosen plan, said in the trace (the placement carries them to the resolution).
 
     They are of the plan placement chooses (memory/placement.py's place_model): the whole job's where it
     fits (or nothing does), LoRA's where LoRA is chosen; a quantized plan's are not searched, and the
     whole job's are named as such."""
-    if largest is None:
-        return
-    trace.append(TraceStep("limits", largest.text()))
-    if found is not None:
-        found.append(largest)
+    return [TraceStep("limits", largest.text())] if largest is not None else []

@@ -157,11 +157,10 @@ class LoadPeak:
 
 
 def load_peak(
-    size: Weights, dtype: str, device: str, free: int | None, total: int | None, bits: int | None = None
+    size: Weights, dtype: str, device: str, free: int | None, total: int | None, bits: int | None = None, *, kind: str
 ) -> LoadPeak:
-    """The peak of loading ``size`` in ``dtype`` onto one ``device`` (``bits``: bitsandbytes
-    quantization on load, 4 or 8)."""
-    kind = device.split(":")[0]
+    """The peak of loading ``size`` in ``dtype`` onto one ``device``, of backend ``kind`` ("cuda": its
+    allocator decides the warm-up; ``bits``: bitsandbytes quantization on load, 4 or 8)."""
     per = item_size(dtype)
     if bits is None:
         weights = size.bytes_in(dtype)

@@ -14,7 +14,7 @@ from whichdevice.core.errors import ConfigConflictError, DoesNotFitError
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION
+from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement
 from whichdevice.memory.job import JobMemory
 from whichdevice.model.size import ModelSize
 
@@ -35,7 +35,7 @@ def offload_placement(
     budget_given: bool,
     job: Job,
     cpu: int,
-) -> tuple[tuple[str, dict[int | str, str], None, str | None], list[TraceStep]]:
+) -> tuple[Placement, list[TraceStep]]:
     """device_map="auto" with the devices' budgets, ``max_memory["cpu"]`` and, for disk, the folder,
     with the trace line that says how much goes where."""
     if backend.memory_by_name and job.offload == "cpu":
@@ -64,14 +64,16 @@ def offload_placement(
             "offload='disk' with offload_folder=..., or quantize='auto'"
         )
     where = "the CPU" if job.offload == "cpu" else f"the CPU, then {job.offload_folder}"
-    step = TraceStep(
-        "placement",
-        f"device_map='auto' with offload={job.offload!r} as you asked: {backend.name} keeps "
-        f"{format_bytes(on_devices)} and about {format_bytes(spill)} of the weights go to {where} "
-        "(slow: offloaded layers are copied in on every forward pass)",
+    note = (
+        f"with offload={job.offload!r} as you asked: {backend.name} keeps {format_bytes(on_devices)} and about "
+        f"{format_bytes(spill)} of the weights go to {where} (slow: offloaded layers are copied in on every forward "
+        "pass)"
     )
     max_memory: dict[int | str, str] = {k: f"{v // _MiB}MiB" for k, v in budget.items()}
-    return ("auto", max_memory, None, job.offload_folder if job.offload == "disk" else None), [step]
+    folder = job.offload_folder if job.offload == "disk" else None
+    return Placement("auto", max_memory, note, offload_folder=folder), [
+        TraceStep("placement", f"device_map='auto' {note}")
+    ]
 
 
 def remedies(

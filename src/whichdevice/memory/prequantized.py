@@ -20,7 +20,8 @@ from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.core.records import Backend
+    from whichdevice.device.target import Target
     from whichdevice.model.quantized import CheckpointQuantization
 
 __all__ = [
@@ -46,17 +47,17 @@ class Verdict:
     missing: tuple[str, ...] = ()
 
 
-def _hardware(quant: CheckpointQuantization, backend: Backend, result: ProbeResult) -> str | None:
+def _hardware(quant: CheckpointQuantization, target: Target) -> str | None:
     """What the backend lacks for the method's kernels (None: nothing)."""
     needs = quant.needs
     assert needs is not None
     if needs.backends is None:
-        if quant.method.startswith("bitsandbytes") and not backend.bitsandbytes:
-            return f"bitsandbytes does not run on {backend.name} ({needs.source}; the registry's bitsandbytes rows)"
+        if quant.method.startswith("bitsandbytes") and not target.backend.bitsandbytes:
+            return f"bitsandbytes does not run on {target.name} ({needs.source}; the registry's bitsandbytes rows)"
         return None
-    if backend.name not in needs.backends:
-        return f"{quant.label} runs on {', '.join(sorted(needs.backends))}, not {backend.name} ({needs.source})"
-    cap = result.min_capability if backend.name == "cuda" else None
+    if target.name not in needs.backends:
+        return f"{quant.label} runs on {', '.join(sorted(needs.backends))}, not {target.name} ({needs.source})"
+    cap = target.capability if target.name == "cuda" else None
     if needs.min_capability is not None and cap is not None and cap < needs.min_capability:
         want = ".".join(map(str, needs.min_capability))
         return (
@@ -75,15 +76,15 @@ def package_usable(package: str) -> bool:
     return package_version(package) is not None
 
 
-def runs_on(quant: CheckpointQuantization, backend: Backend, result: ProbeResult) -> Verdict:
+def runs_on(quant: CheckpointQuantization, target: Target) -> Verdict:
     """Whether this backend runs the checkpoint's method, from the probe and the installed packages."""
     needs = quant.needs
     if needs is None:
         return Verdict(True, False, f"{quant.label}: whichdevice has no row for its needs; transformers checks at load")
-    lacking = _hardware(quant, backend, result)
+    lacking = _hardware(quant, target)
     missing = tuple(p for p in needs.packages if not package_usable(p))
     if lacking is None and not missing:
-        return Verdict(True, False, f"{quant.label} runs on {backend.name} ({needs.source})")
+        return Verdict(True, False, f"{quant.label} runs on {target.name} ({needs.source})")
     why = lacking or f"{quant.label} needs {', '.join(missing)} installed ({needs.source})"
     if lacking and missing:
         why += f"; it also needs {', '.join(missing)} installed"
@@ -91,35 +92,32 @@ def runs_on(quant: CheckpointQuantization, backend: Backend, result: ProbeResult
 
 
 def pick_device(
-    quant: CheckpointQuantization,
-    chosen: tuple[Backend, ProbeResult],
-    others: list[tuple[Backend, ProbeResult]],
-    explicit: bool,
-) -> tuple[tuple[Backend, ProbeResult], bool, list[TraceStep]]:
-    """(backend, probe result, dequantize?) for a pre-quantized checkpoint, with the trace.
+    quant: CheckpointQuantization, chosen: Target, others: list[Target], explicit: bool
+) -> tuple[Target, bool, list[TraceStep]]:
+    """(the candidate that runs it, dequantize?) for a pre-quantized checkpoint, with the trace.
 
     ``others``: the usable backends after ``chosen`` in the detection order (empty when the device
     was asked for: an explicit choice is never moved)."""
-    first = runs_on(quant, *chosen)
+    first = runs_on(quant, chosen)
     if first.runs:
         return chosen, False, [TraceStep("quantization", first.why)]
-    steps = [TraceStep("quantization", f"not on {chosen[0].name}: {first.why}")]
+    steps = [TraceStep("quantization", f"not on {chosen.name}: {first.why}")]
     if not explicit:
-        for backend, result in others:
-            verdict = runs_on(quant, backend, result)
+        for other in others:
+            verdict = runs_on(quant, other)
             if verdict.runs:
                 steps.append(TraceStep("quantization", f"{verdict.why}: the next device in the order that runs it"))
-                return (backend, result), False, steps
+                return other, False, steps
     if first.dequantizes:
         steps.append(
             TraceStep(
                 "warning",
-                f"transformers loads this {quant.label} checkpoint dequantized on {chosen[0].name} ({first.why}): "
+                f"transformers loads this {quant.label} checkpoint dequantized on {chosen.name} ({first.why}): "
                 "the weights take their unquantized size",
             )
         )
         return chosen, True, steps
-    raise DeviceUnavailableError(_refusal(quant, chosen[0], first, explicit))
+    raise DeviceUnavailableError(_refusal(quant, chosen.backend, first, explicit))
 
 
 def _refusal(quant: CheckpointQuantization, backend: Backend, verdict: Verdict, explicit: bool) -> str:
@@ -147,20 +145,12 @@ def check_requested(quant: CheckpointQuantization, quantize: Any) -> None:
 
 
 def quantized_device(
-    quant: CheckpointQuantization, chosen: tuple[Backend, ProbeResult], detect: bool, prefer: Any, exclude: Any
-) -> tuple[tuple[Backend, ProbeResult], bool, list[TraceStep]]:
+    quant: CheckpointQuantization, chosen: Target, detect: bool, prefer: Any, exclude: Any
+) -> tuple[Target, bool, list[TraceStep]]:
     """pick_device over the usable backends after ``chosen`` in the detection order (none when asked for)."""
-    from whichdevice.device.detection import detection_order
-    from whichdevice.hardware import probing
+    from whichdevice.device.detection import candidates_after
 
-    others: list[tuple[Backend, ProbeResult]] = []
-    if detect:
-        order = [b for b in detection_order(prefer, exclude)[0]]
-        names = [b.name for b in order]
-        for backend in order[names.index(chosen[0].name) + 1 :]:
-            result = probing.probe(backend.name)
-            if result.available:
-                others.append((backend, result))
+    others = candidates_after(chosen, prefer, exclude) if detect else []
     return pick_device(quant, chosen, others, not detect)
 
 
@@ -177,8 +167,7 @@ _BNB_KEEPS = (
 
 def follow_compute_dtype(
     quant: CheckpointQuantization,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str | None,
     requested: Any,
     stored: str | None = None,
@@ -187,12 +176,12 @@ def follow_compute_dtype(
     float weights as ``stored``, the 4-bit layers in the saved compute dtype), AWQ's fp16 on CUDA/XPU
     (transformers casts bf16 to fp16 there: quantizer_awq.py:54-62). Never over a dtype asked for."""
     if quant.loads_as_stored:
-        return _bitsandbytes_as_loaded(quant, backend, result, dtype, requested, stored)
+        return _bitsandbytes_as_loaded(quant, target, dtype, requested, stored)
     if not (isinstance(requested, str) and requested == "auto"):
         return dtype, []
     want = quant.compute_dtype
     source = f"the checkpoint's saved compute dtype ({quant.label})"
-    if quant.method == "awq" and backend.name in ("cuda", "xpu"):
+    if quant.method == "awq" and target.name in ("cuda", "xpu"):
         want, source = (
             "float16",
             "AWQ's kernels on CUDA/XPU compute in fp16 (transformers/quantizers/quantizer_awq.py:54-62)",
@@ -201,7 +190,7 @@ def follow_compute_dtype(
         return dtype, []
     from whichdevice.precision.hardware import supports
 
-    ok, why = supports(backend, result, want)
+    ok, why = supports(target, want)
     if not ok:
         return dtype, [TraceStep("dtype", f"{dtype}, not {source}: {why}")]
     return want, [TraceStep("dtype", f"{want}: {source}, in place of {dtype}")]
@@ -209,8 +198,7 @@ def follow_compute_dtype(
 
 def _bitsandbytes_as_loaded(
     quant: CheckpointQuantization,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str | None,
     requested: Any,
     stored: str | None,
@@ -230,7 +218,7 @@ def _bitsandbytes_as_loaded(
     instead = f", in place of {dtype}" if dtype is not None and dtype != weights else ""
     steps.append(TraceStep("dtype", f"{said}: the checkpoint's float weights as stored{layers}{instead}: {_BNB_KEEPS}"))
     if compute is not None:
-        ok, why = supports(backend, result, compute)
+        ok, why = supports(target, compute)
         if not ok:
             steps.append(
                 TraceStep(
@@ -257,8 +245,8 @@ def training_note(quant: CheckpointQuantization, task: str) -> list[TraceStep]:
 
 
 def prequantized_device(
-    model: Any, quantize: Any, chosen: tuple[Backend, ProbeResult], detect: bool, prefer: Any, exclude: Any
-) -> tuple[tuple[CheckpointQuantization | None, tuple[Backend, ProbeResult], bool], list[TraceStep]]:
+    model: Any, quantize: Any, chosen: Target, detect: bool, prefer: Any, exclude: Any
+) -> tuple[tuple[CheckpointQuantization | None, Target, bool], list[TraceStep]]:
     """(the checkpoint's quantization, the backend that runs it, dequantize?) for ``model=``, with the
     trace; quantize= is checked against it first. Unquantized or no model: the chosen backend as is."""
     if model is None:

@@ -7,21 +7,21 @@ bitsandbytes does not run on); ``None`` never quantizes and raises the fit error
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DoesNotFitError
 from whichdevice.core.packages import package_version
 from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.registry import _BUILTIN, backends
+from whichdevice.memory.quantization_plan import QuantizationPlan
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult, TraceStep
+    from whichdevice.core.records import TraceStep
+    from whichdevice.device.target import Target
     from whichdevice.model.size import ModelSize
 
 __all__ = [
     "BNB_DEVICES",
-    "QuantizationPlan",
     "bitsandbytes_supports",
     "finish_quantization",
     "plan_quantization",
@@ -38,69 +38,18 @@ BNB_DEVICES = frozenset(b.name for b in _BUILTIN if b.bitsandbytes)
 BNB_MAX_MEMORY_FACTOR = 0.9
 
 
-@dataclass(frozen=True)
-class QuantizationPlan:
-    """Load with bitsandbytes in ``bits`` bits, computing in ``compute_dtype``.
-
-    The byte counts are None when the model's size (or the memory) was not known.
-    """
-
-    bits: int
-    compute_dtype: str
-    full_bytes: int | None
-    quantized_bytes: int | None
-    budget_bytes: int | None
-    explanation: str
-    requested: bool = False
-
-    @property
-    def method(self) -> str:
-        return "bitsandbytes-nf4" if self.bits == 4 else "bitsandbytes-int8"
-
-    @property
-    def saved_bytes(self) -> int | None:
-        if self.full_bytes is None or self.quantized_bytes is None:
-            return None
-        return self.full_bytes - self.quantized_bytes
-
-    def config(self) -> Any:
-        """The ``transformers.BitsAndBytesConfig`` for from_pretrained's ``quantization_config``."""
-        import torch
-        from transformers import BitsAndBytesConfig
-
-        make: Any = BitsAndBytesConfig  # untyped in transformers
-        if self.bits == 8:
-            return make(load_in_8bit=True)
-        return make(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=getattr(torch, self.compute_dtype),
-            bnb_4bit_use_double_quant=True,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "bits": self.bits,
-            "method": self.method,
-            "compute_dtype": self.compute_dtype,
-            "reason": "requested" if self.requested else "does-not-fit",
-            "full_bytes": self.full_bytes,
-            "quantized_bytes": self.quantized_bytes,
-            "saved_bytes": self.saved_bytes,
-            "budget_bytes": self.budget_bytes,
-            "explanation": self.explanation,
-        }
-
-
-def bitsandbytes_supports(backend: Backend, result: ProbeResult) -> tuple[bool, str]:
+def bitsandbytes_supports(target: Target) -> tuple[bool, str]:
     """Whether bitsandbytes runs on this backend (its own device list; Gaudi 2 and 3 only)."""
-    if not backend.bitsandbytes:
+    if not target.backend.bitsandbytes:
         supported = ", ".join(b.name for b in backends() if b.bitsandbytes)
-        return False, f"bitsandbytes does not support {backend.name} ({backend.hardware}); it supports {supported}"
+        return (
+            False,
+            f"bitsandbytes does not support {target.name} ({target.backend.hardware}); it supports {supported}",
+        )
     # Gaudi 1 is the one generation of a supported backend that bitsandbytes does not run on.
-    if backend.name == "hpu" and any(d.generation == "gaudi1" for d in result.devices):
+    if target.name == "hpu" and any(d.generation == "gaudi1" for d in target.probe.devices):
         return False, "bitsandbytes 4-bit and 8-bit need Gaudi 2 or newer; this is Gaudi 1"
-    where = "AMD GPUs through its ROCm build" if backend.name == "cuda" and result.variant == "rocm" else backend.name
+    where = "AMD GPUs through its ROCm build" if target.name == "cuda" and target.variant == "rocm" else target.name
     return True, f"bitsandbytes supports {where}"
 
 
@@ -112,8 +61,8 @@ def _name(bits: int) -> str:
     return "NF4" if bits == 4 else "int8"
 
 
-def _require_bitsandbytes(backend: Backend, result: ProbeResult, what: str, error: type[DeviceError]) -> None:
-    ok, why = bitsandbytes_supports(backend, result)
+def _require_bitsandbytes(target: Target, what: str, error: type[DeviceError]) -> None:
+    ok, why = bitsandbytes_supports(target)
     if not ok:
         raise error(f"{what}: {why}")
     if package_version("bitsandbytes") is None:
@@ -125,8 +74,7 @@ def _require_bitsandbytes(backend: Backend, result: ProbeResult, what: str, erro
 
 def plan_quantization(
     size: ModelSize,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str,
     quantize: str | None,
     does_not_fit: str | None,
@@ -145,7 +93,7 @@ def plan_quantization(
     bits = _bits(quantize)
     quantized = size.bytes_quantized(bits, dtype)
     if does_not_fit is not None and quantize is None:
-        ok, why = bitsandbytes_supports(backend, result)
+        ok, why = bitsandbytes_supports(target)
         remedy = (
             f"Pass quantize='auto' to load it in 4-bit with bitsandbytes (about "
             f"{format_bytes(size.bytes_quantized(4, dtype))}), give more memory (max_memory)"
@@ -157,9 +105,9 @@ def plan_quantization(
         )
     if does_not_fit is not None:
         what = f"The model does not fit: {does_not_fit}, and quantizing it is not possible"
-        _require_bitsandbytes(backend, result, what, DoesNotFitError)
+        _require_bitsandbytes(target, what, DoesNotFitError)
     else:
-        _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+        _require_bitsandbytes(target, f"quantize={quantize!r} cannot work here", ConfigConflictError)
     if still_too_big is not None:
         raise DoesNotFitError(
             "The model does not fit: "
@@ -180,7 +128,7 @@ def plan_quantization(
     return QuantizationPlan(bits, dtype, full, quantized, usable, explanation, requested=does_not_fit is None)
 
 
-def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, quantize: Any) -> QuantizationPlan | None:
+def requested_quantization(target: Target, dtype: str, quantize: Any) -> QuantizationPlan | None:
     """The plan for an explicit ``quantize="4bit"/"8bit"`` when the model's size is not known.
 
     None for "auto" and None (nothing to decide without a size). Raises for hardware bitsandbytes
@@ -188,7 +136,7 @@ def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, qu
     """
     if quantize not in ("4bit", "8bit"):
         return None
-    _require_bitsandbytes(backend, result, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+    _require_bitsandbytes(target, f"quantize={quantize!r} cannot work here", ConfigConflictError)
     bits = _bits(quantize)
     return QuantizationPlan(
         bits,
@@ -204,8 +152,7 @@ def requested_quantization(backend: Backend, result: ProbeResult, dtype: str, qu
 
 def finish_quantization(
     plan: QuantizationPlan | None,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     dtype: str,
     quantize: Any,
     task: str,
@@ -216,7 +163,7 @@ def finish_quantization(
 
     steps: list[TraceStep] = []
     if plan is None:
-        plan = requested_quantization(backend, result, dtype, quantize)
+        plan = requested_quantization(target, dtype, quantize)
         if plan is not None:
             steps.append(TraceStep("quantization", plan.explanation))
     if plan is not None and task == "training":

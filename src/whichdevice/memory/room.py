@@ -19,18 +19,16 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.fit import FIT_FRACTION
+from whichdevice.memory.fit import FIT_FRACTION, Placement
 from whichdevice.memory.load_peak import ROUND_LARGE, LoadPeak, Weights, load_peak
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import DeviceInfo, ProbeResult
+    from whichdevice.device.target import Target
 
 __all__ = ["check_load", "fitted_load", "whole_job_device"]
 
 # device_map values that are no one accelerator: the CPU itself (no warm-up there), and the splits.
 _NOT_ONE_DEVICE = ("cpu", "auto", "balanced", "balanced_low_0", "sequential")
-# (device_map, max_memory): a placement as from_pretrained takes it.
-Placement = tuple[Any, "dict[int | str, str] | None"]
 
 
 def whole_job_device(
@@ -53,34 +51,27 @@ def whole_job_device(
     return int(found), [TraceStep("device", why)]
 
 
-def _info(result: ProbeResult, device: str) -> DeviceInfo | None:
-    _, _, index = device.partition(":")
-    if not index:
-        return result.devices[0] if result.devices else None
-    return next((d for d in result.devices if d.index == int(index)), None)
-
-
 def check_load(
     device: Any,
     size: Weights,
     dtype: str,
-    result: ProbeResult,
+    target: Target,
     bits: int | None,
     cpu_free: Callable[[], int | None],
     spread: Callable[[int], Placement | None] | None,
 ) -> tuple[LoadPeak | None, Placement | None, list[TraceStep]]:
-    """The load's peak on ``device`` (one device string: a split's devices each hold their share,
-    under the split's own headroom), and what to hand over instead where only the load does not fit
-    (None: keep the placement). ``bits``: bitsandbytes quantization on load. ``spread(overhead)``
-    places the model again with every device's budget lowered by ``overhead`` bytes, what the load
-    needs beyond the weights (None where that does not fit).
+    """The load's peak on ``device`` (a device_map: one device, the target's, is checked; a split's
+    devices each hold their share, under the split's own headroom), and what to hand over instead where
+    only the load does not fit (None: keep the placement). ``bits``: bitsandbytes quantization on load.
+    ``spread(overhead)`` places the model again with every device's budget lowered by ``overhead``
+    bytes, what the load needs beyond the weights (None where that does not fit).
     Raises DoesNotFitError where nothing avoids the peak."""
     if not isinstance(device, str) or device in _NOT_ONE_DEVICE or size.quantized is not None:
         return None, None, []  # a pre-quantized checkpoint's load is left to its quantizer: not counted
-    info = _info(result, device)
+    info = target.info()
     if info is None:
         return None, None, []
-    peak = load_peak(size, dtype, device, info.free_memory, info.total_memory, bits)
+    peak = load_peak(size, dtype, device, info.free_memory, info.total_memory, bits, kind=target.name)
     if peak.fits:
         return peak, None, [TraceStep("load", peak.text())]
     free = peak.free or 0
@@ -101,13 +92,13 @@ def check_load(
             f"tensor, so {device} peaks at {format_bytes(peak.moved)}"
         )
         done = replace(peak, remedy="cpu")
-        return done, ("cpu", None), [TraceStep("warning", f"{said}; {how}")]
+        return done, Placement("cpu", note=how), [TraceStep("warning", f"{said}; {how}")]
     overhead = peak.peak - peak.weights + ROUND_LARGE
     placed = spread(overhead) if spread is not None else None
     if placed is not None:
         how = (
-            f"device_map={placed[0]!r} with max_memory={placed[1]}: each device's budget lowered by the load's "
-            f"own {format_bytes(overhead)} spreads the weights so that each device's load fits"
+            f"device_map={placed.device_map!r} with max_memory={placed.max_memory}: each device's budget lowered by "
+            f"the load's own {format_bytes(overhead)} spreads the weights so that each device's load fits"
         )
         done = replace(peak, remedy="split")
         return done, placed, [TraceStep("warning", f"{said}; {how}")]
@@ -123,17 +114,14 @@ def fitted_load(
     placement: Placement,
     size: Weights,
     dtype: str,
-    result: ProbeResult,
+    target: Target,
     bits: int | None,
     cpu_free: Callable[[], int | None],
     spread: Callable[[int], Placement | None] | None,
-    trace: list[TraceStep],
-    loads: list[LoadPeak] | None,
-) -> Placement:
-    """``placement``, or what :func:`check_load` hands over instead; its lines added to ``trace`` and
-    the load's peak to ``loads``."""
-    peak, instead, steps = check_load(placement[0], size, dtype, result, bits, cpu_free, spread)
-    trace.extend(steps)
-    if peak is not None and loads is not None:
-        loads.append(peak)
-    return instead if instead is not None else placement
+) -> tuple[Placement, list[TraceStep]]:
+    """``placement`` with its load's peak, or what :func:`check_load` hands over instead (where the
+    weights, quantization and the rest stay as placed), with the lines that say it."""
+    peak, instead, steps = check_load(placement.device_map, size, dtype, target, bits, cpu_free, spread)
+    if instead is not None:
+        placement = replace(placement, device_map=instead.device_map, max_memory=instead.max_memory)
+    return replace(placement, load=peak), steps

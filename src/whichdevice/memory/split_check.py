@@ -10,7 +10,11 @@ trust_remote_code=False)`` built under ``init_empty_weights``: no layer may land
 and each device's weights plus its share of the job (the KV cache or activations of the layers it
 holds, gradients and optimizer state with its weights, the workspace) must stay under its limit.
 A device over its limit gets its budget lowered by the excess and the placement is asked again;
-where "balanced_low_0" cannot place the model, "auto" and then "sequential" are tried.
+where "balanced_low_0" cannot place the model, "auto" and then "sequential" are tried. A form whose
+placement transformers itself refuses for these devices is passed over the same way: "balanced_low_0"
+reads ``max_memory[0]`` and devices 1 to n-1 (``get_balanced_memory``), so budgets for devices 1 and 2
+(``devices=[1, 2]``, or GPU 0 left out as unusable) raise ``KeyError: 0`` there, as ``from_pretrained``
+would with the same keywords; the form handed over is one the check placed with those very budgets.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class SplitCheck:
     device_map: str
     max_memory: dict[int | str, str]
     note: str
+    passed_over: str = ""  # why the forms tried before ``device_map`` were not taken
 
 
 def _meta_model(model: Any, dtype: str) -> Any:
@@ -100,6 +105,15 @@ def _layers(meta: Any, placement: dict[str, Any]) -> Counter[Any]:
     return layers
 
 
+def _said(err: Exception) -> str:
+    # A KeyError's text is only the key's repr: name the exception and the call that raised it.
+    where = err.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    function = f" in {where.tb_frame.f_code.co_name}" if where is not None else ""
+    return f"{type(err).__name__}: {str(err)[:200]}{function}"
+
+
 def check_split(
     model: Any,
     dtype: str,
@@ -120,7 +134,12 @@ def check_split(
     for candidate in dict.fromkeys((device_map, "auto", "sequential")):
         budgets = {k: max(0, int(v - fixed)) for k, v in limits.items()}
         for _ in range(_ROUNDS):
-            placement = _place(meta, candidate, budgets)
+            try:
+                placement = _place(meta, candidate, budgets)
+            except (KeyError, IndexError, ValueError) as err:  # transformers' placement refuses these budgets
+                keys = ", ".join(map(str, budgets))
+                tried.append(f"transformers' placement refuses {candidate!r} for devices {keys} ({_said(err)})")
+                break
             spilled = {w for w in placement.values() if not isinstance(w, int)}
             if spilled:
                 tried.append(f"{candidate!r} puts layers on {', '.join(sorted(map(str, spilled)))}")
@@ -133,7 +152,8 @@ def check_split(
                     f"{k}: {layers[k]} layers, {format_bytes(use[k])} of {format_bytes(limits[k])}" for k in limits
                 )
                 note = f"checked with transformers' own placement on a meta build ({held})"
-                return SplitCheck(candidate, {k: f"{v // 1024**2}MiB" for k, v in budgets.items()}, note)
+                budget = {k: f"{v // 1024**2}MiB" for k, v in budgets.items()}
+                return SplitCheck(candidate, budget, note, "; ".join(tried))
             for k, excess in over.items():
                 budgets[k] = max(0, budgets[k] - excess - 1024**2)
         else:

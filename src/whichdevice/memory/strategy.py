@@ -38,11 +38,12 @@ parameters), which changes the result, so they come last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.job import JobMemory
+from whichdevice.memory.training_records import Strategy, TrainingPlan
 from whichdevice.model.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ __all__ = [
     "FULL",
     "ORDER",
     "Priced",
-    "Strategy",
-    "TrainingPlan",
     "deepspeed_model_states",
     "layer_parameters",
     "plan_strategies",
@@ -62,106 +61,6 @@ __all__ = [
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 ORDER = ("ddp", "zero2", "fsdp", "zero3", "fsdp_offload", "lora", "qlora")
 FULL = ("ddp", "zero2", "fsdp", "zero3", "fsdp_offload")
-_NAMES = {
-    "ddp": "DDP",
-    "zero2": "DeepSpeed ZeRO-2",
-    "fsdp": "FSDP full shard",
-    "zero3": "DeepSpeed ZeRO-3",
-    "fsdp_offload": "FSDP full shard with parameters and optimizer state offloaded to the CPU",
-    "lora": "LoRA adapters on the frozen base",
-    "qlora": "QLoRA (4-bit base, LoRA adapters)",
-}
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """One way to train: its bytes per device, the formula, and whether (or why not) it can run here."""
-
-    key: str
-    per_device: int
-    formula: str
-    fits: bool
-    unavailable: str | None = None  # why it cannot run at all (a package missing), None when it can
-    cpu_bytes: int = 0  # host memory it needs per node (offload)
-    label: str | None = None  # the name of a strategy the launch carries ("DeepSpeed ZeRO-3 ..."), else _NAMES'
-
-    @property
-    def name(self) -> str:
-        return self.label or _NAMES[self.key]
-
-    def line(self, budget: int) -> str:
-        if self.unavailable:
-            return f"{self.name}: not considered, {self.unavailable}"
-        verdict = "fits" if self.fits else "does not fit"
-        need = format_bytes(self.per_device)
-        return f"{self.name}: {self.formula} = {need} per device, {verdict} {format_bytes(budget)}"
-
-
-@dataclass(frozen=True)
-class TrainingPlan:
-    """Every strategy for ``devices`` devices, and the first that fits (``chosen``, None if none does)."""
-
-    devices: int
-    budget: int
-    strategies: tuple[Strategy, ...]
-    layer_classes: tuple[str, ...] = ()
-    chosen: Strategy | None = None
-    compute_dtype: str = "float32"
-    notes: tuple[str, ...] = field(default=())
-    # The variables the chosen strategy came from, where the launch carries it (None: whichdevice chose).
-    launched: str | None = None
-    # Whether the strategies were priced with gradient checkpointing (which training_kwargs() then hands
-    # over); None: not decided (the job's sequences were not given, so no activations were priced).
-    checkpointing: bool | None = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "devices": self.devices,
-            "budget_bytes": self.budget,
-            "chosen": self.chosen.key if self.chosen else None,
-            "launched": self.launched,
-            "gradient_checkpointing": self.checkpointing,
-            "strategies": [
-                {"strategy": s.key, "bytes_per_device": s.per_device, "formula": s.formula, "fits": s.fits}
-                for s in self.strategies
-            ],
-        }
-
-    def totals(self) -> str:
-        """Each strategy's total only (the formulas are in the trace): an error stays whole under its length limit."""
-        table = "; ".join(
-            f"{s.name}: not considered, {s.unavailable}" if s.unavailable else f"{s.name}: {format_bytes(s.per_device)}"
-            for s in self.strategies
-        )
-        return f"On {self.devices} devices, per device against {format_bytes(self.budget)}: {table}"
-
-    def kwargs(self) -> dict[str, Any]:
-        """TrainingArguments keywords that run the chosen strategy (none for DDP, LoRA and QLoRA, and none
-        for a strategy the launch carries: a keyword would replace it, launch_strategy.py says how)."""
-        key = self.chosen.key if self.chosen and self.launched is None else None
-        if key in ("fsdp", "fsdp_offload"):
-            # transformers 5 takes fsdp=True with everything in fsdp_config (a string is deprecated).
-            config: dict[str, Any] = {"version": 2, "reshard_after_forward": True}
-            if self.layer_classes:
-                config["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
-                config["transformer_layer_cls_to_wrap"] = list(self.layer_classes)
-            if key == "fsdp_offload":
-                config["cpu_offload"] = True
-            return {"fsdp": True, "fsdp_config": config}
-        if key in ("zero2", "zero3"):
-            zero: dict[str, Any] = {"stage": 2 if key == "zero2" else 3}
-            return {"deepspeed": {"zero_optimization": zero, **_DEEPSPEED_AUTO}}
-        return {}
-
-
-# Trainer fills "auto" from TrainingArguments (transformers/integrations/deepspeed.py, trainer_config_process).
-_DEEPSPEED_AUTO = {
-    "bf16": {"enabled": "auto"},
-    "fp16": {"enabled": "auto"},
-    "train_micro_batch_size_per_gpu": "auto",
-    "gradient_accumulation_steps": "auto",
-    "gradient_clipping": "auto",
-}
 
 
 def deepspeed_model_states(

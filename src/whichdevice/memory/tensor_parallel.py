@@ -23,7 +23,7 @@ from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.device.target import Target
     from whichdevice.memory.job import JobMemory
 
 __all__ = [
@@ -128,18 +128,17 @@ def tensor_parallel_steps(
     budget: int,
     weights: int,
     memory: JobMemory,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
 ) -> list[TraceStep]:
     """For a split one process runs (one device at a time): tensor parallelism over the same
     ``devices`` devices of ``budget`` bytes, and how to launch it where it fits."""
-    from whichdevice.launch.accelerate_settings import launch_command
+    from whichdevice.device.launch_command import launch_command
 
     kv = sum(t.bytes for t in memory.terms if t.name == "KV cache")
     option = tensor_parallel(config, devices, weights, kv, memory.bytes - kv, budget)
     if not option.fits:
         return [TraceStep("placement", f"the split, since {option.line(budget)}", chosen=False)]
-    launch = " ".join(shlex.quote(a) for a in launch_command(backend, result, ["your_script.py"]))
+    launch = " ".join(shlex.quote(a) for a in launch_command(target, ["your_script.py"]))
     keywords = ", ".join(f"{k}={v}" for k, v in tp_keywords_text().items())
     return [
         TraceStep(

@@ -18,19 +18,14 @@ from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.fit import JobFit
 from whichdevice.memory.job import JobMemory
-from whichdevice.memory.training_job import (
-    TrainingAsk,
-    TrainingSetup,
-    checkpointing_choices,
-    setup_weights,
-    training_memory,
-)
+from whichdevice.memory.training_job import TrainingAsk, checkpointing_choices, setup_weights, training_memory
+from whichdevice.memory.training_records import TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 
 if TYPE_CHECKING:
     from whichdevice.core.job import Job
-    from whichdevice.core.records import Backend, ProbeResult
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.device.target import Target
+    from whichdevice.memory.fit import LargestFit
     from whichdevice.model.size import ModelSize
 
 __all__ = [
@@ -50,9 +45,7 @@ __all__ = [
 CHECKPOINTING_COST = "each layer's forward runs again in backward: about one more forward pass per step"
 
 
-def training_ask(
-    checkpointing: bool | None, backend: Backend, result: ProbeResult, model: Any, dtype: str, computes: str
-) -> TrainingAsk:
+def training_ask(checkpointing: bool | None, target: Target, model: Any, dtype: str, computes: str) -> TrainingAsk:
     """What decides how a training job trains besides its size: checkpointing as asked (and whether the
     model's classes can), the autocast dtype, the dtype QLoRA computes in (the mixed precision's 16-bit
     dtype: bf16 where the device runs it natively, fp16 where only fp16; float32 only where it has
@@ -73,7 +66,7 @@ def training_ask(
 
     half = computes if computes in ("bfloat16", "float16") else dtype if dtype in ("bfloat16", "float16") else "float32"
     torch_version = packages.package_version("torch")
-    supported, why = bitsandbytes_supports(backend, result)
+    supported, why = bitsandbytes_supports(target)
     if supported and packages.package_version("bitsandbytes") is None:
         supported, why = False, "bitsandbytes is not installed (pip install bitsandbytes)"
     return TrainingAsk(
@@ -81,7 +74,7 @@ def training_ask(
         no_checkpointing=refusal,
         compute=computes if computes != dtype else None,
         quantized_compute=half,
-        paged=backend.name == "cuda" and result.variant != "rocm",
+        paged=target.name == "cuda" and target.variant != "rocm",
         fused_step=torch_version is None or packages.version_at_least(torch_version, "2.8"),
         no_bitsandbytes=None if supported else why,
     )
@@ -111,7 +104,7 @@ def ladder(dtype: str, ask: TrainingAsk, quantize: str | None) -> list[TrainingS
 def sized_training(model: Any, job: Job, setup: TrainingSetup, ask: TrainingAsk) -> tuple[ModelSize, int, JobMemory]:
     """(the model's size, its weights as ``setup`` holds them, the job's memory besides them)."""
     size = estimate_model_size(model)
-    memory = training_memory(size, model_shape(model), job, setup, fused_step=ask.fused_step)
+    memory = training_memory(size, model_shape(model), job, setup, fused_step=ask.fused_step, attention=ask.attention)
     return size, setup_weights(size, setup), memory
 
 
@@ -182,28 +175,26 @@ def training_limits(
     ask: TrainingAsk,
     fit: JobFit,
     weights: int,
-    trace: list[TraceStep],
-    limits: list[LargestFit] | None,
-) -> None:
+) -> LargestFit | None:
     """The longest length and largest batch the chosen way fits (a sized job only)."""
-    from whichdevice.memory.largest import largest_fit, say_limits
+    from whichdevice.memory.largest import largest_fit
 
     shape = model_shape(model)
     if shape is None or (job.batch_size is None and job.max_length is None):
-        return
+        return None
 
     def need(batch: int, tokens: int) -> int:
         asked = replace(job, batch_size=batch, max_length=tokens)
-        return training_memory(size, shape, asked, setup, fused_step=ask.fused_step).bytes
+        return training_memory(size, shape, asked, setup, fused_step=ask.fused_step, attention=ask.attention).bytes
 
     def fits(extra: int) -> bool:
         return replace(fit, extra=extra).plan(weights).fits
 
-    say_limits(largest_fit(shape, job, need, fits, plan=f"for {setup.describe()}"), trace, limits)
+    return largest_fit(shape, job, need, fits, plan=f"for {setup.describe()}")
 
 
 def ways_out(
-    model: Any, job: Job, ask: TrainingAsk, on: tuple[Backend, ProbeResult], fit: JobFit, tried: list[Tried]
+    model: Any, job: Job, ask: TrainingAsk, target: Target, fit: JobFit, tried: list[Tried]
 ) -> DoesNotFitError:
     """Every way that was priced and what it needs, then the ways out that run on this device (no
     bitsandbytes advice where bitsandbytes does not run, no sharding on a device that is not split)."""
@@ -211,10 +202,10 @@ def ways_out(
 
     from whichdevice.memory.quantization import bitsandbytes_supports
 
-    backend, result = on
+    backend = target.backend
     priced_ways = ", ".join(f"{s.label()} {format_bytes(w + m.bytes)}" for s, w, m in tried)
     ways = []
-    supported, _ = bitsandbytes_supports(backend, result)
+    supported, _ = bitsandbytes_supports(target)
     if supported and not any(s.train == "qlora" for s, _, _ in tried):
         ways.append("quantize='auto' (a 4-bit base with LoRA adapters: QLoRA)")
     full = next(((s, w) for s, w, _ in tried if s.train == "full"), None)
@@ -239,11 +230,10 @@ def ways_out(
     if not tried:
         return DoesNotFitError(f"The model does not fit {fit.device}. Ways out: {'; '.join(ways)}")
     setup, weights, memory = min(tried, key=lambda t: t[1] + t[2].bytes)
-    found: list[LargestFit] = []
-    training_limits(
-        model, estimate_model_size(model), job, setup, ask, replace(fit, extra=memory.bytes), weights, [], found
+    found = training_limits(
+        model, estimate_model_size(model), job, setup, ask, replace(fit, extra=memory.bytes), weights
     )
-    said = f" On these devices, {found[0].text()}." if found else ""
+    said = f" On these devices, {found.text()}." if found is not None else ""
     return DoesNotFitError(
         f"The model does not fit: the lightest way, {setup.describe()}, needs {_against(fit, weights, memory)} "
         f"({memory.figures(weights)}). Every way priced: {priced_ways}.{said} Ways out: {'; '.join(ways)}"

@@ -19,13 +19,13 @@ weights peft's ``prepare_model_for_kbit_training`` upcasts to float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import item_size
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.activations import ActivationMode, Activations, training_activations
 from whichdevice.memory.job import WORKSPACE, JobMemory, Term
+from whichdevice.memory.training_records import OPTIMIZERS, TrainingSetup
 
 if TYPE_CHECKING:
     from whichdevice.core.job import Job
@@ -33,91 +33,15 @@ if TYPE_CHECKING:
     from whichdevice.model.size import ModelSize
 
 __all__ = [
-    "LORA_RANK",
-    "OPTIMIZERS",
     "TrainingAsk",
-    "TrainingSetup",
     "adapter_parameters",
     "checkpointing_choices",
     "setup_weights",
     "training_memory",
 ]
 
-# lora_training()'s default rank (training/lora.py): what a plan prices when the rank is not said.
-LORA_RANK = 16
-# Optimizer state per trained parameter: torch's AdamW keeps exp_avg and exp_avg_sq in the parameter's
-# dtype (2 x its size); bitsandbytes' 8-bit AdamW one byte each; the paged ones the same, paged.
-OPTIMIZERS = {
-    "adamw": ("x", 2.0, "AdamW (Trainer's default)"),
-    "adamw_8bit": ("bytes", 2.0, "8-bit AdamW (bitsandbytes)"),
-    "paged_adamw_8bit": ("bytes", 2.0, "paged 8-bit AdamW (bitsandbytes)"),
-    "paged_adamw_32bit": ("bytes", 8.0, "paged 32-bit AdamW (bitsandbytes)"),
-    "sgd": ("x", 0.0, "SGD"),
-}
 # Where bitsandbytes could not say what a rank-r adapter adds (no linear layout read): at most this share.
 _ADAPTER_FALLBACK = 0.02
-
-
-@dataclass(frozen=True)
-class TrainingSetup:
-    """How a job trains: what (``full``, ``lora``, ``qlora``), the trained or frozen weights' dtype, the
-    autocast dtype (None: none), checkpointing, the optimizer, LoRA's rank, and whether a sharding
-    strategy (FSDP, DeepSpeed) computes on 16-bit weights of its own instead of autocast copies."""
-
-    train: str = "full"
-    weights: str = "float32"
-    compute: str | None = None
-    # None: not decided (the job's sequences were not given, so its activations were not priced).
-    checkpointing: bool | None = False
-    optimizer: str = "adamw"
-    lora_r: int = LORA_RANK
-    sharded: bool = False
-    bits: int = 4  # QLoRA's base: bitsandbytes' 4-bit NF4, or its 8-bit int8
-    # Once chosen: the adapters' parameters it priced (LoRA, QLoRA), and what was passed over for it and why.
-    adapters: int | None = field(default=None, compare=False)
-    passed_over: str | None = field(default=None, compare=False)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "method": self.train,
-            "weights": "4bit"
-            if self.train == "qlora" and self.bits == 4
-            else "8bit"
-            if self.train == "qlora"
-            else self.weights,
-            "compute_dtype": self.compute or (self.weights if self.train != "qlora" else "float32"),
-            "gradient_checkpointing": self.checkpointing,
-            "optimizer": self.optimizer,
-            "lora_r": self.lora_r if self.train != "full" else None,
-            "adapter_parameters": self.adapters,
-            "instead_of": self.passed_over,
-        }
-
-    @property
-    def paged(self) -> bool:
-        return self.optimizer.startswith("paged_")
-
-    def label(self) -> str:
-        """A few words for a list of the ways priced."""
-        name = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA" if self.bits == 4 else "8-bit LoRA"}
-        return name[self.train] + (" checkpointed" if self.checkpointing else "")
-
-    def describe(self) -> str:
-        what = {
-            "full": "full fine-tuning",
-            "lora": "LoRA adapters",
-            "qlora": f"{'QLoRA' if self.bits == 4 else 'LoRA'} ({self.bits}-bit base, LoRA adapters)",
-        }
-        base = (
-            f" on {self.weights} weights"
-            if self.train == "lora"
-            else f" in {self.weights}"
-            if self.train == "full"
-            else ""
-        )
-        computes = f", computing in {self.compute}" if self.compute and self.compute != self.weights else ""
-        ckpt = ", gradient checkpointing" if self.checkpointing else ""
-        return f"{what[self.train]}{base}{computes}{ckpt}"
 
 
 class TrainingAsk(NamedTuple):
@@ -134,6 +58,8 @@ class TrainingAsk(NamedTuple):
     fused_step: bool = True
     # Why bitsandbytes cannot quantize here (its own device list, Gaudi 1, not installed); None where it can.
     no_bitsandbytes: str | None = None
+    # The attention the model runs ("eager" keeps its T x T scores; None or another name is priced as sdpa).
+    attention: str | None = None
 
 
 def checkpointing_choices(ask: TrainingAsk) -> list[bool]:
@@ -200,8 +126,10 @@ def _state(size: ModelSize, setup: TrainingSetup) -> _State:
 
 
 def _activations(
-    size: ModelSize, shape: ModelShape, job: Job, setup: TrainingSetup, assumed: list[str]
-) -> tuple[Term, Activations]:
+    size: ModelSize, shape: ModelShape, job: Job, setup: TrainingSetup, attention: str | None
+) -> tuple[Term, Activations, list[str]]:
+    """The activations' term, as measured, and what its pricing assumed."""
+    assumed: list[str] = []
     batch = job.batch_size or 1
     tokens = job.max_length or min(shape.max_positions or 2048, 2048)
     if job.batch_size is None:
@@ -211,7 +139,7 @@ def _activations(
     if setup.train == "qlora" and setup.bits != 4:
         assumed.append("activations: an 8-bit base priced with the 4-bit base's measured activations")
     largest = size.largest_linear or shape.hidden * max(shape.intermediate, shape.hidden)
-    mode = _activation_mode(setup, job.attention)
+    mode = _activation_mode(setup, attention)
     acts = training_activations(shape, mode, batch, tokens, params=size.parameters, largest_weight=largest)
     if acts.note:
         assumed.append(f"activations: {acts.note}")
@@ -221,21 +149,28 @@ def _activations(
         f"{format_bytes(acts.kept)}, the loss and head peak at {format_bytes(acts.head_peak)}, the layers' "
         f"backward at {format_bytes(acts.layers_peak)}{ckpt}"
     )
-    return Term("activations", acts.peak, why), acts
+    return Term("activations", acts.peak, why), acts, assumed
 
 
 def training_memory(
-    size: ModelSize, shape: ModelShape | None, job: Job, setup: TrainingSetup, *, fused_step: bool = True
+    size: ModelSize,
+    shape: ModelShape | None,
+    job: Job,
+    setup: TrainingSetup,
+    *,
+    fused_step: bool = True,
+    attention: str | None = None,
 ) -> JobMemory:
     """The memory ``job`` trained as ``setup`` needs besides the weights (``setup_weights``), at its peak.
     ``fused_step``: the optimizer updates in place (torch's fused AdamW, Trainer's default from torch 2.8);
-    else its foreach step makes one float32 copy of the trained parameters."""
+    else its foreach step makes one float32 copy of the trained parameters. ``attention``: what the model
+    runs ("eager" keeps its T x T scores; anything else is priced as sdpa)."""
     state = _state(size, setup)
-    terms, assumed = list(state.terms), list[str]()
+    terms = list(state.terms)
     if shape is None or (job.batch_size is None and job.max_length is None):
         why = "the config does not give layers and heads" if shape is None else "pass max_length= (and batch_size=)"
         return JobMemory(tuple(terms), (f"activations not counted: {why}",))
-    term, acts = _activations(size, shape, job, setup, assumed)
+    term, acts, assumed = _activations(size, shape, job, setup, attention)
     terms += [term, Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch")]
     adapters = state.trained * 4 if setup.train != "full" else 0
     # The head's gradients are made first in backward (a tied head's are the embedding's).

@@ -17,31 +17,35 @@ from whichdevice.core.job import Job
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.launch.accelerate_settings import launch_command
-from whichdevice.memory.strategy import Priced, Strategy, TrainingPlan, plan_strategies
-from whichdevice.memory.training_job import (
-    TrainingAsk,
-    TrainingSetup,
-    checkpointing_choices,
-    setup_weights,
-    training_memory,
-)
+from whichdevice.device.launch_command import launch_command
+from whichdevice.memory.strategy import Priced, plan_strategies
+from whichdevice.memory.training_job import TrainingAsk, checkpointing_choices, setup_weights, training_memory
+from whichdevice.memory.training_records import Strategy, TrainingPlan, TrainingSetup
 from whichdevice.model.facts import estimate_model_size, model_shape
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.device.target import Target
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.launch.launch_strategy import LaunchStrategy
 
 __all__ = ["plan_steps", "plan_training", "trainer_parallel_steps"]
 
 
-# accelerate 1.x AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
+# accelerate 1.16 AcceleratorState turns an fsdp_plugin into DistributedType.FSDP only for the MULTI_GPU,
 # MULTI_XPU, MULTI_NPU, MULTI_HPU, ... types (state.py, "if ... fsdp_plugin is not None"); a MULTI_CPU run
-# keeps DDP and ignores the plugin without a word, so FSDP is never handed over for the CPU.
+# keeps DDP and ignores the plugin without a word, so FSDP is never handed over for the CPU. The rule is
+# accelerate's, and FSDP's alone.
 _CPU_FSDP = "accelerate ignores fsdp on CPU processes (they train with DDP)"
-# The same for DeepSpeed: AcceleratorState takes DistributedType.DEEPSPEED only "and not cpu" (state.py).
-_CPU_DEEPSPEED = "accelerate ignores deepspeed on CPU processes (they train with DDP)"
+# DeepSpeed is another matter: AcceleratorState takes DistributedType.DEEPSPEED whenever the plugin or
+# ACCELERATE_USE_DEEPSPEED is there "and not cpu" (state.py), and that cpu is the Accelerator's own
+# argument, which Trainer does not pass, or ACCELERATE_USE_CPU: CPU processes run DeepSpeed (its CPU
+# accelerator, gloo). A launch that carries it is planned as such (_runs). Unasked, it is not offered:
+# its first step builds DeepSpeed's shared-memory op with the host's C++ compiler, which is not checked.
+_CPU_DEEPSPEED = (
+    "not offered to CPU processes unless the launch carries it (accelerate launch --use_deepspeed: DeepSpeed "
+    "runs there, AcceleratorState state.py): its first step builds DeepSpeed's shared-memory op with the "
+    "host's C++ compiler, which whichdevice does not check"
+)
 
 
 # Strategies fast enough to prefer gradient checkpointing (one more forward per step) over leaving them:
@@ -64,10 +68,9 @@ def plan_training(
     ask: TrainingAsk | None = None,
     layers: tuple[str, ...] = (),
 ) -> TrainingPlan:
-    """Every strategy for ``model`` on ``devices`` devices of ``budget`` bytes, the first that fits chosen,
-    or the strategy the launch carries (``launched``), sized as launched. Gradient checkpointing (``ask``
-    says whether it may be decided) is priced where the fast strategies do not fit without it. ``layers``:
-    the model's no-split layer classes (model/layers.py), which FSDP wraps."""
+    """Every strategy for ``model`` on ``devices`` devices of ``budget`` bytes, the first that fits chosen, or
+    the launch's (``launched``), sized as launched; with checkpointing where the fast ones need it (``ask``).
+    ``layers``: the model's no-split layer classes (model/layers.py), which FSDP wraps."""
     ask = ask or TrainingAsk(compute=compute_dtype if compute_dtype != dtype else None)
     size = estimate_model_size(model)
     shape = model_shape(model)
@@ -76,7 +79,7 @@ def plan_training(
 
     def strategies(ckpt: bool) -> TrainingPlan:
         def memory(setup: TrainingSetup) -> Any:
-            return training_memory(size, shape, job, setup, fused_step=ask.fused_step)
+            return training_memory(size, shape, job, setup, fused_step=ask.fused_step, attention=ask.attention)
 
         lora = TrainingSetup("lora", compute_dtype, compute, ckpt)
         half = ask.quantized_compute if ask.quantized_compute != "float32" else None
@@ -96,7 +99,9 @@ def plan_training(
             deepspeed=package_version("deepspeed") is not None,
             layer_classes=layers,
             no_fsdp=_CPU_FSDP if backend == "cpu" else None,
-            no_deepspeed=_CPU_DEEPSPEED if backend == "cpu" else None,
+            no_deepspeed=_CPU_DEEPSPEED
+            if backend == "cpu" and not (launched and launched.kind == "deepspeed")
+            else None,
             no_qlora="quantize=None keeps the weights unquantized" if quantize is None else None,
             largest_module=size.largest_module or None,
             launched=launched,
@@ -189,8 +194,7 @@ def trainer_parallel_steps(
     device_map: Any,
     plan: TrainingPlan | None,
     dist: DistributedContext | None,
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
 ) -> list[TraceStep]:
     """One process on several devices: the DataParallel warning (``steps``) when the model is on one
     device, or what Trainer does with a split instead; and what to launch for the plan."""
@@ -213,7 +217,7 @@ def trainer_parallel_steps(
     if not (split or kwargs or plan.chosen.key != "ddp"):
         return steps  # the DataParallel warning names the launch already
     with_ = f" with TrainingArguments({_kwargs_text(kwargs)})" if kwargs else ""
-    launch = " ".join(launch_command(backend, result, ["train.py"]))
+    launch = " ".join(launch_command(target, ["train.py"]))
     return [
         *steps,
         TraceStep(

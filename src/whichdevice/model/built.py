@@ -11,14 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from whichdevice.model.shape import shape_of_config
-
-__all__ = ["build_on_meta", "has_experts", "linear_layout", "meta_linear_layout"]
-
-
-def has_experts(config: Mapping[str, Any] | None) -> bool:
-    shape = shape_of_config(config)
-    return shape is not None and shape.experts > 0
+__all__ = ["build_on_meta", "linear_layout", "meta_linear_layout"]
 
 
 def linear_layout(model: Any) -> tuple[int, int, int]:

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DamagedModelError, DeviceError
 from whichdevice.core.progress import working
 from whichdevice.model.adapter import adapter_base_name
-from whichdevice.model.built import has_experts, meta_linear_layout
+from whichdevice.model.built import meta_linear_layout
 from whichdevice.model.files import ModelFiles, check_config, is_config_object, read_model_folder
 from whichdevice.model.locate import NotHereError, resolve_model_path
 from whichdevice.model.quantized import CheckpointQuantization, read_quantization
-from whichdevice.model.shape import ModelShape, shape_of_config
+from whichdevice.model.shape import ModelShape, has_experts, shape_of_config
 from whichdevice.model.size import (
     CheckpointDtype,
     ModelSize,

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModelShape", "shape_of_config"]
+from whichdevice.model.context import Context, model_context
+
+__all__ = ["ModelShape", "has_experts", "shape_of_config"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,9 @@ class ModelShape:
     vocab: int
     sliding_window: int | None = None
     sliding_layers: int = 0
+    # The model's context: its stated positions, stretched where its RoPE scaling says so (model/context.py).
     max_positions: int | None = None
+    context: Context | None = None
     # What training activations are priced by besides the widths above (memory/activations.py): the
     # config's model_type, routed experts (how many, how many each token takes, each one's
     # intermediate width, and the dense MLP width beside them: a shared expert, or 0), a state-space
@@ -79,6 +83,7 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
     if config.get("multi_query") is True:
         kv_heads = 1
     head_dim = _first(config, "head_dim", "d_kv") or (hidden // heads if heads else 0)
+    context = model_context(config)
     window = _first(config, "sliding_window", "attention_chunk_size")
     types = config.get("layer_types")
     if isinstance(types, list):
@@ -98,7 +103,8 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         vocab=int(_first(config, "vocab_size") or 0),
         sliding_window=int(window) if window else None,
         sliding_layers=sliding if window else 0,
-        max_positions=_first(config, "max_position_embeddings", "n_positions", "max_seq_len"),
+        max_positions=context.tokens if context is not None else None,
+        context=context,
         model_type=str(config.get("model_type") or data.get("model_type") or "") or None,
         **_experts(config, intermediate),
         state_size=_positive(config.get("state_size")) if config.get("ssm_cfg") is None else 0,
@@ -127,3 +133,9 @@ def _experts(config: Mapping[str, Any], intermediate: int) -> dict[str, Any]:
         "expert_intermediate": own or intermediate,
         "dense_intermediate": shared,
     }
+
+
+def has_experts(config: Mapping[str, Any] | None) -> bool:
+    """Whether a config.json's model routes tokens to experts (a mixture of experts)."""
+    shape = shape_of_config(config)
+    return shape is not None and shape.experts > 0

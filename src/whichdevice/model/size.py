@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from whichdevice.core.dtypes import FLOAT_CODES, NAMES, SAFETENSORS_BITS, code_name, item_size
 from whichdevice.core.errors import DeviceError
@@ -25,6 +25,7 @@ from whichdevice.model.files import (
 )
 from whichdevice.model.locate import resolve_model_path
 from whichdevice.model.quantized import CAST_CODES, CheckpointQuantization, estimate_stored, read_quantization
+from whichdevice.model.step_weights import StepWeights
 
 __all__ = [
     "CheckpointDtype",
@@ -120,14 +121,6 @@ def _is_token_embedding(name: str, shape: list[int]) -> bool:
         and "position" not in lowered
         and "wpe" not in lowered
     )
-
-
-class StepWeights(NamedTuple):
-    """What one decode step reads: ``parameters`` weights in ``matmuls`` matrix multiplications (0:
-    not counted). The CPU's estimate prices a step by them, the GPU's static cache sizes its compile."""
-
-    parameters: int
-    matmuls: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,21 +15,22 @@ is added behind the user's back; ``dtype="auto"`` is the way to get fp32 weights
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.records import TraceStep
-from whichdevice.precision.estimate import lost_figures
+from whichdevice.measure.estimate import lost_figures
 from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
 from whichdevice.precision.measured import MeasuredChoice, measured_dtype, measured_training
+from whichdevice.precision.record import Precision
 from whichdevice.precision.training import training_precision
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.device.target import Target
+    from whichdevice.measure.estimate import CpuJob
     from whichdevice.model.size import CheckpointDtype
-    from whichdevice.precision.estimate import CpuJob
 
-__all__ = ["EXPLICIT_TRAINING_DTYPE", "Precision", "decide_precision"]
+__all__ = ["EXPLICIT_TRAINING_DTYPE", "decide_precision"]
 
 EXPLICIT_TRAINING_DTYPE = (
     "an explicit dtype for training is both the weights' dtype and the compute dtype: no autocast to "
@@ -65,17 +66,8 @@ def pure_half_cost(dtype: str) -> str:
     return text
 
 
-class Precision(NamedTuple):
-    """``weights``: the dtype from_pretrained loads (None: the checkpoint's own);
-    ``mixed``: TrainingArguments' mixed precision ("bf16", "fp16" or None for none)."""
-
-    weights: str | None
-    mixed: str | None
-
-
 def decide_precision(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     requested: Any,
     task: str,
     checkpoint: CheckpointDtype | None,
@@ -87,25 +79,25 @@ def decide_precision(
     in place of its flags (see precision.measured)."""
     steps = [TraceStep("dtype", f"checkpoint: {_read(checkpoint)}")] if checkpoint is not None else []
     if requested is None:
-        precision, more = _left_to_transformers(backend, result, task, checkpoint)
+        precision, more = _left_to_transformers(target, task, checkpoint)
     elif isinstance(requested, str) and requested == "auto":
         if task == "training":
-            precision, more = _training(backend, result, checkpoint, measured)
+            precision, more = _training(target, checkpoint, measured)
         elif measured is not None and (lost := lost_figures(*measured, _candidates(checkpoint))):
-            weights, more = _inference(backend, result, checkpoint)
+            weights, more = _inference(target, checkpoint)
             them = "it" if len(lost) == 1 else "them"
             moved = f"the calibration's {', '.join(lost)} could not be timed steadily and this job needs {them}"
             more.append(TraceStep("calibration", f"{moved}: the CPU's flags decide its dtype"))
-            precision = Precision(weights, _flag_for(backend, result, weights))
+            precision = Precision(weights, _flag_for(target, weights))
         elif measured is not None:
-            choice, more = _measured_inference(backend, result, measured, checkpoint)
-            flag = _flag_for(backend, result, choice.dtype)
+            choice, more = _measured_inference(target, measured, checkpoint)
+            flag = _flag_for(target, choice.dtype)
             precision = Precision(choice.dtype, flag)
         else:
-            weights, more = _inference(backend, result, checkpoint)
-            precision = Precision(weights, _flag_for(backend, result, weights))
+            weights, more = _inference(target, checkpoint)
+            precision = Precision(weights, _flag_for(target, weights))
     else:
-        precision, more = _as_asked(backend, result, parse_dtype(requested), task, checkpoint)
+        precision, more = _as_asked(target, parse_dtype(requested), task, checkpoint)
     return precision, steps + more
 
 
@@ -132,28 +124,26 @@ def _unsafe(checkpoint: CheckpointDtype | None) -> str | None:
     )
 
 
-def _flag_for(backend: Backend, result: ProbeResult, weights: str | None) -> str | None:
+def _flag_for(target: Target, weights: str | None) -> str | None:
     # The mixed-precision flag that can train these weights: never fp16 over fp16 weights.
     if weights == "float16":
         return None
-    return training_precision(backend, result, weights)[0]
+    return training_precision(target, weights)[0]
 
 
-def _inference(
-    backend: Backend, result: ProbeResult, checkpoint: CheckpointDtype | None
-) -> tuple[str, list[TraceStep]]:
-    hardware, why = choose_dtype(backend, result)
+def _inference(target: Target, checkpoint: CheckpointDtype | None) -> tuple[str, list[TraceStep]]:
+    hardware, why = choose_dtype(target)
     stored = checkpoint.dtype if checkpoint is not None else None
     unsafe = _unsafe(checkpoint)
     keep = stored in ("bfloat16", "float16") and (stored != "float16" or unsafe is None)
-    if keep and stored is not None and supports(backend, result, stored)[0]:
+    if keep and stored is not None and supports(target, stored)[0]:
         return stored, [TraceStep("dtype", f"{stored}: the checkpoint's own dtype, which runs natively here")]
     if hardware != "float16":
         fits = "the checkpoint's fp32 downcast: " if stored == "float32" and hardware != "float32" else ""
         return hardware, [TraceStep("dtype", f"{hardware}: {fits}{why}")]
     # fp16 is this hardware's half precision (T4, V100, MPS, GPUs without bf16).
     if unsafe is not None:
-        safe = "bfloat16" if supports(backend, result, "bfloat16")[0] else "float32"
+        safe = "bfloat16" if supports(target, "bfloat16")[0] else "float32"
         return safe, [TraceStep("dtype", f"{safe}, not fp16: {unsafe}")]
     evidence = fp16_evidence(checkpoint.model_type) if checkpoint is not None else None
     if stored in ("bfloat16", "float32") and evidence is not None:
@@ -164,13 +154,13 @@ def _inference(
 
 
 def _measured_inference(
-    backend: Backend, result: ProbeResult, measured: CpuJob, checkpoint: CheckpointDtype | None
+    target: Target, measured: CpuJob, checkpoint: CheckpointDtype | None
 ) -> tuple[MeasuredChoice, list[TraceStep]]:
     stored = checkpoint.dtype if checkpoint is not None else None
     fp16 = _candidates(checkpoint)[2:]
     # The default, kept unless another dtype is measured faster: a half-precision checkpoint's own
     # dtype where this CPU runs it natively (upcasting it is a choice a figure must justify), else fp32.
-    native = stored in ("bfloat16", *fp16) and stored is not None and supports(backend, result, stored)[0]
+    native = stored in ("bfloat16", *fp16) and stored is not None and supports(target, stored)[0]
     default = stored if native and stored is not None else "float32"
     choice = measured_dtype(measured.calibration, measured.job, ("bfloat16", *fp16), default, measured.weights)
     cast = f" (the checkpoint is {stored})" if stored is not None and stored != choice.dtype else ""
@@ -186,12 +176,11 @@ def _candidates(checkpoint: CheckpointDtype | None) -> tuple[str, ...]:
 
 
 def _training(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     checkpoint: CheckpointDtype | None,
     measured: CpuJob | None = None,
 ) -> tuple[Precision, list[TraceStep]]:
-    mixed, why = training_precision(backend, result, None)
+    mixed, why = training_precision(target, None)
     if measured is not None:
         ok, said = measured_training(measured.calibration)
         mixed, why = (mixed, f"{why} ({said})") if ok is None else ("bf16" if ok else None, said)
@@ -214,15 +203,15 @@ def _training(
 
 
 def _as_asked(
-    backend: Backend, result: ProbeResult, dtype: str, task: str, checkpoint: CheckpointDtype | None
+    target: Target, dtype: str, task: str, checkpoint: CheckpointDtype | None
 ) -> tuple[Precision, list[TraceStep]]:
-    ok, why = supports(backend, result, dtype)
+    ok, why = supports(target, dtype)
     note = "" if ok else f" (slow or unsupported here: {why})"
     steps = [TraceStep("dtype", f"{dtype} as you asked{note}")]
     if dtype == "float16" and _unsafe(checkpoint) is not None:
         steps.append(TraceStep("warning", f"fp16 as you asked, though {_unsafe(checkpoint)}"))
     if task != "training":
-        return Precision(dtype, _flag_for(backend, result, dtype)), steps
+        return Precision(dtype, _flag_for(target, dtype)), steps
     if dtype == "float16":
         steps.append(
             TraceStep(
@@ -258,11 +247,11 @@ def _as_asked(
 
 
 def _left_to_transformers(
-    backend: Backend, result: ProbeResult, task: str, checkpoint: CheckpointDtype | None
+    target: Target, task: str, checkpoint: CheckpointDtype | None
 ) -> tuple[Precision, list[TraceStep]]:
     steps = [TraceStep("dtype", "dtype=None: left to transformers (the checkpoint's own dtype)")]
     stored = checkpoint.dtype if checkpoint is not None else None
-    mixed = training_precision(backend, result, None)[0]
+    mixed = training_precision(target, None)[0]
     if mixed == "fp16" and (stored != "float32" or _unsafe(checkpoint) is not None):
         # bf16 autocast trains weights of any dtype; fp16=True only fp32 ones (known to be fp32 here).
         mixed = None

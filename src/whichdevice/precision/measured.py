@@ -1,6 +1,6 @@
 """The CPU's dtype and decode attention from its measured speeds and the job (pure; see calibration).
 
-Each candidate dtype's job time comes from ``precision.estimate`` (prompt and decode steps priced
+Each candidate dtype's job time comes from ``measure.estimate`` (prompt and decode steps priced
 from the calibration, packing counted where it pays). Hysteresis: the job keeps its default (the
 checkpoint's own half precision where it runs natively, else fp32) unless another dtype is estimated
 at least ``MARGIN`` faster, so figures near a tie, which move a few percent between runs, cannot flip
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import short_name
 from whichdevice.core.job import Job
-from whichdevice.precision.estimate import (
+from whichdevice.measure.estimate import (
     ASSUMED_PARAMETERS,
     DEFAULT_LENGTH,
     MARGIN,
@@ -28,8 +28,8 @@ from whichdevice.precision.estimate import (
 )
 
 if TYPE_CHECKING:
-    from whichdevice.hardware.calibration_figures import Calibration
-    from whichdevice.model.size import StepWeights
+    from whichdevice.measure.figures import Calibration
+    from whichdevice.model.step_weights import StepWeights
 
 __all__ = ["ATTENTION_MARGIN", "MARGIN", "MeasuredChoice", "measured_attention", "measured_dtype", "measured_training"]
 

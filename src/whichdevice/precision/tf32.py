@@ -34,7 +34,8 @@ from whichdevice.core.records import TraceStep
 from whichdevice.precision.full_fp32 import FULL_FP32_MATMULS, SOURCE
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.core.records import ProbeResult
+    from whichdevice.device.target import Target
 
 
 class ModelFacts(Protocol):
@@ -75,11 +76,11 @@ PEAKS = (
 _TF32_CAPABILITY = (8, 0)
 
 
-def has_tf32(backend: Backend, result: ProbeResult) -> str | None:
+def has_tf32(target: Target) -> str | None:
     """Why these devices have no TF32 for torch (None: every one has it)."""
-    if backend.name != "cuda" or result.variant != "cuda":
-        return f"TF32 is NVIDIA's (CUDA builds of torch); {result.variant or backend.name} has none here"
-    caps = [d.capability for d in result.devices]
+    if target.name != "cuda" or target.variant != "cuda":
+        return f"TF32 is NVIDIA's (CUDA builds of torch); {target.variant or target.name} has none here"
+    caps = [d.capability for d in target.probe.devices]
     if not caps or any(c is None for c in caps):
         return "the GPUs' compute capability is unknown"
     low = min(c for c in caps if c is not None)
@@ -162,12 +163,12 @@ def _model_types(config: Mapping[str, Any]) -> list[str]:
 
 
 def decide_tf32(
-    backend: Backend, result: ProbeResult, computes_in: str | None, task: str, model: ModelFacts | None
+    target: Target, computes_in: str | None, task: str, model: ModelFacts | None
 ) -> tuple[bool | None, list[TraceStep]]:
     """(True where training hands ``tf32=True`` over, else None; the trace lines)."""
-    if computes_in != "float32" or has_tf32(backend, result) is not None:
+    if computes_in != "float32" or has_tf32(target) is not None:
         return None, []
-    gain = tf32_gain(result)
+    gain = tf32_gain(target.probe)
     if task != "training":
         how = (
             "whichdevice sets nothing: to use it, set torch.backends.fp32_precision = 'tf32' (torch 2.9 and newer; "

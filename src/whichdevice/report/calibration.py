@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from whichdevice.hardware.calibration import Calibration, calibration_enabled
+from whichdevice.measure.calibration import Calibration, calibration_enabled
 
 __all__ = ["render_calibration"]
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from whichdevice.core.errors import DeviceError, exit_code_for
 from whichdevice.core.records import ProbeResult
+from whichdevice.device.request import as_task
 from whichdevice.hardware.probing import gave_up
 from whichdevice.report.gather import SCHEMA_VERSION, Replayable, simulation, simulation_dict
 from whichdevice.report.rows import device_summary
@@ -57,7 +58,7 @@ def _check_tasks(result: dict[str, Any], device: str | None, tasks: Sequence[str
     message = ""
     for task in tasks:
         try:
-            res = resolve_device(device, task=task)
+            res = resolve_device(device, task=as_task(task))
         except DeviceError as exc:
             return exit_code_for(exc), str(exc)
         given_up = gave_up()

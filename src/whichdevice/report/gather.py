@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 from whichdevice.core.errors import DeviceError, exit_code_for
 from whichdevice.core.packages import known_versions, package_version
-from whichdevice.device.request import TASKS, parse_device
+from whichdevice.device.request import TASKS, as_task, parse_device
 from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends
 from whichdevice.report.environment import environment
@@ -45,7 +45,10 @@ __all__ = [
 # ``training_plan.launched`` and ``largest_fit.plan``, and the warning sources calibration and plugin.
 # 1.8: a backend row's ``platform`` (NVIDIA on ARM64); the resolution's ``serving``, ``devices``,
 # ``load_peak`` and ``tf32``; a device's ``compute_mode``, ``other_processes`` and ``unusable``.
-# 1.9: the resolution's ``training`` (how a training job trains as priced: method, dtypes, gradient
+# 1.9: the resolution's ``device_map_passed`` and ``tuning.decode_attention``; ``attn_implementation`` is
+# always a name transformers knows (sdpa where 1.8 said whichdevice_sdpa, which prepare() now installs);
+# ``largest_fit.model_context`` is stretched by RoPE scaling.
+# also 1.9: the resolution's ``training`` (how a training job trains as priced: method, dtypes, gradient
 # checkpointing, optimizer, LoRA's rank) and ``training_plan.gradient_checkpointing``.
 SCHEMA_VERSION = "1.9"
 
@@ -183,7 +186,7 @@ def gather(
 
 def _calibration() -> dict[str, Any]:
     """The CPU's calibration as the resolutions used it (cached or simulated figures, never measured here)."""
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     calib, why = calibration(measure=False)
     return {"figures": calib.to_dict() if calib else None, "spec": calib.spec() if calib else None, "why": why}
@@ -192,7 +195,7 @@ def _calibration() -> dict[str, Any]:
 def _unsteady(entry: Mapping[str, Any]) -> list[dict[str, str]]:
     """A calibration a busy machine kept from being steady, named once for the whole report (each
     resolution's trace says only that the CPU's flags decide)."""
-    from whichdevice.hardware.calibration import UNSTEADY
+    from whichdevice.measure.calibration import UNSTEADY
 
     figures = entry["figures"]
     moved = figures["unsteady"] if figures else []
@@ -209,7 +212,7 @@ def _unsteady(entry: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def _resolve(task: str, device: str | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
     try:
-        res = resolve_device(device, task=task, **{k: v for k, v in (job or {}).items() if v is not None})
+        res = resolve_device(device, task=as_task(task), **{k: v for k, v in (job or {}).items() if v is not None})
     except DeviceError as exc:
         return {"task": task, "ok": False, "resolution": None, "explanation": None, "error": error_dict(exc)}
     return {

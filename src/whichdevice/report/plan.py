@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError, printable
+from whichdevice.device.request import as_task
 
 __all__ = ["DEFAULT_MACHINES", "HardwarePlan", "PlanRow", "plan_hardware"]
 
@@ -78,6 +79,8 @@ class HardwarePlan:
     max_length: int
     rows: tuple[PlanRow, ...]
     fetched: str | None = None
+    # What holds on every machine: a max_length beyond the model's context (model/context.py).
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class HardwarePlan:
             "batch_size": self.batch_size,
             "max_length": self.max_length,
             "fetched": self.fetched,
+            "warnings": list(self.warnings),
             "rows": [asdict(r) for r in self.rows],
         }
 
@@ -140,7 +144,11 @@ def plan_hardware(
     for name, spec in listed:
         rows += _machine_rows(facts, name, spec, job)
     fetched = facts.hub.describe() if facts.hub is not None else None
-    return HardwarePlan(str(model), task, batch_size, max_length, tuple(rows), fetched)
+    from whichdevice.model.context import context_steps
+
+    context = facts.shape.context if facts.shape is not None else None
+    warnings = tuple(s.message for s in context_steps(context, max_length))
+    return HardwarePlan(str(model), task, batch_size, max_length, tuple(rows), fetched, warnings)
 
 
 def _named(machine: str | tuple[str, str]) -> tuple[str, str]:
@@ -205,7 +213,7 @@ def _row(facts: Any, name: str, spec: str, count: int, job: _Job, quantize: Any)
     with _machine(spec):
         try:
             res = wd.resolve_device(
-                model=facts, task=task, batch_size=batch, max_length=length, quantize=quantize,
+                model=facts, task=as_task(task), batch_size=batch, max_length=length, quantize=quantize,
                 gradient_checkpointing=job.checkpointing if task == "training" else None,
             )  # fmt: skip
         except DoesNotFitError as error:
@@ -292,7 +300,7 @@ def _launch(res: Any, devices: int) -> str:
 
 def _cpu_bandwidth() -> Any:
     """This CPU's measured read bandwidth, as a table row, where the calibration measured it."""
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
     from whichdevice.memory.bandwidth import Bandwidth
 
     calib, _ = calibration(measure=False)

@@ -272,9 +272,10 @@ def _attention(res: dict[str, Any]) -> str:
 
 
 def _settings(w: _Writer, res: dict[str, Any]) -> None:
+    passed = res.get("device_map_passed") is not False  # since schema 1.9: false under ZeRO-3
     settings = [
         f"device={res['device']!r}",
-        f"device_map={res['device_map']!r}",
+        f"device_map={res['device_map']!r}" if passed else "no device_map (ZeRO-3 places the weights as they load)",
         f"dtype={res['dtype']}",
     ]
     if res.get("attn_implementation_passed"):

@@ -17,7 +17,9 @@ from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.core.records import Backend, TraceStep
+    from whichdevice.device.target import Target
+    from whichdevice.memory.fit import Placement
 
 __all__ = [
     "DEVICE_MAP_WORDS",
@@ -25,6 +27,7 @@ __all__ = [
     "check_arguments",
     "check_checkpointing",
     "check_count",
+    "check_device_map",
     "check_device_map_shape",
     "check_dtype_override",
     "check_flag",
@@ -35,6 +38,7 @@ __all__ = [
     "check_offload",
     "check_quantize",
     "check_shapes",
+    "placement_as_asked",
 ]
 
 
@@ -133,49 +137,51 @@ def check_max_memory(max_memory: Any) -> None:
         parse_size(value, f"max_memory[{key!r}]")
 
 
-def check_memory_devices(max_memory: Mapping[Any, Any], backend: Backend, result: ProbeResult) -> None:
+def check_memory_devices(max_memory: Mapping[Any, Any], target: Target) -> None:
     """Every device ``max_memory`` names exists here (on this machine or the simulated one)."""
-    indices = [] if backend.memory_by_name else sorted(d.index for d in result.devices if d.index is not None)
+    indices = (
+        [] if target.backend.memory_by_name else sorted(d.index for d in target.probe.devices if d.index is not None)
+    )
     for key in max_memory:
         if isinstance(key, int) and key not in indices:
             have = (
-                f"{backend.name} devices {', '.join(map(str, indices))}"
+                f"{target.name} devices {', '.join(map(str, indices))}"
                 if indices
-                else f"no device {key} (the memory of {backend.name} is named {backend.name!r})"
-                if backend.memory_by_name
-                else f"no {backend.name} device"
+                else f"no device {key} (the memory of {target.name} is named {target.name!r})"
+                if target.backend.memory_by_name
+                else f"no {target.name} device"
             )
             raise DeviceError(f"max_memory names device {key}, but this machine has {have}; remove it")
-        if isinstance(key, str) and key != "disk" and key not in ("cpu", backend.name):
-            raise DeviceError(f"max_memory names {key!r}, but the device is {backend.name}; remove it")
+        if isinstance(key, str) and key != "disk" and key not in ("cpu", target.name):
+            raise DeviceError(f"max_memory names {key!r}, but the device is {target.name}; remove it")
 
 
-def check_map_devices(device_map: Any, backend: Backend, result: ProbeResult) -> None:
+def check_map_devices(device_map: Any, target: Target) -> None:
     """Every device ``device_map`` places weights on exists here ("disk" and "cpu" always do)."""
     values = list(device_map.values()) if isinstance(device_map, Mapping) else [device_map]
-    indices = sorted(d.index for d in result.devices if d.index is not None)
+    indices = sorted(d.index for d in target.probe.devices if d.index is not None)
     for value in values:
         if value in (*DEVICE_MAP_WORDS, "disk"):
             continue
         index: int | None
         if isinstance(value, int) and not isinstance(value, bool):
-            if backend.memory_by_name:
+            if target.backend.memory_by_name:
                 raise DeviceError(
                     f"device_map places weights on accelerator {value}, but there is no accelerator here "
-                    f"(the device is {backend.name}); use {backend.name!r}"
+                    f"(the device is {target.name}); use {target.name!r}"
                 )
-            name, index = backend.name, value
+            name, index = target.name, value
         else:
             name, index = parse_device(value, "device_map")
         if name == "cpu":
             continue
-        if name != backend.name:
+        if name != target.name:
             raise DeviceError(
-                f"device_map places weights on {value!r}, but the device is {backend.name}; use {backend.name!r}"
+                f"device_map places weights on {value!r}, but the device is {target.name}; use {target.name!r}"
             )
-        if index is not None and not backend.memory_by_name and index not in indices:
-            have = ", ".join(f"{backend.name}:{i}" for i in indices) or f"no {backend.name} device"
-            raise DeviceError(f"device_map places weights on {backend.name}:{index}, but this machine has {have}")
+        if index is not None and not target.backend.memory_by_name and index not in indices:
+            have = ", ".join(f"{target.name}:{i}" for i in indices) or f"no {target.name} device"
+            raise DeviceError(f"device_map places weights on {target.name}:{index}, but this machine has {have}")
 
 
 def check_lora_arguments(r: Any, lora_alpha: Any, lora_dropout: Any, target_modules: Any, checkpointing: Any) -> None:
@@ -321,3 +327,32 @@ def check_quantize(quantize: Any) -> None:
     if isinstance(quantize, bool) or quantize not in QUANTIZE_CHOICES:
         hint = " (quantize=True is ambiguous: write '4bit' or '8bit')" if quantize is True else ""
         raise DeviceError(f"quantize={quantize!r}: use 'auto', '4bit', '8bit' or None{hint}")
+
+
+def check_device_map(backend: Backend, device_map: Any) -> None:
+    """``device_map`` has a shape from_pretrained takes, and a word Accelerate's placement covers here."""
+    check_device_map_shape(device_map)
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
+        raise ConfigConflictError(
+            f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
+            f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
+        )
+
+
+def placement_as_asked(
+    device_map: Any, max_memory: Mapping[int | str, Any] | None, target: Target
+) -> tuple[Placement, list[TraceStep]]:
+    """The caller's device_map (and max_memory), checked against the target's devices, as the placement."""
+    from whichdevice.core.records import TraceStep
+    from whichdevice.core.sizes import parse_size
+    from whichdevice.memory.fit import Placement
+
+    check_device_map(target.backend, device_map)
+    check_map_devices(device_map, target)
+    steps = [TraceStep("placement", f"device_map={device_map!r} as you asked")]
+    if max_memory is None:
+        return Placement(device_map, note="as you asked"), steps
+    budget: dict[int | str, str] = {
+        k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in max_memory.items()
+    }
+    return Placement(device_map, budget, "as you asked"), steps

@@ -17,7 +17,7 @@ from whichdevice.device.choice import idle_indices
 
 if TYPE_CHECKING:
     from whichdevice.core.records import ProbeResult
-    from whichdevice.memory.strategy import TrainingPlan
+    from whichdevice.memory.training_records import TrainingPlan
 
 __all__ = ["idle_devices", "passed_over_step"]
 

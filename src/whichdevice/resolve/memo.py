@@ -17,9 +17,9 @@ from typing import Any
 from whichdevice.attention import kernels as kernels_support
 from whichdevice.core import packages
 from whichdevice.device import request
-from whichdevice.hardware import calibration
 from whichdevice.hardware.registry import backends, on_change
 from whichdevice.launch import accelerate_settings, distributed
+from whichdevice.measure import calibration
 from whichdevice.precision import tf32
 from whichdevice.resolve.arguments import Arguments
 from whichdevice.tuning import compile_support

@@ -11,82 +11,49 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
-from whichdevice.core.errors import ConfigConflictError, printable
-from whichdevice.core.records import Backend, EnvAction, ProbeResult, TraceStep
-from whichdevice.launch.distributed import DistributedContext, process_group_backend
+from whichdevice.core.errors import printable
+from whichdevice.core.records import TraceStep
+from whichdevice.launch.distributed import process_group_backend
+from whichdevice.launch.launch_strategy import partitioned_on_load
+from whichdevice.launch.record import Launch
+from whichdevice.resolve.flat_names import FlatNames
 
 if TYPE_CHECKING:
     import torch
 
-    from whichdevice.attention.serving import Serving
-    from whichdevice.launch.accelerate_settings import AccelerateSettings
-    from whichdevice.memory.largest import LargestFit
-    from whichdevice.memory.load_peak import LoadPeak
-    from whichdevice.memory.quantization import QuantizationPlan
-    from whichdevice.memory.strategy import TrainingPlan
-    from whichdevice.memory.training_job import TrainingSetup
+    from whichdevice.attention.record import Attention
+    from whichdevice.device.target import Target
+    from whichdevice.memory.fit import LargestFit, Placement
+    from whichdevice.precision.record import Precision
     from whichdevice.tuning.record import Tuning
 
-__all__ = ["Resolution", "check_device_map"]
+__all__ = ["Resolution"]
 
 
 @dataclass(frozen=True)
-class Resolution:
-    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments."""
+class Resolution(FlatNames):
+    """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments.
 
-    device: str
-    backend: Backend
+    Built from the resolver's stage records, one a stage (docs/architecture.md): the ``target`` (the
+    backend, its devices as used, the device), its ``precision``, ``attention``, ``placement``, ``tuning``
+    and ``launch``, with the ``trace`` of why. The flat names of schema 1.x (``device``, ``dtype_name``,
+    ``device_map``, ...) read them."""
+
     task: str
-    device_count: int
-    device_map: str | dict[str, Any]
-    dtype_name: str | None
-    attn_implementation: str | None
-    probe: ProbeResult = field(repr=False)
-    max_memory: dict[int | str, str] | None = None
-    distributed: DistributedContext | None = None
-    env_set: tuple[EnvAction, ...] = ()
-    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
-    source: str = "detection"
-    quantization: QuantizationPlan | None = None
-    use_kernels: bool = False
-    kernels_key: str | None = None
-    torch_compile: bool = False
+    target: Target = field(repr=False)
+    precision: Precision = field(repr=False)
+    attention: Attention = field(repr=False)
+    placement: Placement = field(repr=False)
     # What prepare(model) installs (whichdevice.tuning): measured CPU settings, generate's static cache
-    # on a GPU; None where nothing is tuned.
+    # on a GPU, the CPU decode attention; None where nothing is tuned.
     tuning: Tuning | None = None
-    # Whether model_kwargs() passes attn_implementation: asked for, or chosen over transformers' own pick.
-    attn_passed: bool = False
-    # TrainingArguments' mixed precision ("bf16", "fp16" or None), chosen to agree with dtype_name.
-    mixed_precision: str | None = None
-    # Where accelerate puts the weights that fit neither the devices nor the CPU (offload="disk").
-    offload_folder: str | None = None
-    # Training on several devices: every strategy's memory and the one chosen (memory/strategy.py).
-    training_plan: TrainingPlan | None = field(default=None, repr=False)
-    # For model= with batch_size=/max_length=: the longest length and largest batch that fit (memory/largest.py).
-    fit_limits: LargestFit | None = field(default=None, repr=False)
-    # With model= on one device: the load's own peak there (transformers' allocator warm-up,
-    # memory/load_peak.py) and its remedy where only the load does not fit ("cpu": load, then move).
-    load_peak: LoadPeak | None = field(default=None, repr=False)
-    # True where training_kwargs() hands tf32=True over (fp32 training on a GPU with TF32, an
-    # architecture cleared for it: precision/tf32.py); None: not handed over.
-    tf32: bool | None = None
-    # The device indices (as this process numbers them) the resolution is limited to: devices= asked,
-    # or those this process can use (DeviceInfo.unusable); None: every visible device.
-    devices: tuple[int, ...] | None = None
-    # accelerate's variables and config file as this resolution read them (training_arguments()
-    # follows the same reading); None for a Resolution built by hand.
-    accelerate: AccelerateSettings | None = field(default=None, repr=False, compare=False)
+    launch: Launch = field(default_factory=Launch, repr=False)
+    trace: tuple[TraceStep, ...] = field(default=(), repr=False)
     # A Hub model read from its fetched metadata: the commit read, which model_kwargs() pins (revision=)
     # so that from_pretrained loads the files the answer was made from.
     revision: str | None = None
-    # resolve_device(serving=True): whether continuous batching applies and the ContinuousBatchingConfig
-    # fields checked for it (attention/serving.py); None for a job that serves no requests.
-    serving: Serving | None = None
-    # task="training" with model=: how the job trains as placement priced it (full, LoRA or QLoRA, the
-    # dtypes, the optimizer, gradient checkpointing: memory/training_job.py); None otherwise.
-    training_setup: TrainingSetup | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
         return self.device
@@ -99,11 +66,11 @@ class Resolution:
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled in another process (multiprocessing, a DataLoader worker): the decode attention
-        # must be registered there too before res.attn_implementation reaches from_pretrained.
+        # Unpickled in another process (multiprocessing, a DataLoader worker): registered there too, for a
+        # script that passes "whichdevice_sdpa" by hand (the keywords name sdpa; prepare() registers it).
         for key, value in state.items():
             object.__setattr__(self, key, value)
-        if state.get("attn_implementation") == ATTENTION_NAME:
+        if getattr(state.get("tuning"), "decode_attention", False):
             ensure_registered()
 
     @property
@@ -118,7 +85,7 @@ class Resolution:
 
     @property
     def simulated(self) -> bool:
-        return self.probe.simulated
+        return self.target.simulated
 
     @property
     def gradient_checkpointing(self) -> bool | None:
@@ -128,8 +95,7 @@ class Resolution:
 
     @property
     def index(self) -> int | None:
-        _, _, idx = self.device.partition(":")
-        return int(idx) if idx else None
+        return self.target.index
 
     # ------------------------------------------------------------------------------ adapters
 
@@ -139,21 +105,20 @@ class Resolution:
         ``attn_implementation`` is in them only when asked for, or when whichdevice chose something
         better than transformers' own pick and checked that the model's classes support it
         (``attn_passed``); otherwise transformers picks (sdpa where the class supports it, else eager).
+        It is always a name transformers knows (the decode attention is sdpa here; ``prepare`` installs
+        it). Under DeepSpeed ZeRO-3 there is no ``device_map``: from_pretrained refuses one there.
 
         ``overrides`` replace what whichdevice chose (validated: ``device_map="auto"`` on neuron
         or tpu raises, since Accelerate's "auto" does not cover them).
         """
         kwargs: dict[str, Any] = {"device_map": self.device_map}
-        plan = self.training_plan
-        if plan is not None and plan.chosen is not None and plan.chosen.key == "zero3" and self.distributed:
+        if self._partitioned_on_load():
             del kwargs["device_map"]  # from_pretrained refuses a device_map under ZeRO-3 (zero.Init places)
         if self.dtype_name is not None:
             kwargs[_dtype_keyword()] = self.dtype
         if self.attn_passed and self.attn_implementation is not None:
             kwargs["attn_implementation"] = self.attn_implementation
-        if self.attn_implementation == ATTENTION_NAME:
-            ensure_registered()
-        if self.max_memory:
+        if self.max_memory and "device_map" in kwargs:
             kwargs["max_memory"] = dict(self.max_memory)
         if self.offload_folder is not None:
             kwargs["offload_folder"] = self.offload_folder
@@ -171,12 +136,18 @@ class Resolution:
         kwargs.update(overrides)
         return kwargs
 
+    def _partitioned_on_load(self) -> bool:
+        plan = self.training_plan
+        planned = plan.chosen.key if plan is not None and plan.chosen is not None else None
+        launched = self.accelerate.strategy if self.accelerate is not None and self.task == "training" else None
+        return partitioned_on_load(planned, launched, self.distributed is not None)
+
     def _check_overrides(self, overrides: dict[str, Any]) -> None:
-        from whichdevice.resolve.arguments import check_dtype_override, check_map_devices
+        from whichdevice.resolve.arguments import check_device_map, check_dtype_override, check_map_devices
 
         if "device_map" in overrides:
             check_device_map(self.backend, overrides["device_map"])
-            check_map_devices(overrides["device_map"], self.backend, self.probe)
+            check_map_devices(overrides["device_map"], self.target)
         for key in ("dtype", "torch_dtype"):
             if overrides.get(key) is not None:
                 check_dtype_override(overrides[key], key)
@@ -231,9 +202,11 @@ class Resolution:
         (``load_peak.remedy == "cpu"``), ``device=`` instead of ``device_map``: pipeline then loads
         it on the CPU and moves it there itself."""
         model_kwargs = self.model_kwargs()
-        device_map = model_kwargs.pop("device_map")
         via_cpu = self.load_peak is not None and self.load_peak.remedy == "cpu"
-        kwargs: dict[str, Any] = {"device": self.device} if via_cpu else {"device_map": device_map}
+        kwargs: dict[str, Any] = {"device": self.device} if via_cpu else {}
+        if "device_map" in model_kwargs and not via_cpu:  # none under ZeRO-3, which places as it loads
+            kwargs["device_map"] = model_kwargs["device_map"]
+        model_kwargs.pop("device_map", None)
         key = _dtype_keyword()
         if key in model_kwargs:
             kwargs[key] = model_kwargs.pop(key)
@@ -278,9 +251,9 @@ class Resolution:
         written in front (``["env", "CUDA_VISIBLE_DEVICES=2,3", ...]``) so that any shell selects the
         same devices. ``nproc`` overrides the count. Pass it to ``subprocess.run``.
         """
-        from whichdevice.launch.accelerate_settings import launch_command
+        from whichdevice.device.launch_command import launch_command
 
-        return launch_command(self.backend, self.probe, script, launcher=launcher, nproc=nproc)
+        return launch_command(self.target, script, launcher=launcher, nproc=nproc)
 
     def largest_fit(self) -> LargestFit:
         """The largest ``max_length`` at the given ``batch_size``, and the largest ``batch_size`` at the
@@ -321,6 +294,8 @@ class Resolution:
             "device_count": self.device_count,
             "devices": list(self.devices) if self.devices is not None else None,
             "device_map": self.device_map,
+            # Since 1.9: false where model_kwargs() passes no device_map (ZeRO-3 places the weights as they load).
+            "device_map_passed": not self._partitioned_on_load(),
             "dtype": self.dtype_name,
             "attn_implementation": self.attn_implementation,
             "attn_implementation_passed": self.attn_passed,
@@ -374,14 +349,3 @@ def _dtype_keyword() -> str:
     # version from metadata so transformers itself is not imported here.
     version = packages.package_version("transformers")
     return "dtype" if version is None or packages.version_at_least(version, "4.56") else "torch_dtype"
-
-
-def check_device_map(backend: Backend, device_map: Any) -> None:
-    from whichdevice.resolve.arguments import check_device_map_shape
-
-    check_device_map_shape(device_map)
-    if device_map in ("auto", "balanced", "balanced_low_0", "sequential") and not backend.device_map_auto:
-        raise ConfigConflictError(
-            f"device_map={device_map!r} does not work on {backend.name}: Accelerate's automatic "
-            f"placement does not cover {backend.hardware}; use device_map={backend.name!r}"
-        )

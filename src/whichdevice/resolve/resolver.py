@@ -7,85 +7,84 @@ its trace lines, and its rules live in the folders below this one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Literal, NamedTuple, Union, cast
 
 from whichdevice.attention.choose import choose_attention
-from whichdevice.attention.decode import ATTENTION_NAME, ensure_registered
+from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.attention.kernel_layers import kernel_layer_steps
 from whichdevice.attention.kernels import decide_kernels
+from whichdevice.attention.record import Attention
 from whichdevice.attention.serving import decide_serving
-from whichdevice.core.dtypes import from_short
 from whichdevice.core.envview import import_side_effects_undone, pinned
 from whichdevice.core.errors import DeviceError
-from whichdevice.core.job import Job
-from whichdevice.core.records import Backend, ProbeResult, Trace, TraceStep
-from whichdevice.device.detection import choose_backend, device_string
-from whichdevice.device.request import ENV_DEVICE, TASKS, DeviceRequest, parse_device, read_request
-from whichdevice.device.selection import parse_devices, select_devices
+from whichdevice.core.records import EnvAction, Trace, TraceStep
+from whichdevice.device.launch_command import trainer_device_steps
+from whichdevice.device.request import ENV_DEVICE, TASKS, Task, parse_device
+from whichdevice.device.selection import DevicesAsked, parse_devices
+from whichdevice.device.target import Target
+from whichdevice.device.targets import candidate, narrowed_target
 from whichdevice.hardware import probing
 from whichdevice.hardware.store import current_store
-from whichdevice.launch.accelerate_settings import (
-    read_accelerate_settings,
-    settings_steps,
-    trainer_device_steps,
-)
-from whichdevice.launch.distributed import DistributedContext
+from whichdevice.launch.accelerate_settings import settings_steps
+from whichdevice.launch.launch_strategy import ZERO3_LOADING, partitioned_on_load
+from whichdevice.launch.record import Launch
 from whichdevice.launch.steps import launch_of, launch_steps
+from whichdevice.measure.estimate import CpuJob
+from whichdevice.memory.fit import Placement
 from whichdevice.memory.quantization import finish_quantization
-from whichdevice.precision.decide import Precision, decide_precision
-from whichdevice.precision.estimate import CpuJob
+from whichdevice.model.context import context_steps
+from whichdevice.precision.decide import decide_precision
+from whichdevice.precision.record import Precision
 from whichdevice.precision.tf32 import decide_tf32
-from whichdevice.resolve.arguments import (
-    Arguments,
-    check_arguments,
-    check_flag,
-    check_map_devices,
-    check_memory_devices,
-    check_shapes,
-)
+from whichdevice.resolve.arguments import Arguments, check_flag, check_memory_devices, placement_as_asked
 from whichdevice.resolve.busy_devices import idle_devices, passed_over_step
 from whichdevice.resolve.memo import environment_mapping, memo_key, read_environment
-from whichdevice.resolve.opening import calibration_step, environment_step, training_request
-from whichdevice.resolve.resolution import Resolution, check_device_map
-from whichdevice.tuning.decide import Loaded, decide_tuning
+from whichdevice.resolve.opening import Request, calibration_step, environment_step, request_stage
+from whichdevice.resolve.resolution import Resolution
+from whichdevice.tuning.decide import decide_tuning
+from whichdevice.tuning.record import Tuning
 
 if TYPE_CHECKING:
-    from whichdevice.launch.launch_strategy import LaunchStrategy
-    from whichdevice.memory.largest import LargestFit
-    from whichdevice.memory.load_peak import LoadPeak
-    from whichdevice.memory.quantization import QuantizationPlan
-    from whichdevice.memory.strategy import TrainingPlan
-    from whichdevice.memory.training_job import TrainingSetup
-    from whichdevice.model.facts import ModelFacts
+    import torch
+    from transformers import PretrainedConfig
+
     from whichdevice.model.quantized import CheckpointQuantization
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
 
+# What resolve_device() takes, as its checks accept it (resolve/arguments.py, model/facts.py): anything
+# else is refused there with the form to write instead.
+Quantize = Literal["auto", "4bit", "8bit"]
+DeviceLike = Union[str, "torch.device"]
+DtypeLike = Union[str, "torch.dtype"]
+ModelLike = Union[str, "os.PathLike[str]", "PretrainedConfig"]
+
 
 def resolve_device(
-    device: Any = None,
+    device: DeviceLike | None = None,
     *,
-    task: str = "inference",
-    model: Any = None,
-    prefer: Any = None,
-    exclude: Any = None,
-    dtype: Any = "auto",
+    task: Task = "inference",
+    model: ModelLike | None = None,
+    prefer: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    dtype: DtypeLike | None = "auto",
     attn_implementation: str = "auto",
-    device_map: Any = None,
-    max_memory: Mapping[int | str, Any] | None = None,
-    quantize: str | None = "auto",
-    use_kernels: Any = False,
+    device_map: str | Mapping[str, int | str] | None = None,
+    max_memory: Mapping[int | str, int | str] | None = None,
+    quantize: Quantize | None = "auto",
+    use_kernels: bool | Literal["auto"] = False,
     torch_compile: bool = False,
     batch_size: int | None = None,
     max_length: int | None = None,
     max_new_tokens: int | None = None,
-    offload: str | None = None,
-    offload_folder: Any = None,
+    offload: Literal["cpu", "disk"] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
     revision: str | None = None,
     serving: bool = False,
-    devices: Any = None,
+    devices: int | str | Sequence[int] | None = None,
     gradient_checkpointing: bool | None = None,
     refresh: bool = False,
 ) -> Resolution:
@@ -138,253 +137,245 @@ def resolve_device(
     # Reading model= may import the architecture's module, which sets TORCHINDUCTOR_CACHE_DIR: undone.
     with pinned(environment_mapping(environment)), import_side_effects_undone():
         res = _resolve(args)
-        idle = idle_devices(args.task, args.devices, res.distributed is not None, res.training_plan, res.probe)
-        if idle is not None:  # other processes fill some devices, and nothing fits all of them
-            res = _on_idle_devices(args, res, idle)
     if key is not None:
         store.resolutions[key] = res
     return _attention_registered(res)
 
 
-def _on_idle_devices(args: Arguments, res: Resolution, idle: tuple[int, ...]) -> Resolution:
-    """The training planned again on ``idle`` devices only, where a strategy fits there; else ``res``.
-    A device the caller named (device="cuda:0", WHICHDEVICE_DEVICE) conflicts with a list: kept as asked."""
-    try:
-        again = _resolve(args._replace(devices=list(idle)))
-    except DeviceError:
-        return res
-    if again.training_plan is None or again.training_plan.chosen is None:
-        return res
-    return replace(again, trace=(passed_over_step(res.probe, idle), *again.trace))
-
-
 def _attention_registered(res: Resolution) -> Resolution:
-    # whichdevice's decode attention must be registered with transformers before a model is built
-    # with it, or transformers says the name "is not supported". Registered here, so that a caller
-    # who passes res.attn_implementation by hand gets it. It costs nothing extra: the name is only
-    # chosen for a model= whose classes were read (transformers imported already), or when asked for.
-    if res.attn_implementation == ATTENTION_NAME:
+    # The keywords name sdpa and prepare() installs the decode attention, registering it. Registered here
+    # as well, so that a script that passes the name "whichdevice_sdpa" to from_pretrained by hand (what
+    # res.attn_implementation said before schema 1.9) still loads in this process. It costs nothing extra:
+    # it is only chosen for a model= whose classes were read (transformers imported already), or when asked.
+    if res.tuning is not None and res.tuning.decode_attention:
         ensure_registered()
     return res
 
 
 def _resolve(args: Arguments) -> Resolution:
-    check_arguments(args)
-    asked = parse_devices(args.devices)  # its form, before anything is probed
-    # model= is read here, once, and checked for damage before anything is decided from it.
-    model = _read_model(args.model, args.revision)
-    check_shapes(args)
-    job = args.job()
     trace = Trace()
-    if model is not None and model.hub is not None:
-        trace.append(TraceStep("model", model.hub.describe()))
-    accelerate = read_accelerate_settings()
-    request = trace.take(training_request(trace.take(read_request(args.device)), args.task, accelerate))
-    backend, result = trace.take(choose_backend(request, args.prefer, args.exclude))
-    # The checkpoint's own quantization decides too: a device that runs it, or transformers' dequantizing load.
-    quant, (backend, result), dequantize = trace.take(_prequantized(model, args, (backend, result), request))
-    dist = launch_of(backend, args.task)
-    result, selection = trace.take(select_devices(backend, result, asked, dist, args.task, request))
-    device, count = trace.take(device_string(backend, result, request, dist, args.task))
-    parallel_at = len(trace)
-    parallel = trainer_device_steps(backend, result, request.index, dist) if args.task == "training" else []
-    env_set = trace.take(environment_step(backend, result))
-    calibration = trace.take(calibration_step(backend, args))
-    checkpoint = model.checkpoint if model is not None else None
-    weights = model.stored.step_weights() if model is not None and model.stored is not None else None
-    measured = CpuJob(calibration, job, weights) if calibration is not None else None
-    # A checkpoint from_pretrained loads as stored whatever dtype= says (bitsandbytes) is decided as
-    # dtype=None, "left to transformers", which is what runs; _follow_compute_dtype says what that is.
-    kept = quant is not None and not dequantize and quant.loads_as_stored
-    asked = None if kept else args.dtype
-    precision = trace.take(decide_precision(backend, result, asked, args.task, checkpoint, measured))
-    if quant is not None and not dequantize:
-        precision = precision._replace(
-            weights=trace.take(_follow_compute_dtype(quant, backend, result, precision.weights, args.dtype, model))
-        )
-    dtype = precision.weights
-    computes_in, attn = _computes_in(precision, args.task), args.attn_implementation
-    tf32 = trace.take(decide_tf32(backend, result, computes_in, args.task, model))
-    attention = trace.take(
-        choose_attention(
-            backend, result, computes_in, attn, task=args.task, model=model, measured=calibration, serving=job.serving
-        )
-    )
-    job = replace(job, attention=attention.name, dequantize=dequantize)
-    placed = trace.take(
-        _placement(backend, result, device, dist, (dtype, computes_in), args, model, job, accelerate.strategy, request)
-    )
-    dtype = placed.dtype or dtype
-    if isinstance(placed.device_map, str) and placed.device_map.startswith(f"{backend.name}:"):
-        device = placed.device_map  # placement moved to a device the whole job fits on (memory/placement.py)
-    if parallel or placed.plan is not None:
-        from whichdevice.memory.training_plan import trainer_parallel_steps
-
-        trace[parallel_at:parallel_at] = trainer_parallel_steps(
-            parallel, placed.device_map, placed.plan, dist, backend, result
-        )
-    quantization = _quantization(placed.quantization, backend, result, dtype, args, quant, trace)
-    use_kernels, kernels_key = trace.take(decide_kernels(backend, result, args.use_kernels))
-    if use_kernels:
-        trace.extend(kernel_layer_steps(model, kernels_key, result, args.task))
-    serves = trace.take(
-        decide_serving(backend, result, job, attention=attention.name, dtype=dtype, use_kernels=use_kernels)
-    )
-    quantized = quantization or (None if dequantize else quant)
-    loaded = Loaded(dtype, attention.name, device, placed.device_map, quantized, use_kernels)
-    tuning = trace.take(decide_tuning(backend, result, args.task, measured, model, job, loaded))
-    trace.extend(launch_steps(backend, dist))
-    mixed = precision.mixed if args.task == "training" else None
-    trace.extend(settings_steps(accelerate, args.task, backend, mixed, dist.launcher if dist else None))
-    return Resolution(
-        device=device,
-        backend=backend,
-        task=args.task,
-        device_count=count,
-        device_map=placed.device_map,
-        dtype_name=dtype,
-        mixed_precision=precision.mixed,
-        attn_implementation=attention.name,
-        attn_passed=attention.passed,
-        probe=result,
-        max_memory=placed.max_memory,
-        offload_folder=placed.offload_folder,
-        distributed=dist,
-        env_set=env_set,
-        trace=tuple(trace),
-        source=request.source,
-        quantization=quantization,
-        use_kernels=use_kernels,
-        kernels_key=kernels_key,
-        torch_compile=args.torch_compile,
-        tuning=tuning,
-        accelerate=accelerate,
-        training_plan=placed.plan,
-        fit_limits=placed.limits,
-        revision=model.hub.commit if model is not None and model.hub is not None else None,
-        serving=serves,
-        devices=selection,
-        load_peak=placed.load,
-        tf32=tf32,
-        training_setup=placed.setup,
-    )
+    # 1. The request: the arguments checked, model= read once, the job, the device asked for.
+    asked = trace.take(request_stage(args))
+    # 2. The backend: asked for or detected, moved on where a pre-quantized checkpoint's method runs only later.
+    chosen = trace.take(_backend(asked))
+    # 3-6. The target (devices, device), then precision, attention and placement on it.
+    fit = _fit(asked, chosen, asked.devices)
+    # Busy devices: training that fits no strategy on every device, since other processes fill some, is
+    # fitted again (3-6) on the idle ones; the line that says so leads the trace.
+    fit, passed_over = _on_idle_devices(asked, chosen, fit)
+    trace.extend(fit.trace)
+    # 7. Kernels and serving on the placed model, then what prepare() installs.
+    attention = trace.take(_kernels(asked, fit))
+    tuning = trace.take(_tuning(asked, chosen, fit, attention))
+    # 8. The launch this process belongs to, and accelerate's settings.
+    launch = trace.take(_launch(asked, fit))
+    # The answer, built from the stage records.
+    hub = asked.model.hub if asked.model is not None else None
+    revision = hub.commit if hub is not None else None
+    steps = (*passed_over, *trace)
+    return Resolution(args.task, fit.target, fit.precision, attention, fit.placement, tuning, launch, steps, revision)
 
 
-def _quantization(
-    plan: QuantizationPlan | None,
-    backend: Backend,
-    result: ProbeResult,
-    dtype: str | None,
-    args: Arguments,
-    quant: CheckpointQuantization | None,
-    trace: Trace,
-) -> QuantizationPlan | None:
-    """bitsandbytes for an unquantized checkpoint; a pre-quantized one keeps its own (and says so for training)."""
-    if quant is not None:
-        from whichdevice.memory.prequantized import training_note
+class Chosen(NamedTuple):
+    """The backend chosen, on its first device (``target``, narrowed in ``_fit``), and a
+    pre-quantized checkpoint's method with whether transformers loads it dequantized there."""
 
-        trace.extend(training_note(quant, args.task))
-        return None
-    return trace.take(finish_quantization(plan, backend, result, dtype or "float32", args.quantize, args.task))
+    target: Target
+    quantization: CheckpointQuantization | None = None
+    dequantize: bool = False
 
 
-def _prequantized(
-    model: ModelFacts | None, args: Arguments, chosen: tuple[Backend, ProbeResult], request: DeviceRequest
-) -> tuple[tuple[CheckpointQuantization | None, tuple[Backend, ProbeResult], bool], list[TraceStep]]:
-    """The checkpoint's own quantization decides too: a device that runs it, or transformers'
-    dequantizing load (memory/prequantized.py, imported only for a model=)."""
-    if model is None:
-        return (None, chosen, False), []
+class Fitted(NamedTuple):
+    """The records of the stages that the busy-device rule runs again: the target, the environment its
+    backend's hooks set, its precision, attention and placement, and their trace lines."""
+
+    target: Target
+    env_set: tuple[EnvAction, ...]
+    precision: Precision
+    attention: Attention
+    placement: Placement
+    trace: tuple[TraceStep, ...]
+
+
+def _backend(asked: Request) -> tuple[Chosen, list[TraceStep]]:
+    """The backend asked for or detected; the checkpoint's own quantization decides too: a device that
+    runs it, or transformers' dequantizing load (memory/prequantized.py, imported only for a model=)."""
+    trace = Trace()
+    first = trace.take(candidate(asked.device, asked.args.prefer, asked.args.exclude))
+    if asked.model is None:
+        return Chosen(first), trace
     from whichdevice.memory.prequantized import prequantized_device
 
-    return prequantized_device(model, args.quantize, chosen, request.detect, args.prefer, args.exclude)
+    args = asked.args
+    found = prequantized_device(asked.model, args.quantize, first, asked.device.detect, args.prefer, args.exclude)
+    quant, target, dequantize = trace.take(found)
+    return Chosen(target, quant, dequantize), trace
 
 
-def _follow_compute_dtype(
-    quant: CheckpointQuantization,
-    backend: Backend,
-    result: ProbeResult,
-    dtype: str | None,
-    asked: Any,
-    model: ModelFacts | None,
-) -> tuple[str | None, list[TraceStep]]:
-    from whichdevice.memory.prequantized import follow_compute_dtype
+def _fit(asked: Request, chosen: Chosen, devices: DevicesAsked | None) -> Fitted:
+    """The target on ``devices`` (3), its environment, then precision (4), attention (5) and placement (6)."""
+    task = asked.args.task
+    dist = launch_of(chosen.target.backend, task)
+    target, targeted = narrowed_target(chosen.target, devices, dist, task, asked.device)
+    parallel = trainer_device_steps(target, asked.device.index) if task == "training" else []
+    env_set, env_lines = environment_step(target)
+    precision, priced = _precision(asked, target, chosen)
+    attention, chose = _attention(asked, target, precision)
+    placement, placed = _placement(asked, target, precision, attention, chosen)
+    if placement.index is not None:
+        target = target.moved(placement.index)  # a device the whole job fits on alone (memory/placement.py)
+    if parallel or placement.plan is not None:
+        from whichdevice.memory.training_plan import trainer_parallel_steps
 
-    stored = model.checkpoint.dtype if model is not None else None
-    return follow_compute_dtype(quant, backend, result, dtype, asked, stored)
-
-
-def _read_model(model: Any, revision: str | None) -> ModelFacts | None:
-    if model is None:
-        return None
-    from whichdevice.model.facts import read_model_facts  # no model=, no model module loaded
-
-    return read_model_facts(model, revision=revision)
+        parallel = trainer_parallel_steps(parallel, placement.device_map, placement.plan, target.distributed, target)
+    trace = (*targeted, *parallel, *env_lines, *priced, *chose, *placed)
+    return Fitted(target, env_set, precision, attention, placement, trace)
 
 
-def _computes_in(precision: Precision, task: str) -> str | None:
-    # Under mixed precision the layers compute in the autocast dtype, not the fp32 weights' dtype.
-    if task == "training" and precision.mixed is not None:
-        return from_short(precision.mixed)
-    return precision.weights
+def _precision(asked: Request, target: Target, chosen: Chosen) -> tuple[Precision, list[TraceStep]]:
+    """The weights' dtype, the mixed precision and TF32: from the CPU's calibration where measured, and
+    as a pre-quantized checkpoint really loads."""
+    args, model = asked.args, asked.model
+    trace = Trace()
+    calibration = trace.take(calibration_step(target, args))
+    weights = model.stored.step_weights() if model is not None and model.stored is not None else None
+    measured = CpuJob(calibration, asked.job, weights) if calibration is not None else None
+    # A checkpoint from_pretrained loads as stored whatever dtype= says (bitsandbytes) is decided as
+    # dtype=None, "left to transformers", which is what runs; follow_compute_dtype says what that is.
+    quant = chosen.quantization if not chosen.dequantize else None
+    dtype = None if quant is not None and quant.loads_as_stored else args.dtype
+    checkpoint = model.checkpoint if model is not None else None
+    precision = trace.take(decide_precision(target, dtype, args.task, checkpoint, measured))
+    if quant is not None:
+        from whichdevice.memory.prequantized import follow_compute_dtype
+
+        stored = checkpoint.dtype if checkpoint is not None else None
+        followed = trace.take(follow_compute_dtype(quant, target, precision.weights, args.dtype, stored))
+        precision = precision._replace(weights=followed)
+    tf32 = trace.take(decide_tf32(target, precision.computes_in(args.task), args.task, model))
+    return precision._replace(tf32=tf32, measured=measured), trace
 
 
-class _Placed(NamedTuple):
-    device_map: str | dict[str, Any]
-    max_memory: dict[int | str, str] | None = None
-    quantization: QuantizationPlan | None = None
-    offload_folder: str | None = None
-    plan: TrainingPlan | None = None
-    dtype: str | None = None  # the weights' dtype placement chose instead (LoRA's 16-bit base)
-    limits: LargestFit | None = None
-    load: LoadPeak | None = None
-    setup: TrainingSetup | None = None  # how a training job trains (full, LoRA, QLoRA; checkpointing)
+def _attention(asked: Request, target: Target, precision: Precision) -> tuple[Attention, list[TraceStep]]:
+    """The attention the model runs, in the dtype its layers compute in."""
+    args = asked.args
+    calibration = precision.measured.calibration if precision.measured is not None else None
+    return choose_attention(
+        target,
+        precision.computes_in(args.task),
+        args.attn_implementation,
+        task=args.task,
+        model=asked.model,
+        measured=calibration,
+        serving=asked.job.serving,
+    )
+
+
+def _on_idle_devices(asked: Request, chosen: Chosen, fit: Fitted) -> tuple[Fitted, list[TraceStep]]:
+    """Training that fits no strategy on every device because other processes fill some: fitted again on
+    the idle ones, as ``devices=`` naming them would, where a strategy fits there (resolve/busy_devices.py).
+    A device the caller named (device="cuda:0", WHICHDEVICE_DEVICE) conflicts with a list: kept as asked."""
+    target = fit.target
+    idle = idle_devices(asked.args.task, asked.args.devices, target.launched, fit.placement.plan, target.probe)
+    if idle is None:
+        return fit, []
+    try:
+        again = _fit(asked, chosen, parse_devices(list(idle)))
+    except DeviceError:
+        return fit, []
+    if again.placement.plan is None or again.placement.plan.chosen is None:
+        return fit, []
+    return again, [passed_over_step(target.probe, idle)]
+
+
+def _kernels(asked: Request, fit: Fitted) -> tuple[Attention, list[TraceStep]]:
+    """Hub kernels (where asked, or "auto" and they can work) and continuous batching, on the placed model."""
+    target, task = fit.target, asked.args.task
+    trace = Trace()
+    use_kernels, key = trace.take(decide_kernels(target, asked.args.use_kernels))
+    if use_kernels:
+        trace.extend(kernel_layer_steps(asked.model, key, target.probe, task))
+    attention = fit.attention
+    weights = fit.placement.weights
+    serving = trace.take(
+        decide_serving(target, asked.job, attention=attention.name, dtype=weights, use_kernels=use_kernels)
+    )
+    return attention._replace(use_kernels=use_kernels, kernels_key=key, serving=serving), trace
+
+
+def _tuning(asked: Request, chosen: Chosen, fit: Fitted, attention: Attention) -> tuple[Tuning | None, list[TraceStep]]:
+    """What prepare() installs: the CPU's measured settings, generate's static cache, the decode attention."""
+    quantized = fit.placement.quantization is not None or (chosen.quantization is not None and not chosen.dequantize)
+    return decide_tuning(
+        fit.target, asked.args.task, fit.precision.measured, asked.model, asked.job, fit.placement, attention, quantized
+    )
+
+
+def _launch(asked: Request, fit: Fitted) -> tuple[Launch, list[TraceStep]]:
+    """The launch this process belongs to and accelerate's settings, said."""
+    target, task = fit.target, asked.args.task
+    dist = target.distributed
+    mixed = fit.precision.mixed if task == "training" else None
+    steps = launch_steps(target.backend, dist)
+    steps += settings_steps(asked.accelerate, task, target.backend, mixed, dist.launcher if dist else None)
+    return Launch(fit.env_set, asked.accelerate, asked.args.torch_compile), steps
 
 
 def _placement(
-    backend: Backend,
-    result: ProbeResult,
-    device: str,
-    dist: DistributedContext | None,
-    dtypes: tuple[str | None, str | None],
-    args: Arguments,
-    model: ModelFacts | None,
-    job: Job,
-    launched: LaunchStrategy | None,
-    request: DeviceRequest,
-) -> tuple[_Placed, list[TraceStep]]:
-    """device_map and max_memory: as asked, sized to the model, or the whole model on the device
-    (``launched``: the FSDP/DeepSpeed strategy the launch carries, sized as launched)."""
-    if args.max_memory is not None:
-        check_memory_devices(args.max_memory, backend, result)
-    if args.device_map is not None:
-        check_device_map(backend, args.device_map)
-        check_map_devices(args.device_map, backend, result)
-        steps = [TraceStep("placement", f"device_map={args.device_map!r} as you asked")]
-        if args.max_memory is None:
-            return _Placed(args.device_map), steps
-        from whichdevice.core.sizes import parse_size
+    asked: Request, target: Target, precision: Precision, attention: Attention, chosen: Chosen
+) -> tuple[Placement, list[TraceStep]]:
+    """The placement, with the dtype its weights load in (placement's own where it chose one: LoRA's
+    16-bit base; else precision's) and its quantization settled."""
+    model, job, args = asked.model, asked.job, asked.args
+    trace = Trace()
+    trace.extend(context_steps(model.shape.context if model is not None and model.shape else None, job.max_length))
+    placed = trace.take(_placed(asked, target, precision, attention, chosen))
+    weights = placed.weights or precision.weights
+    quantization = placed.quantization
+    if chosen.quantization is not None:
+        from whichdevice.memory.prequantized import training_note
 
-        budget = {k: f"{parse_size(v, f'max_memory[{k!r}]') // 1024**2}MiB" for k, v in args.max_memory.items()}
-        return _Placed(args.device_map, budget), steps
-    if model is not None or args.max_memory is not None:
+        trace.extend(training_note(chosen.quantization, args.task))  # the checkpoint keeps its own method
+        quantization = None
+    else:
+        found = finish_quantization(quantization, target, weights or "float32", args.quantize, args.task)
+        quantization = trace.take(found)
+    return replace(placed, weights=weights, quantization=quantization), trace
+
+
+def _placed(
+    asked: Request, target: Target, precision: Precision, attention: Attention, chosen: Chosen
+) -> tuple[Placement, list[TraceStep]]:
+    """device_map and max_memory: as asked, sized to the model, or the whole model on the device
+    (a training launch's FSDP/DeepSpeed strategy sized as launched)."""
+    args, model, job = asked.args, asked.model, asked.job
+    if args.max_memory is not None:
+        check_memory_devices(args.max_memory, target)
+    if args.device_map is not None:
+        return placement_as_asked(args.device_map, args.max_memory, target)
+    dtype = precision.weights or "float32"
+    computes = precision.computes_in(args.task) or dtype
+    if args.task == "training" and model is not None:
+        from whichdevice.memory.training_fit import training_ask
         from whichdevice.memory.training_placement import place_training
 
-        dtype, computes = dtypes[0] or "float32", dtypes[1] or dtypes[0] or "float32"
-        sized: list[TraceStep] = []
-        from whichdevice.memory.training_fit import training_ask
-
-        checkpointing = args.gradient_checkpointing
-        ask = training_ask(checkpointing, backend, result, model, dtype, computes) if args.task == "training" else None
-        done = place_training(
-            model, backend, result, device, dist, dtype, computes, args.max_memory, args.quantize, sized, job,
-            launched, movable=request.index is None, ask=ask,
-        )  # fmt: skip
-        loads = done.loads if done.loads != dtype else None
-        return _Placed(*done.placed, done.plan, loads, done.limits, done.load, done.setup), sized
-    return _Placed(device), [
-        TraceStep(
-            "placement",
-            f"device_map={device!r}: the whole model on the chosen device (pass model= to check that it fits)",
+        ask = training_ask(args.gradient_checkpointing, target, model, dtype, computes)
+        ask = ask._replace(attention=attention.name)
+        launched = asked.accelerate.strategy
+        placed, steps = place_training(
+            model, target, dtype, computes, args.max_memory, args.quantize, job, launched, ask
         )
-    ]
+        # The weights' dtype is placement's only where it differs from the one it was sized in.
+        return replace(placed, weights=placed.weights if placed.weights != dtype else None), steps
+    if model is not None or args.max_memory is not None:
+        from whichdevice.memory.placement import place_model
+
+        movable = asked.device.index is None and not target.launched and args.task == "inference"
+        return place_model(
+            model, target, dtype, args.max_memory, args.quantize, job,
+            attention=attention.name, dequantize=chosen.dequantize, movable=movable,
+        )  # fmt: skip
+    if args.task == "training" and partitioned_on_load(None, asked.accelerate.strategy, target.launched):
+        return Placement(target.device, note=ZERO3_LOADING), [TraceStep("placement", ZERO3_LOADING)]
+    note = "the whole model on the chosen device (pass model= to check that it fits)"
+    return Placement(target.device, note=note), [TraceStep("placement", f"device_map={target.device!r}: {note}")]

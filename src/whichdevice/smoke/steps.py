@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from whichdevice.device.request import as_task
 from whichdevice.smoke.progress import Progress
 
 __all__ = ["NEW_TOKENS", "TINY_LLAMA", "TRAIN_STEPS", "SmokeCheckError", "tiny_llama_config"]
@@ -52,7 +53,7 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
     from whichdevice import resolve_device  # the public API, as a user's script calls it
 
     for task in tasks:
-        state[task] = resolve_device(device, task=task)
+        state[task] = resolve_device(device, task=as_task(task))
     state["device"] = device
     first = state[tasks[0]]
     state["where"] = f" on {first.device}"
@@ -93,7 +94,7 @@ def _load(state: dict[str, Any], tmp: Path, task: str) -> str:
 
     # Resolved again with the saved model, as a user loading it would: placement checks its size
     # and the attention can be the one verified for its architecture.
-    res = state[task] = resolve_device(state["device"], task=task, model=tmp / "model")
+    res = state[task] = resolve_device(state["device"], task=as_task(task), model=tmp / "model")
     kwargs = res.model_kwargs()
     if kwargs.get("use_kernels"):
         # Hub kernels are downloaded on first use; the smoke test promises no downloads.
@@ -113,8 +114,10 @@ def _verify(model: Any, res: Any) -> None:
     if res.dtype is not None and model.dtype != res.dtype:
         raise SmokeCheckError(f"the model loaded in {model.dtype}, but the resolution says {res.dtype}")
     attn = getattr(model.config, "_attn_implementation", None)
-    if attn != res.attn_implementation:
-        raise SmokeCheckError(f"the model uses attention {attn!r}, but the resolution says {res.attn_implementation!r}")
+    # prepare() ran (_load): where it installs whichdevice's decode attention, that is what the model runs.
+    said = res.tuning.attention_after_prepare(res.attn_implementation) if res.tuning else res.attn_implementation
+    if attn != said:
+        raise SmokeCheckError(f"the model uses attention {attn!r}, but the resolution says {said!r}")
 
 
 def _random_ids(torch: Any, batch: int, length: int, seed: int) -> Any:

@@ -41,11 +41,11 @@ from whichdevice.core.errors import DeviceError
 from whichdevice.core.packages import simulated_packages
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware import store as _probe
-from whichdevice.hardware.calibration import calibration_enabled, parse_figures, pin
 from whichdevice.hardware.envhooks import _forget
 from whichdevice.hardware.probes import interpret, not_installed
 from whichdevice.hardware.probes.cpu_facts import BF16_CPU_FLAGS
 from whichdevice.hardware.registry import backend_names, get_backend
+from whichdevice.measure.calibration import calibration_enabled, parse_figures, pin
 from whichdevice.testing.readings import simulated_readings
 from whichdevice.testing.replay import RecordedMachine, load_report, replay_environment, replaying
 from whichdevice.testing.spec import SimulatedDevice, parse_spec
@@ -79,7 +79,7 @@ class _SimulatedStore(_probe._Store):
         self.release = release
         self.recorded = recorded
         cpu = specs.get("cpu")
-        # What oneDNN packs on the simulated CPU (hardware.probes.cpu_memory.packable_dtypes); None:
+        # What oneDNN packs on the simulated CPU (measure.cpu_memory.packable_dtypes); None:
         # this machine's answer (no CPU spec, or one that keeps the real flags).
         self.packs: frozenset[str] | None = None
         if cpu is not None and recorded is None:

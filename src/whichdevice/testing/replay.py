@@ -174,7 +174,7 @@ def _calibration(source: str, entry: Any) -> tuple[str | None, str]:
     spec, why = entry.get("spec"), entry.get("why") or RecordedMachine.calibration_why
     if spec is None:
         return None, why
-    from whichdevice.hardware.calibration import parse_figures
+    from whichdevice.measure.calibration import parse_figures
 
     if not isinstance(spec, str):
         raise damaged

@@ -108,7 +108,7 @@ class SimulatedDevice:
     cuda: str | None = None
     arch: tuple[str, ...] | None = None
     host: str | None = None
-    # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.hardware.calibration)
+    # the CPU's calibration figures ("bf16.b1:1.15/bf16.prompt:0.3", see whichdevice.measure.calibration)
     calibration: str | None = None
     # the weight dtypes oneDNN packs on the simulated CPU (None: as its flags imply)
     packs: frozenset[str] | None = None
@@ -135,7 +135,7 @@ def _parse_macos(key: str, text: str) -> str:
 
 
 def _parse_calibration(key: str, text: str) -> str:
-    from whichdevice.hardware.calibration import parse_figures
+    from whichdevice.measure.calibration import parse_figures
 
     try:
         parse_figures(text)
@@ -145,7 +145,7 @@ def _parse_calibration(key: str, text: str) -> str:
 
 
 def _parse_packs(key: str, text: str) -> frozenset[str]:
-    from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES
+    from whichdevice.measure.cpu_memory import PACKED_DTYPES
 
     names = frozenset(n for n in re.split(r"[+ ]", text.strip().lower()) if n)
     if not names <= set(PACKED_DTYPES):

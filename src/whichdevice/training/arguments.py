@@ -74,7 +74,7 @@ def _conflicts(res: Resolution, user: dict[str, Any]) -> None:
     name = backend.name
     # A flag that cannot run here is refused; one that runs at a cost (bf16 emulated on this CPU) is
     # the user's to take, with the measured cost said.
-    for message in precision_conflicts(backend, res.probe, res.device, user, _cpu_calibration(res, user)):
+    for message in precision_conflicts(res.target, user, _cpu_calibration(res, user)):
         warnings.warn(message, stacklevel=_caller_stacklevel())
     ddp = user.get("ddp_backend")
     if ddp is not None:
@@ -114,7 +114,7 @@ def _cpu_calibration(res: Resolution, user: dict[str, Any]) -> Any:
     calibrated, or not the CPU); never measured for a warning."""
     if res.backend.name != "cpu" or not any(user.get(f) for f in ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval")):
         return None
-    from whichdevice.hardware.calibration import calibration
+    from whichdevice.measure.calibration import calibration
 
     return calibration(measure=False)[0]
 

@@ -351,7 +351,7 @@ def _priced_notes(resolution: Resolution, trainable: int, r: int, checkpointing:
     """What differs from the plan the resolution priced: the adapters' parameters (rank, targets), and
     checkpointing, each with what it changes."""
     from whichdevice.core.sizes import format_bytes
-    from whichdevice.memory.training_job import OPTIMIZERS
+    from whichdevice.memory.training_records import OPTIMIZERS
 
     setup = resolution.training_setup
     if setup is None or setup.train == "full" or setup.adapters is None:

@@ -9,7 +9,9 @@ them), and the first call they repay packs, within that call's budget. Pipelines
 call the transformers model's ``generate`` and meet the same wrapper; a decode loop of its own
 calling ``forward`` runs unpacked. The wrapper also passes ``cache_implementation="static"`` where the
 resolution chose it, to calls that set no cache of their own: unlike a value written into the
-model's ``generation_config``, it is not saved with the model.
+model's ``generation_config``, it is not saved with the model. As with the single-row forward
+(``tuning.single_row``), the model names the wrapper installed now (``INSTALLED``), and a wrapper it
+does not name passes calls through: one that another's ``generate`` wrapper sits over is taken back so.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.tuning.single_row import input_shape
 
 if TYPE_CHECKING:
-    from whichdevice.core.packing_plan import PackingPlan
+    from whichdevice.measure.packing_plan import PackingPlan
 
-__all__ = ["DEFAULT_NEW_TOKENS", "call_tokens", "install_generate_hook", "remove_generate_hook"]
+__all__ = ["DEFAULT_NEW_TOKENS", "INSTALLED", "call_tokens", "install_generate_hook", "remove_generate_hook"]
+
+# The model's attribute naming the generate wrapper installed now.
+INSTALLED = "_whichdevice_generate"
 
 # The new tokens generate makes where no length is set anywhere (transformers 5 reads its default
 # max_length of 20 as new tokens; 4.x sets max_length=20 in GenerationConfig, which is read below).
@@ -90,6 +95,8 @@ class _TunedGenerate:
         return self.inner if self.inner is not None else type(self.model).generate.__get__(self.model)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if vars(self.model).get(INSTALLED) is not self:  # taken back from under another's wrapper
+            return self._generate()(*args, **kwargs)
         if self.plan is not None:
             self._pack_if_it_pays(args, kwargs)
         if self.static_cache and not _sets_a_cache(self.model, kwargs):
@@ -120,20 +127,30 @@ class _TunedGenerate:
 def install_generate_hook(model: Any, plan: PackingPlan | None, static_cache: bool) -> bool:
     """Wrap ``model.generate`` to pack by ``plan`` at the first call its tokens repay, and to pass the
     static cache where ``static_cache``. False: nothing to wrap (no plan and no static cache, or no
-    ``generate``). A wrapper of ours already there is replaced (the latest resolution's)."""
+    ``generate``). A wrapper of ours installed already gets the latest resolution's settings, wherever
+    it sits."""
     if (plan is None and not static_cache) or not callable(getattr(type(model), "generate", None)):
         return False
+    installed = vars(model).get(INSTALLED)
+    if isinstance(installed, _TunedGenerate):
+        with _deciding:
+            installed.plan, installed.static_cache = plan, static_cache
+        return True
     current = vars(model).get("generate")
     inner = current.inner if isinstance(current, _TunedGenerate) else current
-    model.generate = _TunedGenerate(model, plan, static_cache, inner)
+    wrapper = _TunedGenerate(model, plan, static_cache, inner)
+    model.generate = wrapper
+    vars(model)[INSTALLED] = wrapper
     return True
 
 
 def remove_generate_hook(model: Any) -> bool:
-    """Take ``install_generate_hook``'s wrapper off ``model`` (an inner generate it wrapped goes back)."""
+    """Take ``install_generate_hook``'s wrapper back from ``model``: off, where it is on top (an inner
+    generate it wrapped goes back); passing calls through, where another's wrapper sits over it."""
+    installed = vars(model).pop(INSTALLED, None)
     current = vars(model).get("generate")
     if not isinstance(current, _TunedGenerate):
-        return False
+        return installed is not None
     if current.inner is not None:
         model.generate = current.inner
     else:

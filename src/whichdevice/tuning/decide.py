@@ -1,11 +1,12 @@
 """Which tunings a resolution hands over: one ``Tuning`` record (or None), each setting with its trace line.
 
-On a CPU both settings come from the same estimate the dtype was chosen by (``precision.estimate``),
+On a CPU both settings come from the same estimate the dtype was chosen by (``measure.estimate``),
 made again for the dtype that loads: batch-1 decode steps through torch's GEMV kernel where that
 path was measured ``MARGIN`` faster for bf16 weights streamed from memory, and the linear weights
 packed ahead where the whole job, packing counted, is ``PACK_MARGIN`` faster and this CPU's oneDNN
 packs that dtype. Only for an inference load whole on the CPU, unquantized, with every figure its
-estimate reads steady. On an NVIDIA GPU, the static cache (``tuning.static_cache``).
+estimate reads steady. On an NVIDIA GPU, the static cache (``tuning.static_cache``). The CPU decode
+attention is chosen with the attention (attention/choose.py) and recorded here, since prepare() installs it.
 """
 
 from __future__ import annotations
@@ -13,44 +14,51 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import item_size, short_name
-from whichdevice.core.packing_plan import PACK_MARGIN
 from whichdevice.core.records import TraceStep
-from whichdevice.precision.estimate import estimate_seconds, lost_figures
+from whichdevice.measure.estimate import estimate_seconds, lost_figures
+from whichdevice.measure.packing_plan import PACK_MARGIN
 from whichdevice.tuning.record import Tuning
-from whichdevice.tuning.static_cache import Loaded, static_cache_step
+from whichdevice.tuning.static_cache import static_cache_step
 
 if TYPE_CHECKING:
+    from whichdevice.attention.record import Attention
     from whichdevice.core.job import Job
-    from whichdevice.core.packing_plan import PackingPlan
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.device.target import Target
+    from whichdevice.measure.estimate import CpuJob
+    from whichdevice.measure.packing_plan import PackingPlan
+    from whichdevice.memory.fit import Placement
     from whichdevice.model.facts import ModelFacts
-    from whichdevice.precision.estimate import CpuJob
 
-__all__ = ["Loaded", "decide_tuning"]
+__all__ = ["decide_tuning"]
 
 
 def decide_tuning(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     task: str,
     measured: CpuJob | None,
     model: ModelFacts | None,
     job: Job,
-    loaded: Loaded,
+    placement: Placement,
+    attention: Attention,
+    quantized: bool,
 ) -> tuple[Tuning | None, list[TraceStep]]:
-    """What ``Resolution.prepare(model)`` installs for this resolution, and the trace lines that say why."""
+    """What ``Resolution.prepare(model)`` installs for this resolution (the model as ``placement`` loads
+    it, running ``attention``; ``quantized``: by bitsandbytes or as the checkpoint stores it), and the
+    trace lines that say why."""
     single_row, packing, steps = False, None, list[TraceStep]()
-    if task == "inference" and measured is not None and _whole_on_cpu(loaded):
-        single_row, packing, steps = _cpu_tunings(measured, loaded.dtype)  # type: ignore[arg-type]
-    static_cache, more = static_cache_step(backend, result, task, model, job, loaded=loaded)
+    dtype = placement.weights
+    if task == "inference" and measured is not None and dtype is not None and _whole_on_cpu(placement, quantized):
+        single_row, packing, steps = _cpu_tunings(measured, dtype)
+    static_cache, more = static_cache_step(target, task, model, job, placement, attention, quantized)
     steps += more
-    if not (single_row or packing or static_cache):
+    decode = attention.decode  # chosen with the attention, said in its trace line
+    if not (single_row or packing or static_cache or decode):
         return None, steps
-    return Tuning(single_row, packing, static_cache), steps
+    return Tuning(single_row, packing, static_cache, decode), steps
 
 
-def _whole_on_cpu(loaded: Loaded) -> bool:
-    return loaded.device_map == "cpu" and loaded.quantization is None and loaded.dtype is not None
+def _whole_on_cpu(placement: Placement, quantized: bool) -> bool:
+    return placement.device_map == "cpu" and not quantized
 
 
 def _cpu_tunings(measured: CpuJob, dtype: str) -> tuple[bool, PackingPlan | None, list[TraceStep]]:
@@ -67,7 +75,7 @@ def _cpu_tunings(measured: CpuJob, dtype: str) -> tuple[bool, PackingPlan | None
         steps.append(TraceStep("generation", _SINGLE_ROW))
     plan = step.plan
     if plan is not None:
-        from whichdevice.hardware.probes.cpu_memory import packable_dtypes
+        from whichdevice.measure.cpu_memory import packable_dtypes
 
         if dtype not in packable_dtypes():
             why = (

@@ -30,7 +30,7 @@ import torch
 
 from whichdevice.core import progress
 from whichdevice.core.errors import printable
-from whichdevice.hardware.probes.cpu_memory import PACKED_DTYPES, packable_dtypes, packing_ops
+from whichdevice.measure.cpu_memory import PACKED_DTYPES, packable_dtypes, packing_ops
 
 __all__ = [
     "HEADROOM",

@@ -13,6 +13,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DeviceError, printable
+from whichdevice.tuning.at_generate import INSTALLED as _GENERATE
+from whichdevice.tuning.at_generate import remove_generate_hook
+from whichdevice.tuning.decode_attention import installed_configs, remove_decode_attention
+from whichdevice.tuning.single_row import INSTALLED as _SINGLE_ROW
+from whichdevice.tuning.single_row import remove_single_row
 
 if TYPE_CHECKING:
     from whichdevice.tuning.record import Tuning
@@ -52,6 +57,11 @@ def prepare(tuning: Tuning | None, obj: Any) -> Any:
     if tuning is None:
         return obj
     log = logging.getLogger("whichdevice")
+    if tuning.decode_attention:
+        from whichdevice.tuning.decode_attention import install_decode_attention
+
+        if not install_decode_attention(model) and not installed_configs(model):
+            log.info("prepare: the decode attention is not installed: the model does not run sdpa")
     if tuning.single_row:
         from whichdevice.tuning.single_row import install_single_row
 
@@ -76,14 +86,14 @@ def unprepare(obj: Any) -> Any:
     return ``obj``: its forward and generate are the class's again (or what was there before), no
     layer keeps a packed copy, every weight is a plain Parameter."""
     model = model_of(obj)
-    if "forward" in vars(model) or "generate" in vars(model):
-        from whichdevice.tuning.at_generate import remove_generate_hook
-        from whichdevice.tuning.single_row import remove_single_row
-
+    if any(name in vars(model) for name in ("forward", "generate", _SINGLE_ROW, _GENERATE)):
+        # Wherever they sit: on top, or under another's wrapper (accelerate's, a user's), where they
+        # then pass every call through.
         remove_single_row(model)
         remove_generate_hook(model)
     if "torch" in sys.modules:
         from whichdevice.tuning.packed_weights import unpack
 
         unpack(model)
+    remove_decode_attention(model)
     return obj

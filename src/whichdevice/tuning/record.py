@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.attention.decode_forward import ATTENTION_NAME as DECODE_ATTENTION
+
 if TYPE_CHECKING:
-    from whichdevice.core.packing_plan import PackingPlan
+    from whichdevice.measure.packing_plan import PackingPlan
 
 __all__ = ["Tuning"]
 
@@ -20,11 +22,15 @@ class Tuning:
     get a copy packed ahead in oneDNN's layout for ``packing.batch`` rows (CPU, measured faster for the
     job, packing counted); at ``prepare`` where the job's new tokens were told, else at the first
     ``generate`` call whose own tokens repay it. ``static_cache``: generate gets
-    ``cache_implementation="static"``, which it compiles (NVIDIA GPU, a job long enough to repay it)."""
+    ``cache_implementation="static"``, which it compiles (NVIDIA GPU, a job long enough to repay it).
+    ``decode_attention``: the model, loaded with the sdpa the keywords name, runs whichdevice's CPU decode
+    attention (``whichdevice_sdpa``) instead (CPU inference in bf16/fp16 for a verified grouped-query
+    architecture, or asked for)."""
 
     single_row: bool = False
     packing: PackingPlan | None = None
     static_cache: bool = False
+    decode_attention: bool = False
 
     @property
     def packed_for_batch(self) -> int | None:
@@ -40,6 +46,11 @@ class Tuning:
         """The seconds a packing at prepare() may take (priced at its own rate as it runs); None: no packing."""
         return self.packing.budget_for_job if self.packing is not None else None
 
+    def attention_after_prepare(self, handed: str | None) -> str | None:
+        """The attention a model loaded with ``handed`` (the keywords' attn_implementation) runs once
+        prepared: whichdevice's decode attention in place of sdpa, else ``handed``."""
+        return DECODE_ATTENTION if self.decode_attention and handed == "sdpa" else handed
+
     def generate_kwargs(self) -> dict[str, Any]:
         """Keywords for ``model.generate`` (or a text-generation pipeline's call)."""
         return {"cache_implementation": "static"} if self.static_cache else {}
@@ -52,4 +63,5 @@ class Tuning:
             "packing_budget_s": None if budget is None or self.packing_at_generate else round(budget, 3),
             "packing_at_generate": self.packing_at_generate,
             "static_cache": self.static_cache,
+            "decode_attention": self.decode_attention,
         }

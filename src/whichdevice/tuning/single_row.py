@@ -7,6 +7,13 @@ for it is global, so the model's ``forward`` is wrapped: a call that computes on
 inside ``onednn.onednn_off()`` (the process-wide owner of the switch), every other call as before.
 A wrapper rather than forward hooks: torch skips ``always_call`` hooks on KeyboardInterrupt, which
 left the switch off for the whole process.
+
+Others wrap ``model.forward`` too, at instance level, over ours: accelerate's ``Accelerator.prepare``
+with mixed precision (``model._original_forward`` keeps ours, and ``unwrap_model`` keeps its wrapper by
+default), peft, a user's decorator (through ``__wrapped__`` or only a closure). Theirs cannot be undone
+from outside, so the wrapper that is installed is named on the model (``INSTALLED``), and a wrapper that
+is not the one named there passes every call through: ``unprepare`` takes the name away wherever the
+wrapper sits, and takes the wrapper itself off where it is on top.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from typing import Any
 
 from whichdevice.tuning.onednn import onednn_off
 
-__all__ = ["input_shape", "install_single_row", "remove_single_row", "single_row_rows"]
+__all__ = ["INSTALLED", "input_shape", "install_single_row", "remove_single_row", "single_row_rows"]
+
+# The model's attribute naming the wrapper installed now (a deepcopy or pickle carries it with the wrapper).
+INSTALLED = "_whichdevice_single_row"
 
 
 def input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
@@ -47,7 +57,8 @@ class _OneRowForward:
 
     A callable object bound to its model, not a closure: a deepcopy or pickle of the model carries it
     bound to the copy. ``inner`` is an instance-level forward that was there first (accelerate's hooks
-    put one there), called in its place; None: the class's own."""
+    put one there), called in its place; None: the class's own. Only while the model names it
+    (``INSTALLED``) does it turn oneDNN off; taken back under another's wrapper, it only passes calls on."""
 
     __slots__ = ("inner", "model")
 
@@ -68,7 +79,7 @@ class _OneRowForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         forward = self._forward()
-        if single_row_rows(args, kwargs) != 1 or _compiling():
+        if vars(self.model).get(INSTALLED) is not self or single_row_rows(args, kwargs) != 1 or _compiling():
             return forward(*args, **kwargs)
         with onednn_off():
             return forward(*args, **kwargs)
@@ -83,19 +94,25 @@ def _compiling() -> bool:
 
 def install_single_row(model: Any) -> bool:
     """Wrap ``model.forward`` so that its calls of one token row run with oneDNN off. False: it was
-    wrapped already."""
-    current = vars(model).get("forward")
-    if isinstance(current, _OneRowForward):
+    installed already (on top, or under another's wrapper)."""
+    if isinstance(vars(model).get(INSTALLED), _OneRowForward):
         return False
-    model.forward = _OneRowForward(model, current)
+    current = vars(model).get("forward")
+    if isinstance(current, _OneRowForward):  # one of ours taken back earlier, left on top: take its place
+        current = current.inner
+    wrapper = _OneRowForward(model, current)
+    model.forward = wrapper
+    vars(model)[INSTALLED] = wrapper
     return True
 
 
 def remove_single_row(model: Any) -> bool:
-    """Take ``install_single_row``'s wrapper off ``model`` (an inner forward it wrapped goes back)."""
+    """Take ``install_single_row``'s wrapper back from ``model``: off, where it is on top (an inner
+    forward it wrapped goes back); passing calls through, where another's wrapper sits over it."""
+    installed = vars(model).pop(INSTALLED, None)
     current = vars(model).get("forward")
     if not isinstance(current, _OneRowForward):
-        return False
+        return installed is not None
     if current.inner is not None:
         model.forward = current.inner
     else:

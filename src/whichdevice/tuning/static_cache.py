@@ -13,7 +13,7 @@ the trace says why.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import item_size
 from whichdevice.core.job import Job, new_tokens
@@ -21,7 +21,9 @@ from whichdevice.core.records import TraceStep
 from whichdevice.tuning.compile_support import cannot_compile_here
 
 if TYPE_CHECKING:
-    from whichdevice.core.records import Backend, ProbeResult
+    from whichdevice.attention.record import Attention
+    from whichdevice.device.target import Target
+    from whichdevice.memory.fit import Placement
     from whichdevice.model.facts import ModelFacts
 
 __all__ = [
@@ -29,7 +31,6 @@ __all__ = [
     "COMPILE_PAYS_AFTER_STEPS",
     "MEASURED_BATCH",
     "MEASURED_WEIGHT_BYTES",
-    "Loaded",
     "static_cache_step",
 ]
 
@@ -50,30 +51,31 @@ _MEASURED_ATTENTION = "sdpa"
 
 
 def static_cache_step(
-    backend: Backend,
-    result: ProbeResult,
+    target: Target,
     task: str,
     model: ModelFacts | None,
     job: Job,
-    *,
-    loaded: Loaded,
+    placement: Placement,
+    attention: Attention,
+    quantized: bool,
 ) -> tuple[bool, list[TraceStep]]:
     """Whether generate gets ``cache_implementation="static"`` (compiled by generate on CUDA): an
     inference job on one NVIDIA GPU, long enough to repay the compile, for a model inside the measured
     range whose classes transformers marks as compiling whole."""
-    if backend.name != "cuda" or result.variant != "cuda" or task != "inference" or not job.generation:
+    if target.name != "cuda" or target.variant != "cuda" or task != "inference" or not job.generation:
         # Measured on NVIDIA alone (a CPU's settings are measured by its calibration), and only
         # for a job that says its sequences: a resolution that knows nothing of one says nothing.
         return False, []
+    dtype = placement.weights
     refusal = (
-        loaded.unusual()
-        or _outside_measured(loaded.dtype, loaded.attention, model, job)
+        _unusual(target, placement, attention, quantized)
+        or _outside_measured(dtype, attention.name, model, job)
         or _tokens_needed(job)
-        or cannot_compile_here(result)
+        or cannot_compile_here(target.probe)
     )
     if refusal is not None:
         return False, [TraceStep("generation", f"generate's own cache, not a compiled static one: {refusal}")]
-    size = (_step_parameters(model) or 0) * item_size(loaded.dtype or "bfloat16") / 1e9  # checked above: set
+    size = (_step_parameters(model) or 0) * item_size(dtype or "bfloat16") / 1e9  # checked above: set
     why = (
         "cache_implementation='static' (res.generate_kwargs(); res.prepare(model) passes it to the model's "
         "generate calls that set no cache of their own): generate compiles its decode step with CUDA graphs, "
@@ -85,26 +87,16 @@ def static_cache_step(
     return True, [TraceStep("generation", why)]
 
 
-class Loaded(NamedTuple):
-    """How the model loads, as resolved: what decides whether generate may compile it."""
-
-    dtype: str | None
-    attention: str | None
-    device: str
-    device_map: Any
-    quantization: Any = None
-    use_kernels: bool = False
-
-    def unusual(self) -> str | None:
-        """Why generate's compile is not handed over for this load (as transformers' own checks and
-        what was measured have it), or None."""
-        if self.quantization is not None:
-            return "the weights are quantized, and not every method compiles (transformers checks each itself)"
-        if self.device_map != self.device:
-            return f"the model is not whole on {self.device} (device_map={self.device_map!r})"
-        if self.use_kernels:
-            return "Hub kernels replace layers, and were not measured compiled"
-        return None
+def _unusual(target: Target, placement: Placement, attention: Attention, quantized: bool) -> str | None:
+    """Why generate's compile is not handed over for this load (as transformers' own checks and what was
+    measured have it), or None."""
+    if quantized:
+        return "the weights are quantized, and not every method compiles (transformers checks each itself)"
+    if placement.device_map != target.device:
+        return f"the model is not whole on {target.device} (device_map={placement.device_map!r})"
+    if attention.use_kernels:
+        return "Hub kernels replace layers, and were not measured compiled"
+    return None
 
 
 def _step_parameters(model: ModelFacts | None) -> int | None:
