@@ -218,13 +218,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="measure only these")
     parser.add_argument("--kinds", action="store_true", help="only write each measured family's kind")
+    parser.add_argument(
+        "--one-attention",
+        action="store_true",
+        help="measure only the attention the class uses by default (sdpa where it has it): half the steps; "
+        "the table then prices eager from the sdpa rows (memory/activations.py's closest measured mode)",
+    )
     args = parser.parse_args()
     if args.kinds:
         table = json.loads(OUT.read_text())
         for name, entry in table["families"].items():
             family = FAMILIES[name]
             entry["sizes"] = len(family.sizes)
-        entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+            entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
         OUT.write_text(json.dumps(table, indent=1) + "\n")
         return
     table: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() and args.family else {"families": {}}
@@ -234,7 +240,7 @@ def main() -> None:
         folders: dict[Any, str] = {}
         entry: dict[str, Any] = {"kind": "", "modes": {}}
         grid = real_shapes(family)
-        for mode in modes(attentions_of(family)):
+        for mode in modes(attentions_of(family)[:1] if args.one_attention else attentions_of(family)):
             entry["modes"][mode.key] = measure_mode(family, mode, folders, grid)
             errors = " ".join(f"{q} {entry['modes'][mode.key][q]['error']:.3f}" for q in QUANTITIES)
             print(f"{name:12s} {mode.key:42s} {errors}", flush=True)
@@ -242,10 +248,22 @@ def main() -> None:
         entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
         table["families"][name] = entry
         print(f"{name}: {time.monotonic() - started:.0f} s, fp16 vs bf16 {entry['float16_vs_bfloat16']:.4f}")
-        _write(table)  # each family as it is done: a long run interrupted keeps what it measured
+        _write(table, name)  # each family as it is done: a long run interrupted keeps what it measured
 
 
-def _write(table: dict[str, Any]) -> None:
+def _write(table: dict[str, Any], measured: str) -> None:
+    """Write the family measured here over what the file holds now, under a lock: runs for different
+    families (``--family``) can measure side by side without one writing over the other."""
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "whichdevice-activation-table.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if OUT.exists():
+            table["families"] = {**json.loads(OUT.read_text())["families"], measured: table["families"][measured]}
+        _write_locked(table)
+
+
+def _write_locked(table: dict[str, Any]) -> None:
     table["generated"] = {
         "script": "scripts/gen_activation_table.py",
         "date": datetime.date.today().isoformat(),

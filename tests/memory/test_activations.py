@@ -143,3 +143,17 @@ def test_an_unmeasured_architecture_takes_the_closest_family_and_says_which(conf
     found, note = family_of(shape_of_config(config))
     assert found == family
     assert (note is None) if said is None else (said in note and repr(found) in note)
+
+
+def test_a_table_without_the_kinds_family_still_prices_it(monkeypatch):
+    """A table that lacks a kind's fallback family (a partial regeneration) prices the model with another
+    measured family instead of raising KeyError from inside the library."""
+    from whichdevice.memory import activations
+
+    table = activations._table()
+    partial = {**table, "families": {k: v for k, v in table["families"].items() if k in ("llama", "qwen2")}}
+    monkeypatch.setattr(activations, "_table", lambda: partial)
+    shape = shape_of_config({"model_type": "granitemoe", "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2})  # fmt: skip
+    found, note = family_of(shape)
+    assert found in partial["families"] and note is not None and repr(found) in note
