@@ -238,17 +238,30 @@ def main() -> None:
         family = FAMILIES[name]
         started = time.monotonic()
         folders: dict[Any, str] = {}
-        entry: dict[str, Any] = {"kind": "", "modes": {}}
+        kind = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+        entry: dict[str, Any] = {"kind": kind, "sizes": len(family.sizes), "modes": {}}
+        table["families"][name] = entry
         grid = real_shapes(family)
-        for mode in modes(attentions_of(family)[:1] if args.one_attention else attentions_of(family)):
+        measured = modes(attentions_of(family)[:1] if args.one_attention else attentions_of(family))
+        for mode in sorted(measured, key=_priority):
             entry["modes"][mode.key] = measure_mode(family, mode, folders, grid)
             errors = " ".join(f"{q} {entry['modes'][mode.key][q]['error']:.3f}" for q in QUANTITIES)
             print(f"{name:12s} {mode.key:42s} {errors}", flush=True)
+            _write(table, name)  # each mode as it is done: a run stopped early keeps what it measured
         entry["float16_vs_bfloat16"] = round(check_half(family, folders), 4)
-        entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
-        table["families"][name] = entry
         print(f"{name}: {time.monotonic() - started:.0f} s, fp16 vs bf16 {entry['float16_vs_bfloat16']:.4f}")
-        _write(table, name)  # each family as it is done: a long run interrupted keeps what it measured
+        _write(table, name)
+
+
+# The modes jobs are priced in most, first (a run stopped early has them): mixed precision on a GPU, LoRA
+# on a 16-bit base, fp32 on a CPU, QLoRA; each without then with checkpointing.
+_ORDER = ("full/float32/bfloat16", "lora/bfloat16/bfloat16", "full/float32/none", "qlora/4bit/bfloat16",
+          "lora/float32/none", "full/bfloat16/none", "qlora/4bit/none")  # fmt: skip
+
+
+def _priority(mode: Mode) -> tuple[int, bool]:
+    training = "/".join(mode.key.split("/")[:3])
+    return (_ORDER.index(training) if training in _ORDER else len(_ORDER), mode.checkpointing)
 
 
 def _write(table: dict[str, Any], measured: str) -> None:

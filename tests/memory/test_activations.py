@@ -157,3 +157,29 @@ def test_a_table_without_the_kinds_family_still_prices_it(monkeypatch):
                              "hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2})  # fmt: skip
     found, note = family_of(shape)
     assert found in partial["families"] and note is not None and repr(found) in note
+
+
+@pytest.mark.parametrize("missing", ["qlora", "lora"])
+def test_a_training_a_family_was_not_measured_in_is_its_nearest_plus_what_the_reference_adds(monkeypatch, missing):
+    """A family measured without QLoRA (or LoRA) rows: priced from its nearest measured training plus what
+    llama measured that training to add at this model's widths, and the note says so; for llama itself
+    the transfer gives its own measured rows back."""
+    from whichdevice.memory import activations
+
+    table = activations._table()
+    llama = table["families"]["llama"]
+    partial = {k: v for k, v in llama["modes"].items() if not k.startswith(f"{missing}/")}
+    patched = {**table, "families": {**table["families"], "gemma2": {**llama, "modes": partial}}}
+    monkeypatch.setattr(activations, "_table", lambda: patched)
+    config = {"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 64, "hidden_size": 512, "intermediate_size": 1536, "vocab_size": 32000}  # fmt: skip
+    shape = shape_of_config(config)
+    mode = ActivationMode(missing, "4bit" if missing == "qlora" else "bfloat16", "bfloat16", "sdpa", True)
+    priced = training_activations(shape, mode, 1, 512, params=40_000_000, largest_weight=786_432)
+    monkeypatch.setattr(activations, "_table", lambda: table)
+    shape_llama = shape_of_config({**config, "model_type": "llama"})
+    own = training_activations(shape_llama, mode, 1, 512, params=40_000_000, largest_weight=786_432)
+    # gemma2 here carries llama's coefficients without the missing training: the transfer gives llama's rows.
+    assert priced.kept == pytest.approx(own.kept, rel=1e-6)
+    assert priced.peak == pytest.approx(own.peak, rel=1e-6)
+    assert priced.note is not None and "was not measured in" in priced.note and "'llama'" in priced.note
