@@ -44,9 +44,11 @@ BASES: dict[str, dict[str, tuple[str, ...]]] = {
         "per_token_squared": ("one", "heads"),
         "constant": ("head_params", "one"),
     },
-    # A peak's moment can hold anything of a layer or of the head: the union of both bases.
+    # A peak's moment can hold anything of a layer or of the head: the union of both bases. The head's
+    # widths first: a family with more per-token widths than measured sizes (routed experts) has some
+    # columns left out by fit(), and the loss's peak must keep its vocabulary.
     "head": {
-        "per_token": (*_LAYER, "vocab", "head_dim"),
+        "per_token": ("vocab", "head_dim", *_LAYER),
         "per_token_squared": ("heads", "one"),
         "constant": ("layer_params", "head_params", "largest_weight", "one"),
     },

@@ -45,7 +45,7 @@ def _unseen(probe, family) -> dict:
     for key, value in (
         ("hidden_size", _HIDDEN), ("n_embd", _HIDDEN), ("d_model", _HIDDEN),
         ("intermediate_size", _INTER), ("n_inner", _INTER), ("d_ff", _INTER), ("encoder_ffn_dim", _INTER),
-        ("decoder_ffn_dim", _INTER), ("moe_intermediate_size", _INTER // 4),
+        ("decoder_ffn_dim", _INTER), ("moe_intermediate_size", 104),  # grouped_mm: a row of 16-byte multiples
         ("num_attention_heads", _HEADS), ("n_head", _HEADS), ("num_heads", _HEADS), ("encoder_attention_heads", _HEADS),
         ("decoder_attention_heads", _HEADS), ("num_key_value_heads", _KV), ("head_dim", _HEAD_DIM), ("d_kv", _HEAD_DIM),
         ("vocab_size", _VOCAB), ("state_size", 6),
@@ -117,7 +117,8 @@ def test_the_table_says_where_it_came_from():
 
 def test_the_table_covers_the_families_the_record_needs():
     needed = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2", "t5", "bart",
-              "mixtral", "qwen3_moe", "mamba"}  # fmt: skip
+              "mixtral", "qwen3_moe"}  # fmt: skip
+    # mamba (state-space) is not measured yet: its head's peak fits 3.8x off across the generator's sizes.
     assert needed <= set(_families())
 
 
@@ -129,8 +130,8 @@ def test_the_table_covers_the_families_the_record_needs():
          "qwen2", "closest family by name"),
         ({"model_type": "granitemoe", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
           "num_local_experts": 8, "num_experts_per_tok": 2}, "mixtral", "routed experts"),
-        ({"model_type": "falcon_mamba", "num_hidden_layers": 2, "hidden_size": 64, "state_size": 16}, "mamba",
-         "state-space"),
+        ({"model_type": "falcon_mamba", "num_hidden_layers": 2, "hidden_size": 64, "state_size": 16}, "llama",
+         "nor any state-space model"),
         ({"model_type": "llama4_text", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
           "num_local_experts": 16, "num_experts_per_tok": 1}, "mixtral", "routed experts"),
         ({"model_type": "pegasus", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,

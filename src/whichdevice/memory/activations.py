@@ -136,7 +136,10 @@ def family_of(shape: ModelShape) -> tuple[str, str | None]:
     named = f"model_type {own!r}" if own else "a config without model_type"
     family = _FALLBACK[kind]
     if family not in families:  # a table without the kind's own family: another of its kind, else a dense decoder
-        family = next((f for f, entry in families.items() if entry.get("kind") == kind), _FALLBACK["dense decoder"])
+        family = next((f for f, entry in families.items() if entry.get("kind") == kind), "")
+    if not family:
+        family = _FALLBACK["dense decoder"]
+        return family, f"{named} was not measured, nor any {kind} model: priced as {family!r}, a dense decoder"
     return family, f"{named} was not measured; priced as {family!r}, the measured family for a {kind} model"
 
 
