@@ -336,11 +336,20 @@ def shard_names(content: Any, index: Path) -> list[str]:
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise _damaged(index, "has no weight_map of tensor name -> shard file (corrupt)")
+    if not weight_map:  # from_pretrained would load no weight at all from it
+        raise _damaged(index, "has an empty weight_map: it names no shard (corrupt)")
     shards = sorted(set(weight_map.values()))
+    seen: dict[str, str] = {}
     for shard in shards:
         # A shard is a file of this folder (transformers joins the name to it): an absolute name or
         # one that climbs out ("../../etc/passwd") points outside the model, so the index is damaged.
         parts = Path(shard).parts
         if not parts or Path(shard).is_absolute() or ".." in parts or "\\" in shard or "\0" in shard:
             raise _damaged(index, f"names the shard {shard!r}, which is not a file inside the model folder (corrupt)")
+        if Path(*parts) == Path(index.name):
+            raise _damaged(index, f"names itself ({shard!r}) as a shard of weights (corrupt)")
+        # The same file under two spellings ("a.safetensors", "./a.safetensors") would be sized twice.
+        same = seen.setdefault(str(Path(*parts)), shard)
+        if same != shard:
+            raise _damaged(index, f"names the shard {same!r} twice, also as {shard!r} (corrupt)")
     return shards
