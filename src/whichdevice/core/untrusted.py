@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 
 __all__ = ["MAX_SECONDS", "UntrustedFileError", "read_untrusted"]
 
@@ -53,11 +54,17 @@ def _kind(mode: int) -> str | None:
 
 
 def read_untrusted(
-    path: str | os.PathLike[str], max_bytes: int, *, max_seconds: float = MAX_SECONDS, flags: int = 0
+    path: str | os.PathLike[str],
+    max_bytes: int,
+    *,
+    max_seconds: float = MAX_SECONDS,
+    flags: int = 0,
+    check: Callable[[os.stat_result], str | None] | None = None,
 ) -> bytes:
     """The bytes of ``path``, a regular file of at most ``max_bytes``, read within ``max_seconds``.
 
-    ``flags`` adds to the open's flags (``O_NOFOLLOW`` for a file that must not be a link). Raises
+    ``flags`` adds to the open's flags (``O_NOFOLLOW`` for a file that must not be a link); ``check``
+    is asked of the open descriptor's stat (its owner, ...) and what it returns stops the read. Raises
     FileNotFoundError when there is none (the caller decides whether that is a problem), and
     UntrustedFileError, naming the path, for anything else that stops the read.
     """
@@ -81,6 +88,9 @@ def read_untrusted(
         kind = _kind(info.st_mode)
         if kind is not None:  # swapped for something else between the stat and the open
             raise UntrustedFileError(f"{_quoted(where)} is {kind}, not a file; whichdevice reads only regular files")
+        problem = check(info) if check is not None else None
+        if problem is not None:
+            raise UntrustedFileError(problem)
         if info.st_size > max_bytes:
             raise UntrustedFileError(f"{_quoted(where)} is {info.st_size} bytes, over the {max_bytes} this file can be")
         return _read_capped(fd, where, max_bytes, time.monotonic() + max_seconds, max_seconds)
