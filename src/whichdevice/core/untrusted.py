@@ -34,7 +34,12 @@ _CHUNK = 1 << 16
 
 class UntrustedFileError(OSError):
     """A file named by the environment or a config that is not read: not a regular file, over its
-    size cap, too slow, or unreadable. The text names the path and what it is."""
+    size cap, too slow, or unreadable. The text names the path (quoted, escaped) and what it is;
+    ``problem`` is what it is alone, for a caller that names the path its own way."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{_quoted(where)} {problem}" if where else problem)
+        self.problem = problem
 
 
 def _kind(mode: int) -> str | None:
@@ -74,30 +79,30 @@ def read_untrusted(
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise UntrustedFileError(f"{_quoted(where)} cannot be read ({exc.strerror or exc})") from None
+        raise UntrustedFileError(where, f"cannot be read ({exc.strerror or exc})") from None
     if kind is not None:  # said before the open: opening a device can have effects of its own
-        raise UntrustedFileError(f"{_quoted(where)} is {kind}, not a file; whichdevice reads only regular files")
+        raise UntrustedFileError(where, f"is {kind}, not a file; whichdevice reads only regular files")
     try:
         fd = os.open(where, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise UntrustedFileError(f"{_quoted(where)} cannot be opened ({exc.strerror or exc})") from None
+        raise UntrustedFileError(where, f"cannot be opened ({exc.strerror or exc})") from None
     try:
         info = os.fstat(fd)
         kind = _kind(info.st_mode)
         if kind is not None:  # swapped for something else between the stat and the open
-            raise UntrustedFileError(f"{_quoted(where)} is {kind}, not a file; whichdevice reads only regular files")
+            raise UntrustedFileError(where, f"is {kind}, not a file; whichdevice reads only regular files")
         problem = check(info) if check is not None else None
         if problem is not None:
-            raise UntrustedFileError(problem)
+            raise UntrustedFileError("", problem)
         if info.st_size > max_bytes:
-            raise UntrustedFileError(f"{_quoted(where)} is {info.st_size} bytes, over the {max_bytes} this file can be")
+            raise UntrustedFileError(where, f"is {info.st_size} bytes, over the {max_bytes} this file can be")
         return _read_capped(fd, where, max_bytes, time.monotonic() + max_seconds, max_seconds)
     except UntrustedFileError:
         raise
     except OSError as exc:
-        raise UntrustedFileError(f"{_quoted(where)} cannot be read ({exc.strerror or exc})") from None
+        raise UntrustedFileError(where, f"cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
 
@@ -111,8 +116,6 @@ def _read_capped(fd: int, where: str, max_bytes: int, deadline: float, max_secon
             return bytes(out)
         out += chunk
         if len(out) > max_bytes:
-            raise UntrustedFileError(f"{_quoted(where)} is over the {max_bytes} bytes this file can be")
+            raise UntrustedFileError(where, f"is over the {max_bytes} bytes this file can be")
         if time.monotonic() > deadline:
-            raise UntrustedFileError(
-                f"{_quoted(where)} took over {max_seconds:g} s to read; its file system is stalled"
-            )
+            raise UntrustedFileError(where, f"took over {max_seconds:g} s to read; its file system is stalled")

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
@@ -147,11 +148,12 @@ def read_json(path: Path) -> Any:
     """The JSON in ``path`` (config.json, an index), or DamagedModelError saying what is wrong with it."""
     _check_file(path)
     try:
-        with _open_regular(path) as fh:
-            raw = fh.read(_MAX_HEADER + 1)
-        if len(raw) > _MAX_HEADER:  # a config or an index is kilobytes to a few megabytes
-            raise _damaged(path, f"is over {_MAX_HEADER} bytes, not a config or an index")
-        return json.loads(raw.decode("utf-8"))
+        # core.untrusted's reader, as every file a variable names (a Hub cache under XDG_CACHE_HOME): a
+        # regular file only, opened without blocking, a config or an index of a few megabytes at most.
+        return json.loads(read_untrusted(path, _MAX_HEADER).decode("utf-8"))
+    except UntrustedFileError as exc:
+        check_link(path)
+        raise _damaged(path, exc.problem) from None
     except OSError as exc:
         raise _open_problem(path, exc) from None
     except UnicodeDecodeError:
