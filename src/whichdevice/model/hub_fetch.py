@@ -42,12 +42,10 @@ def model_info(repo: str, revision: str, endpoint: str, deadline: float | None =
     ``timeout`` bounds each read only, so a server that sends a byte every few seconds would hold it forever."""
     from urllib.parse import quote
 
-    from huggingface_hub.utils._headers import build_hf_headers
-
     deadline = time.monotonic() + DEADLINE_S if deadline is None else deadline
     url = f"{endpoint}/api/models/{repo}/revision/{quote(revision, safe='')}"
     with _hub_errors(repo, revision, endpoint):
-        body, _ = _stream(url, build_hf_headers(library_name="whichdevice"), _MAX_JSON + 1, deadline, endpoint)
+        body, _ = _stream(url, _hub_headers(), _MAX_JSON + 1, deadline, endpoint)
     try:
         info = json.loads(body.decode("utf-8")) if len(body) <= _MAX_JSON else None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -63,6 +61,20 @@ def model_info(repo: str, revision: str, endpoint: str, deadline: float | None =
     siblings = siblings if isinstance(siblings, list) else []
     names = {s["rfilename"] for s in siblings if isinstance(s, dict) and isinstance(s.get("rfilename"), str)}
     return commit, names
+
+
+def _hub_headers() -> dict[str, str]:
+    """The token huggingface_hub would send (``get_token()``, unless HF_HUB_DISABLE_IMPLICIT_TOKEN), and a
+    user agent. Not ``build_hf_headers``: in huggingface_hub 2.4 its user agent fetches
+    ``{endpoint}/api/agent-harnesses`` once per process (utils/_detect_agent.py, ``_fetch_registry``) with
+    a per-read timeout only, a request outside the fetch's deadline that a trickling endpoint holds."""
+    from huggingface_hub import constants, get_token
+
+    from whichdevice.core.packages import package_version
+
+    agent = f"whichdevice/{package_version('whichdevice')}; hf_hub/{package_version('huggingface_hub')}"
+    token = None if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN else get_token()
+    return {"user-agent": agent, **({"authorization": f"Bearer {token}"} if token else {})}
 
 
 def fetch_files(
@@ -132,10 +144,8 @@ class _Getter:
     """Range and bounded GETs of one repo's files at one commit, with the Hub's errors named."""
 
     def __init__(self, repo: str, commit: str, endpoint: str, deadline: float) -> None:
-        from huggingface_hub.utils._headers import build_hf_headers
-
         self.repo, self.commit, self.endpoint, self.deadline = repo, commit, endpoint, deadline
-        self.headers = build_hf_headers(library_name="whichdevice")
+        self.headers = _hub_headers()
 
     def url(self, name: str) -> str:
         from huggingface_hub import hf_hub_url
