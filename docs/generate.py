@@ -2,11 +2,14 @@
 
 A generated part sits between ``<!-- generated:NAME -->`` and ``<!-- /generated -->``; the text in
 between is whatever ``GENERATORS[NAME]()`` returns. tests/test_docs_api.py fails when a page has
-drifted from the code; this script mends it.
+drifted from the code; this script mends it. A sample whose figures change from run to run (the
+smoke output's timings) is rewritten only when its form changed, so a regeneration does not churn;
+``--refresh-samples`` rewrites those too.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import pkgutil
 import re
@@ -131,6 +134,13 @@ def readme_explain() -> str:
     return "```text\n" + "\n".join(lines) + "\n```\n"
 
 
+def detection_order() -> str:
+    """The registry's declared detection order, as ``wd.backends()`` returns it."""
+    import whichdevice
+
+    return "```text\n" + ", ".join(backend.name for backend in whichdevice.backends()) + "\n```\n"
+
+
 def nox_sessions() -> str:
     """The nox sessions, as ``nox -l`` lists them: each session's name and its docstring's first line."""
     import ast
@@ -156,6 +166,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "smoke-output": smoke_output,
     "readme-explain": readme_explain,
     "nox-sessions": nox_sessions,
+    "detection-order": detection_order,
 }
 # Parts whose figures (timings, speeds) change from run to run, and whose decisions (dtype, attention,
 # precision flags) change from machine to machine (a CPU with or without native bf16, its measured
@@ -184,14 +195,21 @@ def drifted_parts(text: str) -> list[str]:
     return drifted
 
 
-def regenerate(text: str) -> str:
-    """The page with every generated part replaced by what its generator returns now."""
+def regenerate(text: str, refresh_samples: bool = False) -> str:
+    """The page with every generated part replaced by what its generator returns now.
+
+    A part whose figures vary from run to run (VARYING) keeps its text when only the figures differ,
+    unless ``refresh_samples``: rewriting it on every run would change the page with nothing to say.
+    """
 
     def part(match: re.Match[str]) -> str:
         name = match.group("name")
         if name not in GENERATORS:
             raise KeyError(f"no generator named {name!r} (known: {', '.join(GENERATORS)})")
-        return f"{match.group(1)}{GENERATORS[name]()}{match.group(4)}"
+        fresh, body = GENERATORS[name](), match.group("body")
+        if name in VARYING and not refresh_samples and mask(fresh) == mask(body):
+            fresh = body
+        return f"{match.group(1)}{fresh}{match.group(4)}"
 
     return _PART.sub(part, text)
 
@@ -200,20 +218,36 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python docs/generate.py",
+        description="Rewrite the parts of README.md and docs/ that the code produces "
+        "(between <!-- generated:NAME --> and <!-- /generated -->).",
+    )
+    parser.add_argument("--check", action="store_true", help="compare only: exit 1 naming the parts that drifted")
+    parser.add_argument(
+        "--refresh-samples",
+        action="store_true",
+        help="also rewrite samples whose figures vary from run to run (smoke timings) when only figures differ",
+    )
+    return parser
+
+
 def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)  # --help prints and exits here, before any page is read
     drifted = []
     for page in pages():
         text = page.read_text(encoding="utf-8")
-        if "--check" in argv:
+        if args.check:
             drifted += [f"{page.relative_to(ROOT).as_posix()} ({name})" for name in drifted_parts(text)]
             continue
-        fresh = regenerate(text)
+        fresh = regenerate(text, refresh_samples=args.refresh_samples)
         if fresh != text:
             drifted.append(page.relative_to(ROOT).as_posix())
             page.write_text(fresh, encoding="utf-8")
-    verb = "differ from the code" if "--check" in argv else "regenerated"
+    verb = "differ from the code" if args.check else "regenerated"
     print(f"{verb}: {', '.join(drifted) if drifted else 'nothing'}")
-    return 1 if drifted and "--check" in argv else 0
+    return 1 if drifted and args.check else 0
 
 
 if __name__ == "__main__":
