@@ -186,3 +186,20 @@ def test_the_tiny_llama_recipe_and_the_test_fixture_build_the_same_model(tmp_pat
         if name == "config.json":
             mine, theirs = ({k: v for k, v in d.items() if k not in ignored} for d in (mine, theirs))
         assert mine == theirs, name
+
+
+def test_the_extras_table_names_what_each_extra_brings() -> None:
+    """Issue 58: install.md's row for the `test` extra left out deepspeed. Each row's packages are the
+    extra's requirements in pyproject.toml, no more and no fewer."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    text = (DOCS / "install.md").read_text(encoding="utf-8")
+    for extra, requirements in extras.items():
+        row = re.search(rf"^\| `{re.escape(extra)}` \| (?P<brings>[^|]*) \|", text, re.M)
+        assert row, f"docs/install.md has no row for the {extra!r} extra"
+        wanted = {re.match(r"[A-Za-z0-9._-]+", r).group(0).lower() for r in requirements}  # type: ignore[union-attr]
+        named = {name.lower() for name in re.findall(r"`([^`]+)`", row.group("brings"))}
+        assert named == wanted, (
+            f"docs/install.md's {extra!r} row names {sorted(named)}, pyproject.toml {sorted(wanted)}"
+        )
