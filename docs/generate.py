@@ -87,6 +87,22 @@ def gaudi3_report() -> str:
     return f"```text\n$ whichdevice {command}\n" + "\n".join(excerpt) + "\n```\n"
 
 
+def check_json() -> str:
+    """``whichdevice check --json`` on a simulated 8 x H200, as json-schema.md shows it."""
+    args = ("check", "cuda", "--min-devices", "8", "--simulate", "cuda:8,name=NVIDIA H200,cc=9.0,mem=141GiB", "--json")
+    return _json_sample(args)
+
+
+def error_json() -> str:
+    """``whichdevice check gpu --json``: the object a command prints when it fails before its own."""
+    return _json_sample(("check", "gpu", "--json"))
+
+
+def _json_sample(args: tuple[str, ...]) -> str:
+    command = " ".join(f'"{a}"' if "," in a or " " in a else a for a in args)
+    return f"```text\n$ whichdevice {command}\n{_command(*args)[0].rstrip()}\n```\n"
+
+
 def smoke_output() -> str:
     """``whichdevice smoke``: its progress (stderr) and summary (stdout), headed by the machine that
     printed it; figures vary per run and machine."""
@@ -141,6 +157,48 @@ def detection_order() -> str:
     return "```text\n" + ", ".join(backend.name for backend in whichdevice.backends()) + "\n```\n"
 
 
+def performance_latest() -> str:
+    """docs/performance.md's first table: benchmarks/latest.json's rows with a target, and the resolved
+    load against transformers' default, headed by the run's machine, date and commit."""
+    import json
+
+    run = json.loads((ROOT / "benchmarks" / "latest.json").read_text(encoding="utf-8"))
+    machine, versions = run["machine"], run["machine"]["versions"]
+    cpu = machine["cpu"]
+    flags = ", ".join(name for name, on in cpu["flags"].items() if on) or "none of the listed flags"
+    head = (
+        f"From `benchmarks/latest.json`: a {run['mode']} run ({', '.join(run['sections'])}) started "
+        f"{run['started'][:16].replace('T', ' ')} UTC at commit {machine['git']['commit']}, on {cpu['model']} "
+        f"({cpu['cores']} cores; {flags}), torch {versions['torch']}, transformers {versions['transformers']}.\n\n"
+    )
+    columns = ("target", "measure", "baseline", "measured", "result", "spread", "threshold", "verdict")
+    rows = ["| row | measure | baseline | measured | result | noise (p25..p75) | target | verdict |"]
+    rows.append("|" + "---|" * len(columns))
+    for row in run["rows"]:
+        if row["verdict"] == "info" and "transformers default" not in row["measure"]:
+            continue
+        rows.append("| " + " | ".join(str(row[c]).replace("|", "\\|") or " " for c in columns) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+HUB_PLANS = "benchmarks/results-58/hub_plans.txt"
+
+
+def hub_plans() -> str:
+    """placement.md's large-model figures: the printout of ``benchmarks/hub_plans.py --only hub`` kept in
+    HUB_PLANS, without its machine lines and its "this machine" rows (they describe the CPU that ran it,
+    not the reader's)."""
+    lines = (ROOT / HUB_PLANS).read_text(encoding="utf-8").splitlines()
+    kept = [
+        line
+        for line in lines
+        if not line.startswith(("machine:", "         ", "| this machine |")) and not line.startswith("wrote ")
+    ]
+    while kept and not kept[0].strip():
+        kept.pop(0)
+    return "\n".join(kept).rstrip() + "\n"
+
+
 def nox_sessions() -> str:
     """The nox sessions, as ``nox -l`` lists them: each session's name and its docstring's first line."""
     import ast
@@ -167,6 +225,10 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "readme-explain": readme_explain,
     "nox-sessions": nox_sessions,
     "detection-order": detection_order,
+    "check-json": check_json,
+    "error-json": error_json,
+    "performance-latest": performance_latest,
+    "hub-plans": hub_plans,
 }
 # Parts whose figures (timings, speeds) change from run to run, and whose decisions (dtype, attention,
 # precision flags) change from machine to machine (a CPU with or without native bf16, its measured
