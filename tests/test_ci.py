@@ -7,6 +7,7 @@ commands are small Python one-liners that exit as the case needs and leave a fil
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,3 +63,19 @@ def test_ci_finds_both_commands_in_the_real_readme() -> None:
     second = next(i for i, line in enumerate(lines) if line.startswith(opening))
     assert any(line.startswith("python3 ") and "pytest" in line for line in lines[first:second])
     assert any(line.startswith("ONEDNN_MAX_CPU_ISA=") and "pytest" in line for line in lines[second:])
+
+
+def test_the_readme_says_how_long_the_suite_takes_and_how_to_run_the_fast_part() -> None:
+    import tomllib
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    tests = text.split("## Tests", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"whole suite takes about [0-9]+ minutes", tests), (
+        "README.md does not say how long the suite takes"
+    )
+    assert 'python -m pytest -m "not slow"' in tests
+    # The marker the fast part leaves out is registered (--strict-markers) and marks tests.
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    assert any(m.startswith("slow:") for m in markers["markers"]) and "--strict-markers" in markers["addopts"]
+    marked = [p for p in (ROOT / "tests").rglob("test_*.py") if "pytest.mark.slow" in p.read_text(encoding="utf-8")]
+    assert marked, "no test is marked slow"
