@@ -126,9 +126,9 @@ def read_hub_model(repo: str, revision: str | None) -> tuple[ModelFiles, HubFetc
             return from_cache(cached, "HF_HUB_OFFLINE is set, so the Hub was not asked whether the revision moved")
         raise DeviceError(
             f"model={repo!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so whichdevice "
-            f"cannot fetch its config and safetensors headers: unset HF_HUB_OFFLINE (a few MB of metadata, no "
-            f"weights), download it first (hf download {shlex.quote(repo)}), or pass a local path or a config "
-            "(transformers.AutoConfig)"
+            f"cannot fetch its config and safetensors headers: unset HF_HUB_OFFLINE (tens of KiB to a few MiB "
+            f"of metadata, no weights), download it first (hf download {shlex.quote(repo)}), or pass a local path "
+            "or a config (transformers.AutoConfig)"
         )
     # One deadline for every request of the fetch, model-info first (read at call time: tests shorten it).
     deadline = time.monotonic() + hub_fetch.DEADLINE_S
