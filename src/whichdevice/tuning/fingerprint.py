@@ -41,12 +41,14 @@ class Fingerprint:
         stride = rows * cols // count
         # Evenly spread, each at a varying offset within its stride: rows and columns both vary.
         flat = torch.arange(count) * stride + (torch.arange(count) * 7919) % stride
-        index = (flat // cols, flat % cols)
+        # A contiguous weight is read through one flat index (about half the time of two).
+        source = bits.view(-1) if bits.is_contiguous() else bits
+        index = (flat,) if bits.is_contiguous() else (flat // cols, flat % cols)
         try:
-            view, where = bits.numpy(), (index[0].numpy(), index[1].numpy())
+            view, where = source.numpy(), tuple(i.numpy() for i in index)
             self._read: Any = lambda: view[where].tobytes()
         except (RuntimeError, TypeError):  # torch without NumPy
-            self._read = lambda: bits[index].tolist()
+            self._read = lambda: source[index].tolist()
         self._expected = self._read()
 
     def unchanged(self) -> bool:
