@@ -18,6 +18,7 @@ from whichdevice.core.records import TraceStep
 from whichdevice.launch.distributed import process_group_backend
 from whichdevice.launch.launch_strategy import partitioned_on_load
 from whichdevice.launch.record import Launch
+from whichdevice.resolve.deprecated_names import DeprecatedNames
 from whichdevice.resolve.flat_names import FlatNames
 
 if TYPE_CHECKING:
@@ -33,13 +34,13 @@ __all__ = ["Resolution"]
 
 
 @dataclass(frozen=True)
-class Resolution(FlatNames):
+class Resolution(FlatNames, DeprecatedNames):
     """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments.
 
     Built from the resolver's stage records, one a stage (docs/architecture.md): the ``target`` (the
     backend, its devices as used, the device), its ``precision``, ``attention``, ``placement``, ``tuning``
     and ``launch``, with the ``trace`` of why. The flat names of schema 1.x (``device``, ``dtype_name``,
-    ``device_map``, ...) read them."""
+    ``device_map``, ...) read them; the fields ``tuning`` replaced warn and read it (resolve/deprecated_names.py)."""
 
     task: str
     target: Target = field(repr=False)
