@@ -14,7 +14,7 @@ from whichdevice.core.errors import (
     DeviceError,
     PackageVersionError,
 )
-from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
+from whichdevice.core.packages import MIN_TRANSFORMERS, stack_problems, transformers_problem
 from whichdevice.device.selection import narrowed_training
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import (
@@ -147,9 +147,9 @@ def training_arguments(
     """
     # A vendor import that hung or crashed in a probe would hang (or crash) transformers too.
     raise_if_gave_up("training_arguments()")
-    problem = transformers_problem()
-    if problem is not None:
-        raise PackageVersionError(problem)
+    problems = stack_problems()
+    if problems:
+        raise PackageVersionError("; ".join(problems))
     _check_shapes(output_dir, resolution)
     cls = _arguments_class(arguments_class, kwargs)
     _check_switches(cls, kwargs)
