@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
-from whichdevice.core.errors import printable
 from whichdevice.core.records import TraceStep
+from whichdevice.hardware.absent import trace_text
 from whichdevice.launch.distributed import process_group_backend
 from whichdevice.launch.launch_strategy import partitioned_on_load
 from whichdevice.launch.record import Launch
@@ -270,18 +270,14 @@ class Resolution(FlatNames, DeprecatedNames):
 
     # --------------------------------------------------------------------------- explanation
 
-    def explain(self) -> str:
-        """The decision trace as text a person reads top to bottom."""
+    def explain(self, *, verbose: bool = False) -> str:
+        """The decision trace as text a person reads top to bottom. The backends that are simply not installed
+        share one line ("not installed: neuron, tpu, ..."); ``verbose=True`` gives each its own, with its install
+        command (``trace`` and ``to_dict()`` always hold each)."""
         header = f"whichdevice chose {self.device} for {self.task}"
         if self.simulated:
             header += " (SIMULATED hardware)"
-        width = max((len(s.topic) for s in self.trace), default=8)
-        # A step quotes what devices, files and variables said: escaped, so one line stays one line.
-        lines = [printable(header)]
-        for step in self.trace:
-            mark = {True: "+", False: "-", None: " "}[step.chosen]
-            lines.append(f"  {mark} {step.topic.ljust(width)}  {printable(step.message)}")
-        return "\n".join(lines)
+        return trace_text(header, self.trace, verbose=verbose)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``whichdevice --json`` embeds it)."""
