@@ -82,7 +82,9 @@ def gaudi3_report() -> str:
     args = ("--simulate", "hpu:8,gen=gaudi3", "--task", "training")
     lines = _command(*args)[0].splitlines()
     start = lines.index("RESOLUTION FOR TRAINING")
-    excerpt = [*lines[:10], "  ...", *lines[start : start + 5], "  ..."]
+    # Up to the Gaudi row: the CPU row below it is the machine that printed it, not the simulated one.
+    head = next(i for i, line in enumerate(lines) if line.startswith("  + hpu")) + 1
+    excerpt = [*lines[:head], "  ...", *lines[start : start + 5], "  ..."]
     command = " ".join(f'"{a}"' if "," in a else a for a in args)
     return f"```text\n$ whichdevice {command}\n" + "\n".join(excerpt) + "\n```\n"
 

@@ -264,6 +264,11 @@ def pin(store: Any, calib: Calibration | None, why: str) -> None:
     _pinned[store] = (calib, why)
 
 
+def unpin(store: Any) -> None:
+    """Take back what :func:`pin` answered for ``store`` (the real machine's, pinned by a comparison)."""
+    _pinned.pop(store, None)
+
+
 def _variables() -> tuple[str | None, ...]:
     # Through envview, as every reading here: while resolve_device() resolves, the one reading its
     # memo key was built from, so a thread that changes WHICHDEVICE_CALIBRATION meanwhile cannot
