@@ -28,7 +28,8 @@ Real model sizes (0.1-1.1B, and the bandwidth limit) are ``real_sizes.py``'s.
   prompt + 32 new tokens, loads over 8x slower than the fastest in a 2-token warm-up shown and not
   timed further, ``--rounds`` rounds over all, then contenders until ``--budget`` s per kind.
 - ``overhead``: a decode step with the packed layers' checks (batch 4) and through the one-row wrapper
-  (batch 1), each against the same step of the same model without them, in alternated rounds.
+  (batch 1), each against the same step of the same model without them, in alternated rounds; and
+  the sampled fingerprints' share of the checks (every packed layer's read, per step).
 - ``seq2seq``: greedy ``generate`` of a 0.5B T5 (bf16, batch 1, 32 + 24 tokens) with and without the
   single-row hook, alternated, asserting the same tokens.
 - ``repeat`` (issue 27): ``--runs`` fresh processes, each with an empty calibration cache, resolve the
@@ -565,6 +566,20 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
         f"batch 4, packed: {batch4['checked'] * 1e3:.2f} ms a step with the checks, {batch4['bare'] * 1e3:.2f} ms "
         f"without: {batch4['checked'] / batch4['bare']:.3f}x"
     )
+    fingerprints = [vars(m)[_ATTRIBUTE].fingerprint for m in checked]
+
+    def read_fingerprints() -> float:
+        start = time.perf_counter()
+        for _ in range(100):
+            for fingerprint in fingerprints:
+                fingerprint.unchanged()
+        return (time.perf_counter() - start) / 100
+
+    fingerprint_s = statistics.median(min(read_fingerprints() for _ in range(3)) for _ in range(args.rounds))
+    print(
+        f"of which the sampled fingerprints ({len(fingerprints)} layers): {fingerprint_s * 1e6:.0f} us a step, "
+        f"{fingerprint_s / batch4['bare']:.1%} of the bare step"
+    )
     wrapped = harness.build_model(seed=1, **shape)
     plain = harness.build_model(seed=1, **shape)
     plain.load_state_dict(wrapped.state_dict())
@@ -584,7 +599,13 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
         f"batch 1, oneDNN off: {batch1['wrapped'] * 1e3:.2f} ms a step through the wrapper, "
         f"{batch1['by hand'] * 1e3:.2f} ms switched by hand: {batch1['wrapped'] / batch1['by hand']:.3f}x"
     )
-    return {"shape": shape, "packed_layers": layers, "batch4_s": batch4, "batch1_s": batch1}
+    return {
+        "shape": shape,
+        "packed_layers": layers,
+        "batch4_s": batch4,
+        "batch1_s": batch1,
+        "fingerprint_s": fingerprint_s,
+    }
 
 
 # ------------------------------------------------------------------------------------- seq2seq

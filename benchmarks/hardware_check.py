@@ -13,6 +13,7 @@ Sections, each ok / failed / skipped (with the reason) / differs:
   bnb4          bitsandbytes 4-bit: load the tiny model quantized, generate
   simulation    the real report against the report of simulate(spec) for the same machine,
                 field by field: where the simulation's idea of this hardware differs from reality
+                (the CPU's calibration compared as the spec carries it: 4 digits, named simulated)
 It writes hardware_check.json and hardware_check.txt (the summary, also printed). Exit 0 when no
 section failed or differs, else 1. Nothing reaches the network (HF_HUB_OFFLINE=1 for the run).
 """
@@ -245,31 +246,40 @@ def _build_keys(result: wd.ProbeResult) -> list[str]:
     return keys
 
 
-def _unsteady_wording(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
-    """The simulated report, its calibration reason worded as the real one's when the real CPU timed unsteadily.
+@contextlib.contextmanager
+def _calibration_carried(answer: tuple[Any, str]) -> Iterator[None]:
+    """This machine, with its CPU's calibration answered as the simulated copy carries it.
 
-    On a busy CPU the calibration is "unsteady" and not used, so both resolutions keep to the CPU's
-    flags; a spec cannot carry "unsteady", so the simulated copy says "no calib= figures" instead.
-    Only that wording is aligned: any difference in what was decided still shows.
+    A spec keeps a calibration's figures to 4 significant digits (``Calibration.spec``), names their source
+    "simulated figures (calib= in the spec)" and carries no thread count or load; on a busy CPU, whose
+    calibration was unsteady, it carries none. The real report is gathered with that same answer, so the
+    comparison is of what a reproduction can carry: the probes and every decision made from them. The
+    memoised resolutions of this machine are set aside meanwhile, and both are restored after.
     """
-    from whichdevice.measure.calibration import calibration
+    from whichdevice.hardware.store import current_store
+    from whichdevice.measure.calibration import pin, unpin
 
-    # An unsteady calibration is answered as no figures, with why saying so (calibration.py).
-    calib, why = calibration(measure=False)
-    real_calib, sim_calib = real.get("calibration") or {}, simulated.get("calibration") or {}
-    unsteady = calib is None and why.startswith("this CPU could not be timed steadily")
-    if not unsteady or why != real_calib.get("why") or not sim_calib.get("why"):
-        return simulated
-    text = json.dumps(simulated).replace(json.dumps(sim_calib["why"])[1:-1], json.dumps(real_calib["why"])[1:-1])
-    return json.loads(text)
+    store = current_store()
+    kept = dict(store.resolutions)
+    store.resolutions.clear()
+    pin(store, *answer)
+    try:
+        yield
+    finally:
+        unpin(store)
+        store.resolutions.clear()
+        store.resolutions.update(kept)
 
 
 def check_simulation(state: dict[str, Any]) -> tuple[str, Any]:
+    from whichdevice.measure.calibration import calibration
+
     specs = state["spec"] or [s for s in map(spec_for, state["results"]) if s]
-    real = json.loads(json.dumps(gather()))
     with simulate(*specs, others="real", packages=known_versions()):
         simulated = gather()
-    simulated = _unsteady_wording(real, simulated)  # outside the simulation: this CPU's calibration
+        carried = calibration(measure=False)  # the simulated CPU's answer: the figures its spec carries, or none
+    with _calibration_carried(carried):
+        real = json.loads(json.dumps(gather()))
     found = list(differences(comparable(real), comparable(simulated)))
     # The report replayed (--simulate-report) must give the same answers as the machine itself.
     replay_found = list(differences(comparable(real), comparable(gather(simulate_report=real))))
@@ -277,6 +287,7 @@ def check_simulation(state: dict[str, Any]) -> tuple[str, Any]:
     state["simulation_data"] = data
     named = f"simulate({', '.join(map(repr, specs))})"
     lines = [f"{named} " + ("differs from this machine in:" if found else "matches this machine field by field")]
+    lines.append(f"  (this CPU's calibration compared as the spec carries it: {carried[1]})")
     lines += [f"  {line}" for line in found]
     lines.append(
         "the real report replayed: " + ("differs in:" if replay_found else "the same resolution, trace and warnings")

@@ -55,6 +55,11 @@ GB = 1e9
 def _accelerate(model: str, endpoint: str) -> str:
     """accelerate estimate-memory's float16 row for ``model`` against the local Hub (its own command)."""
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    # Its own Hugging Face cache: the config.json it downloads would otherwise make the model a cached
+    # id, which whichdevice then reads without its safetensors headers (issue 58: the Mixtral table's
+    # decode limits were priced over every weight, not the routed experts, because of this).
+    env.pop("HF_HUB_CACHE", None)
+    env["HF_HOME"] = tempfile.mkdtemp(prefix="accelerate-hf-")
     command = ["accelerate", "estimate-memory", model, "--library_name", "transformers", "--dtypes", "float16"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
@@ -203,8 +208,12 @@ def hub_part(args: argparse.Namespace) -> dict[str, Any]:
         )
         for task in ("inference", "training"):
             for name in MODELS:
-                plan = plan_hardware(name, task=task, batch_size=1, max_length=4096)
-                text = re.sub(r"\n+$", "", plan.table())
+                try:
+                    plan = plan_hardware(name, task=task, batch_size=1, max_length=4096)
+                except Exception as err:  # one plan's failure is a finding: the other plans still print
+                    text = f"plan_hardware raised {type(err).__name__}: {err}"
+                else:
+                    text = re.sub(r"\n+$", "", plan.table())
                 print(f"\n{name}, {task}, batch 1 x 4096\n\n{text}")
                 found["plans"].append({"model": name, "task": task, "table": text})
     return found

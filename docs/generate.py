@@ -2,11 +2,14 @@
 
 A generated part sits between ``<!-- generated:NAME -->`` and ``<!-- /generated -->``; the text in
 between is whatever ``GENERATORS[NAME]()`` returns. tests/test_docs_api.py fails when a page has
-drifted from the code; this script mends it.
+drifted from the code; this script mends it. A sample whose figures change from run to run (the
+smoke output's timings) is rewritten only when its form changed, so a regeneration does not churn;
+``--refresh-samples`` rewrites those too.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import pkgutil
 import re
@@ -79,9 +82,27 @@ def gaudi3_report() -> str:
     args = ("--simulate", "hpu:8,gen=gaudi3", "--task", "training")
     lines = _command(*args)[0].splitlines()
     start = lines.index("RESOLUTION FOR TRAINING")
-    excerpt = [*lines[:10], "  ...", *lines[start : start + 5], "  ..."]
+    # Up to the Gaudi row: the CPU row below it is the machine that printed it, not the simulated one.
+    head = next(i for i, line in enumerate(lines) if line.startswith("  + hpu")) + 1
+    excerpt = [*lines[:head], "  ...", *lines[start : start + 5], "  ..."]
     command = " ".join(f'"{a}"' if "," in a else a for a in args)
     return f"```text\n$ whichdevice {command}\n" + "\n".join(excerpt) + "\n```\n"
+
+
+def check_json() -> str:
+    """``whichdevice check --json`` on a simulated 8 x H200, as json-schema.md shows it."""
+    args = ("check", "cuda", "--min-devices", "8", "--simulate", "cuda:8,name=NVIDIA H200,cc=9.0,mem=141GiB", "--json")
+    return _json_sample(args)
+
+
+def error_json() -> str:
+    """``whichdevice check gpu --json``: the object a command prints when it fails before its own."""
+    return _json_sample(("check", "gpu", "--json"))
+
+
+def _json_sample(args: tuple[str, ...]) -> str:
+    command = " ".join(f'"{a}"' if "," in a or " " in a else a for a in args)
+    return f"```text\n$ whichdevice {command}\n{_command(*args)[0].rstrip()}\n```\n"
 
 
 def smoke_output() -> str:
@@ -131,6 +152,55 @@ def readme_explain() -> str:
     return "```text\n" + "\n".join(lines) + "\n```\n"
 
 
+def detection_order() -> str:
+    """The registry's declared detection order, as ``wd.backends()`` returns it."""
+    import whichdevice
+
+    return "```text\n" + ", ".join(backend.name for backend in whichdevice.backends()) + "\n```\n"
+
+
+def performance_latest() -> str:
+    """docs/performance.md's first table: benchmarks/latest.json's rows with a target, and the resolved
+    load against transformers' default, headed by the run's machine, date and commit."""
+    import json
+
+    run = json.loads((ROOT / "benchmarks" / "latest.json").read_text(encoding="utf-8"))
+    machine, versions = run["machine"], run["machine"]["versions"]
+    cpu = machine["cpu"]
+    flags = ", ".join(name for name, on in cpu["flags"].items() if on) or "none of the listed flags"
+    head = (
+        f"From `benchmarks/latest.json`: a {run['mode']} run ({', '.join(run['sections'])}) started "
+        f"{run['started'][:16].replace('T', ' ')} UTC at commit {machine['git']['commit']}, on {cpu['model']} "
+        f"({cpu['cores']} cores; {flags}), torch {versions['torch']}, transformers {versions['transformers']}.\n\n"
+    )
+    columns = ("target", "measure", "baseline", "measured", "result", "spread", "threshold", "verdict")
+    rows = ["| row | measure | baseline | measured | result | noise (p25..p75) | target | verdict |"]
+    rows.append("|" + "---|" * len(columns))
+    for row in run["rows"]:
+        if row["verdict"] == "info" and "transformers default" not in row["measure"]:
+            continue
+        rows.append("| " + " | ".join(str(row[c]).replace("|", "\\|") or " " for c in columns) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+HUB_PLANS = "benchmarks/results-58/hub_plans.txt"
+
+
+def hub_plans() -> str:
+    """placement.md's large-model figures: the printout of ``benchmarks/hub_plans.py --only hub`` kept in
+    HUB_PLANS, without its machine lines and its "this machine" rows (they describe the CPU that ran it,
+    not the reader's)."""
+    lines = (ROOT / HUB_PLANS).read_text(encoding="utf-8").splitlines()
+    kept = [
+        line
+        for line in lines
+        if not line.startswith(("machine:", "         ", "| this machine |")) and not line.startswith("wrote ")
+    ]
+    while kept and not kept[0].strip():
+        kept.pop(0)
+    return "\n".join(kept).rstrip() + "\n"
+
+
 def nox_sessions() -> str:
     """The nox sessions, as ``nox -l`` lists them: each session's name and its docstring's first line."""
     import ast
@@ -156,6 +226,11 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "smoke-output": smoke_output,
     "readme-explain": readme_explain,
     "nox-sessions": nox_sessions,
+    "detection-order": detection_order,
+    "check-json": check_json,
+    "error-json": error_json,
+    "performance-latest": performance_latest,
+    "hub-plans": hub_plans,
 }
 # Parts whose figures (timings, speeds) change from run to run, and whose decisions (dtype, attention,
 # precision flags) change from machine to machine (a CPU with or without native bf16, its measured
@@ -184,14 +259,21 @@ def drifted_parts(text: str) -> list[str]:
     return drifted
 
 
-def regenerate(text: str) -> str:
-    """The page with every generated part replaced by what its generator returns now."""
+def regenerate(text: str, refresh_samples: bool = False) -> str:
+    """The page with every generated part replaced by what its generator returns now.
+
+    A part whose figures vary from run to run (VARYING) keeps its text when only the figures differ,
+    unless ``refresh_samples``: rewriting it on every run would change the page with nothing to say.
+    """
 
     def part(match: re.Match[str]) -> str:
         name = match.group("name")
         if name not in GENERATORS:
             raise KeyError(f"no generator named {name!r} (known: {', '.join(GENERATORS)})")
-        return f"{match.group(1)}{GENERATORS[name]()}{match.group(4)}"
+        fresh, body = GENERATORS[name](), match.group("body")
+        if name in VARYING and not refresh_samples and mask(fresh) == mask(body):
+            fresh = body
+        return f"{match.group(1)}{fresh}{match.group(4)}"
 
     return _PART.sub(part, text)
 
@@ -200,20 +282,36 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python docs/generate.py",
+        description="Rewrite the parts of README.md and docs/ that the code produces "
+        "(between <!-- generated:NAME --> and <!-- /generated -->).",
+    )
+    parser.add_argument("--check", action="store_true", help="compare only: exit 1 naming the parts that drifted")
+    parser.add_argument(
+        "--refresh-samples",
+        action="store_true",
+        help="also rewrite samples whose figures vary from run to run (smoke timings) when only figures differ",
+    )
+    return parser
+
+
 def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)  # --help prints and exits here, before any page is read
     drifted = []
     for page in pages():
         text = page.read_text(encoding="utf-8")
-        if "--check" in argv:
+        if args.check:
             drifted += [f"{page.relative_to(ROOT).as_posix()} ({name})" for name in drifted_parts(text)]
             continue
-        fresh = regenerate(text)
+        fresh = regenerate(text, refresh_samples=args.refresh_samples)
         if fresh != text:
             drifted.append(page.relative_to(ROOT).as_posix())
             page.write_text(fresh, encoding="utf-8")
-    verb = "differ from the code" if "--check" in argv else "regenerated"
+    verb = "differ from the code" if args.check else "regenerated"
     print(f"{verb}: {', '.join(drifted) if drifted else 'nothing'}")
-    return 1 if drifted and "--check" in argv else 0
+    return 1 if drifted and args.check else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,13 @@ separated by ``;``:
   on a machine without a GPU ends with 1).
 - ``continues``: a python block that goes on from the page's previous python block (runs both).
 - ``signature``: a python block that states a signature, not code; not run.
+- ``not output: REASON``: a text, json or console block that is not what a program printed (a
+  synopsis, a list): it needs no label (see below).
+
+A text, json or console block with output in it is *output*, and says where it was printed (issue 58):
+it sits in a part ``docs/generate.py`` writes, or its first line carries a label, as a comment the
+reader sees: ``# printed on: MACHINE`` (a real machine, named), ``# simulated: "SPEC"`` (each spec one
+that ``simulate()`` takes, checked), or a ``whichdevice ... --simulate SPEC`` command.
 
 Every python block starts with ``import whichdevice as wd`` done, as the API page's first block says.
 ``mkdocs_hooks.py`` strips ``test="..."`` before mkdocs renders a page, so GitHub and mkdocs both
@@ -33,6 +40,12 @@ RUNNABLE = ("python", "bash", "console")
 # "torchrun" must be marked skip, so the docs test never changes an environment or needs hardware.
 ALLOWED_COMMANDS = ("whichdevice", "python", "python3", "echo", "exit")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
+# A part docs/generate.py writes (the same markers as its _PART).
+_GENERATED = re.compile(r"<!-- generated:(?P<name>[\w-]+) -->\n.*?<!-- /generated -->", re.S)
+OUTPUT_LANGS = ("text", "json", "console")
+_PRINTED_ON = re.compile(r"#\s*printed on:\s*\S")
+_SIMULATED = re.compile(r'#\s*simulated:\s*(?P<specs>"[^"]+"(?:\s*,\s*"[^"]+")*)')
+_SIMULATE_OPTION = re.compile(r"^\$ (?:\w+=\S+ )*whichdevice .*--simulate(?:=|\s+)(?P<spec>\"[^\"]+\"|'[^']+'|\S+)")
 _FENCE = re.compile(
     r'^```(?P<lang>[\w+-]*)(?:[ \t]+test="(?P<test>[^"]*)")?[ \t]*\n(?P<body>.*?)^```[ \t]*$', re.M | re.S
 )
@@ -53,6 +66,8 @@ class Block:
     exits: tuple[int, ...] = (0,)
     signature: bool = False
     prefix: str = ""
+    not_output: str | None = None
+    generated: str | None = None
     items: tuple[str, ...] = field(default=())
 
     @property
@@ -69,7 +84,7 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def _block(page: str, line: int, lang: str, code: str, test: str, previous: str) -> Block:
+def _block(page: str, line: int, lang: str, code: str, test: str, previous: str, generated: str | None) -> Block:
     items = tuple(item.strip() for item in test.split(";") if item.strip())
     kwargs: dict[str, object] = {}
     for item in items:
@@ -89,9 +104,11 @@ def _block(page: str, line: int, lang: str, code: str, test: str, previous: str)
             kwargs["prefix"] = previous
         elif key == "signature":
             kwargs["signature"] = True
+        elif key == "not output":
+            kwargs["not_output"] = value or "no reason given"
         else:
             raise ValueError(f'{page}:{line}: unknown test item {item!r} in test="{test}"')
-    return Block(page, line, lang, code, items=items, **kwargs)  # type: ignore[arg-type]
+    return Block(page, line, lang, code, items=items, generated=generated, **kwargs)  # type: ignore[arg-type]
 
 
 def blocks(path: Path) -> list[Block]:
@@ -100,10 +117,12 @@ def blocks(path: Path) -> list[Block]:
     page = path.relative_to(ROOT).as_posix()
     found: list[Block] = []
     previous = ""
+    parts = [(m.start(), m.end(), m.group("name")) for m in _GENERATED.finditer(text)]
     for match in _FENCE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
         lang, code = match.group("lang"), match.group("body")
-        block = _block(page, line, lang, code, match.group("test") or "", previous)
+        generated = next((name for start, end, name in parts if start <= match.start() < end), None)
+        block = _block(page, line, lang, code, match.group("test") or "", previous, generated)
         if lang == "python":
             previous = block.prefix + code
         found.append(block)
@@ -160,3 +179,28 @@ def disallowed(command: str) -> list[str]:
     if "pytest" in command.split():  # the test suite inside the test suite
         bad.append("pytest")
     return bad
+
+
+def is_output(block: Block) -> bool:
+    """Whether a block shows what a program printed: a text or json block not marked otherwise, or a
+    console block with a line that is not a ``$`` command."""
+    if block.lang not in OUTPUT_LANGS or block.not_output is not None:
+        return False
+    if block.lang == "console":
+        return any(line.strip() and not line.startswith("$ ") for line in block.code.splitlines())
+    return True
+
+
+def printed_where(block: Block) -> tuple[str, list[str]] | None:
+    """Where an output block says it was printed: ("generated", [part]), ("printed on", []) or
+    ("simulated", [its specs]); None when it does not say."""
+    if block.generated is not None:
+        return "generated", [block.generated]
+    first = next((line for line in block.code.splitlines() if line.strip()), "")
+    if _PRINTED_ON.search(first):
+        return "printed on", []
+    if simulated := _SIMULATED.search(first):
+        return "simulated", re.findall(r'"([^"]+)"', simulated.group("specs"))
+    if option := _SIMULATE_OPTION.match(first):
+        return "simulated", [option.group("spec").strip("\"'")]
+    return None

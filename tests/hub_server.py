@@ -81,10 +81,14 @@ class HubServer:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.sent: list[Sent] = []
-        self.mode: str | None = None  # "hang", "error500", "ignore-range": failures on demand
+        self.mode: str | None = None  # "hang", "error500", "ignore-range", "trickle": failures on demand
         self.hang_s = 30.0
+        # "trickle": JSON answers (model-info, config, index) sent one byte every trickle_s seconds for
+        # trickle_for seconds, then the rest at once (so a client without a deadline still ends).
+        self.trickle_s, self.trickle_for = 0.25, 8.0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.hub = self  # type: ignore[attr-defined]
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -260,6 +264,10 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if head:
                 hub.record(Sent("HEAD", self.path, status, 0, None))
                 return
+            if hub.mode == "trickle" and not isinstance(content, HeaderOnly):
+                _trickle(self, content[start : end + 1])
+                hub.record(Sent("GET", self.path, status, end - start + 1, (start, end)))
+                return
             chunks = content.read(start, end) if isinstance(content, HeaderOnly) else iter([content[start : end + 1]])
             sent = 0
             try:
@@ -276,9 +284,11 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if not head:
-                self.wfile.write(body)
             hub.record(Sent(self.command, self.path, status, 0 if head else len(body), None))
+            if not head and hub.mode == "trickle":
+                _trickle(self, body)
+            elif not head:
+                self.wfile.write(body)
 
         def _error(self, status: int, code: str | None, message: str, head: bool, commit: str | None = None) -> None:
             headers = {"Content-Type": "application/json", "X-Error-Message": message}
@@ -289,6 +299,22 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, json.dumps({"error": message}).encode(), headers, head, span=False)
 
     return Handler
+
+
+def _trickle(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """``body`` a byte at a time (each flushed) for the hub's trickle_for seconds, then the rest."""
+    hub_of = handler.server.hub  # type: ignore[attr-defined]
+    until = time.monotonic() + hub_of.trickle_for
+    sent = 0
+    try:
+        while sent < len(body) and time.monotonic() < until:
+            handler.wfile.write(body[sent : sent + 1])
+            handler.wfile.flush()
+            sent += 1
+            time.sleep(hub_of.trickle_s)
+        handler.wfile.write(body[sent:])
+    except (BrokenPipeError, ConnectionResetError):
+        handler.close_connection = True
 
 
 @contextlib.contextmanager

@@ -727,6 +727,23 @@ def test_transformers_older_than_supported(installed_versions: Callable[..., Non
     assert any(fix in w["message"] for w in report.gather()["warnings"])
 
 
+@pytest.mark.parametrize("version", ["2.5.1+cu121", None])
+def test_torch_older_than_supported_or_missing(
+    version: str | None, installed_versions: Callable[..., None], tmp_path: Path
+) -> None:
+    """torch's floor (pyproject's torch>=2.6) checked at run time as transformers' is (issue 58)."""
+    installed_versions(torch=version)
+    fix = f"pip install 'torch>={packages.MIN_TORCH}'"
+    said = f"torch {version} is older than whichdevice supports" if version else "torch is not installed"
+    with pytest.raises(DeviceError) as err:
+        wd.training_arguments(str(tmp_path))
+    check_error(err, PackageVersionError, (said, fix))
+    assert fix in wd.resolve_device("cpu").explain()
+    for supported in ("2.13.0+cpu", "2.6.0a0+ecf3bae40a"):  # a local build; an NGC container's build of 2.6
+        installed_versions(torch=supported)
+        assert packages.torch_problem() is None and packages.stack_problems() == [], supported
+
+
 def test_supported_transformers_gives_no_warning(installed_versions: Callable[..., None]) -> None:
     installed_versions(transformers=training.MIN_TRANSFORMERS + ".0")
     assert training.transformers_problem() is None

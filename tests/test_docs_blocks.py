@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from doc_blocks import ROOT, Block, all_blocks, disallowed, python_source, shell_commands
+from doc_blocks import ROOT, Block, all_blocks, disallowed, is_output, printed_where, python_source, shell_commands
 
 BLOCKS = [block for block in all_blocks() if block.lang in ("python", "bash", "console")]
 RUNNER = ROOT / "tests" / "scripts" / "run_doc_blocks.py"
@@ -63,6 +63,26 @@ def test_every_block_is_runnable_or_says_why() -> None:
     assert not unsafe, (
         f'shell blocks that would run commands the docs test never runs; mark them test="skip: ...": {unsafe}'
     )
+
+
+def test_every_output_block_is_generated_or_says_where_it_was_printed() -> None:
+    """Issue 58: blocks of output said neither the machine that printed them nor that they were
+    simulated, so a reader took another machine's answer for theirs."""
+    from whichdevice.testing.spec import parse_spec
+
+    output = [block for block in all_blocks() if is_output(block)]
+    unlabelled = [block.id for block in output if printed_where(block) is None]
+    assert not unlabelled, (
+        f"output blocks that say neither where they were printed nor that they were simulated: {unlabelled}; "
+        "put them in a part docs/generate.py writes, or begin them with '# printed on: MACHINE' or "
+        "'# simulated: \"SPEC\"' (see tests/doc_blocks.py)"
+    )
+    for block in output:
+        kind, specs = printed_where(block) or ("", [])
+        for spec in specs if kind == "simulated" else []:
+            parse_spec(spec)  # a label names a spec simulate() takes, or this raises with the reason
+    quiet = [b.id for b in all_blocks() if b.not_output == "no reason given"]
+    assert not quiet, f"blocks marked not output without saying what they are: {quiet}"
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)

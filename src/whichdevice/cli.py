@@ -108,7 +108,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _json(report)
     else:
         color = use_color(_out())
-        _emit(render_text(report, color=color, width=terminal_width(_out())))
+        _emit(render_text(report, color=color, width=terminal_width(_out()), verbose=args.verbose))
     for r in report["resolutions"]:
         if not r["ok"]:
             # The report shows it in place; stderr says it once more for scripts and logs.

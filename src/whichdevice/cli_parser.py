@@ -29,6 +29,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_length": None,
     "max_new_tokens": None,
     "devices": None,
+    "verbose": False,
 }
 
 
@@ -119,6 +120,12 @@ def _job_options() -> _Parser:
         ("--max-new-tokens", "tokens each sequence generates"),
     ):
         group.add_argument(flag, type=_positive_int, default=argparse.SUPPRESS, metavar="N", help=what)
+    job.add_argument_group("the report's text").add_argument(
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="list each backend that is not installed on its own line, with its install command (default: one line)",
+    )
     return job
 
 

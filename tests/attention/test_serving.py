@@ -195,3 +195,29 @@ def test_a_serving_job_is_not_handed_generates_static_cache(path: Path) -> None:
     assert plain.generate_kwargs() == {"cache_implementation": "static"}
     assert serving.generate_kwargs() == {} and not [s for s in serving.trace if s.topic == "generation"]
     assert serving.serving is not None and serving.serving.applies
+
+
+def test_a_gpu_without_flash_attention_hears_that_transformers_turns_graphs_and_async_batching_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with simulate("cuda:1,cc=9.0,name=NVIDIA H100 80GB HBM3"):
+        plain = wd.resolve_device(serving=True, dtype="bfloat16")
+    with simulate("cuda:1,cc=9.0,name=NVIDIA H100 80GB HBM3", packages={"flash-attn": "2.8.3"}):
+        flash = wd.resolve_device(serving=True, dtype="bfloat16")
+    with simulate("hpu:1"):  # no graphs in transformers' continuous batching: nothing to say
+        gaudi = wd.resolve_device(serving=True, dtype="bfloat16")
+    said = _lines(plain)
+    assert "accelerator graphs and async batching off" in said and "CUDAGraphs on only" in said
+    assert "use_cuda_graph=True, use_async_batching=True" in said
+    assert "graphs and async batching off" not in _lines(flash) + _lines(gaudi)
+    # The statement is transformers' own rule: with use_cuda_graph and use_async_batching unset, a model that needs
+    # an attention mask (sdpa, eager) gets neither, on a device that has graphs; FlashAttention gets both.
+    from transformers.generation import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import initialization
+
+    monkeypatch.setattr(initialization, "get_accelerator_graph_name", lambda: "CUDAGraph")
+    for mask_needed, expected in ((True, False), (False, True)):
+        config = ContinuousBatchingConfig()
+        initialization.decide_use_cuda_graphs(config, is_attn_mask_needed=mask_needed, cuda_graph_requested=False)
+        initialization.decide_use_async_batching(config, is_attn_mask_needed=mask_needed)
+        assert (any(config.cuda_graph_booleans), config.use_async_batching) == (expected, expected)

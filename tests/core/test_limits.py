@@ -75,3 +75,13 @@ def test_each_limit_is_named(exc: BaseException, says: str) -> None:
 @pytest.mark.parametrize("exc", [ValueError("x"), OSError(errno.EACCES, "Permission denied"), ImportError("No module")])
 def test_other_failures_are_not_called_a_limit(exc: BaseException) -> None:
     assert limit_hit(exc) is None
+
+
+def test_torchs_allocator_error_is_the_memory_limit() -> None:
+    error = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 33554432 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    said = limit_hit(error)
+    assert said is not None and "ulimit -v" in said and "raise the limit (ulimit -v unlimited)" in said
+    assert limit_hit(RuntimeError("shape mismatch")) is None

@@ -140,6 +140,8 @@ def test_pyproject_floors_are_the_ones_the_code_checks() -> None:
         (spec,) = [s for s in req.specifier if s.operator == ">="]
         floors[req.name] = Version(spec.version)
     assert floors["transformers"] == Version(packages.MIN_TRANSFORMERS)
+    # torch is declared, with the floor checked at run time (packages.torch_problem, issue 58).
+    assert floors["torch"] == Version(packages.MIN_TORCH)
     assert floors["accelerate"] == Version(hpu._MIN_ACCELERATE) == Version(findings.ACCELERATE_MIN_FOR_GAUDI)
     # The nox session that runs the oldest transformers pins a release of that floor.
     pin = re.search(r'"transformers==([\w.]+)"', (root / "noxfile.py").read_text(encoding="utf-8"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,20 @@ def test_excluding_cpu_still_says_to_leave_it_in() -> None:
         wd.resolve_device(exclude=["cpu"])
     assert "leave 'cpu' out of exclude= to fall back to it" in str(info.value)
     assert "time limit" not in str(info.value)
+
+
+def test_a_gaudi_index_is_refused_for_inference_as_the_hpu_page_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/backends/hpu.md: `hpu` takes no index, each process owning one device (issue 58: hpu:1 was accepted)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "backends" / "hpu.md").read_text(encoding="utf-8")
+    assert "| device string | `hpu` (no index" in page
+    with simulate("hpu:8"):
+        with pytest.raises(wd.ConfigConflictError) as err:
+            wd.resolve_device("hpu:1")
+        here, current = wd.resolve_device("hpu"), wd.resolve_device("hpu:0")
+    message = str(err.value)
+    assert "pass device='hpu'" in message and "HABANA_VISIBLE_MODULES=1 python your_script.py" in message
+    assert (here.device, current.device) == ("hpu", "hpu:0")
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "4,5,6,7")
+    with simulate("hpu:8"), pytest.raises(wd.ConfigConflictError) as err:
+        wd.resolve_device("hpu:2", refresh=True)
+    assert "HABANA_VISIBLE_MODULES=6 python" in str(err.value)  # the module behind visible index 2

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -433,3 +435,39 @@ def test_simulated_readings_need_no_simulation_for_hookless_rows() -> None:
     readings = testing.simulated_readings("xpu:2")
     assert isinstance(readings, XpuReadings) and len(readings.devices) == 2
     assert "ZE_AFFINITY_MASK" not in os.environ
+
+
+def _gaudi_warnings(modules: str) -> list[str]:
+    cards = (DeviceReading("GAUDI2"),) * len(modules.split(","))
+    readings = HpuReadings(env={"HABANA_VISIBLE_MODULES": modules}, available=True, devices=cards)
+    return list(probes.interpret_hpu(wd.get_backend("hpu"), readings).warnings)
+
+
+def test_a_gaudi_module_group_the_page_does_not_list_is_warned_about() -> None:
+    """docs/backends/hpu.md's table of module groups is the one the probe checks (issue 58: `1,2` passed)."""
+    from whichdevice.hardware.probes.hpu import GAUDI_MODULE_GROUPS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "backends" / "hpu.md").read_text(encoding="utf-8")
+    table = page.split("| cards | `HABANA_VISIBLE_MODULES` |", 1)[1].split("\n\n", 1)[0]
+    listed = {tuple(map(int, group.split(","))) for group in re.findall(r"`([\d,]+)`", table)}
+    assert listed == set(GAUDI_MODULE_GROUPS)
+    for group in listed:
+        assert _gaudi_warnings(",".join(map(str, reversed(group)))) == []  # the order is not the group
+    said = " ".join(_gaudi_warnings("1,2"))
+    assert "modules 1,2, a group of 2 Intel does not list" in said and "use 0,1 or 2,3 or 4,5 or 6,7" in said
+    assert "0,1,2,3 or 4,5,6,7" in " ".join(_gaudi_warnings("2,3,4,5"))
+    assert any("groups of 2 or 4" in w for w in _gaudi_warnings("0,1,2"))
+
+
+def test_the_gaudi_container_form_sets_the_variable_the_probe_reads() -> None:
+    """The page's `docker run --runtime=habana` line passes the variable the hpu row and probe read."""
+    from whichdevice.hardware.probes.hpu import ENV_VARIABLES, MODULES_VARIABLE
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "backends" / "hpu.md").read_text(encoding="utf-8")
+    command = next(b for b in page.split("```") if "docker run" in b)
+    assert "--runtime=habana" in command
+    passed = dict(re.findall(r"-e (\w+)=(\S+)", command))
+    assert MODULES_VARIABLE in passed and MODULES_VARIABLE in ENV_VARIABLES
+    assert wd.get_backend("hpu").visible_devices_env[0] == MODULES_VARIABLE
+    # What it passes is a group the probe accepts without a warning, read as the probe reads it.
+    assert _gaudi_warnings(passed[MODULES_VARIABLE]) == []

@@ -52,3 +52,17 @@ def test_the_refusal_of_a_second_device_quotes_its_commands(monkeypatch: pytest.
     assert _pasted(command.group(1), tmp_path)[:2] == ["env", f"CUDA_VISIBLE_DEVICES={HOSTILE}"]
     assert not (tmp_path / "PWNED").exists()
     assert shlex.split(str(info.value).split("alone visible: ", 1)[1])[0] == "CUDA_VISIBLE_DEVICES=1"
+
+
+def test_accelerates_config_file_as_a_fifo_or_a_device_is_said_not_skipped(tmp_path: Path) -> None:
+    import os
+
+    from whichdevice.launch.accelerate_settings import read_accelerate_settings
+
+    folder = tmp_path / "hf" / "accelerate"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "default_config.yaml")
+    settings = read_accelerate_settings({"HF_HOME": str(tmp_path / "hf")})
+    assert settings.config is None and settings.config_problem is not None
+    assert "is a named pipe (FIFO), not a file" in settings.config_problem
+    assert "reads the launch from the variables alone" in settings.config_problem

@@ -169,6 +169,10 @@ def test_an_initialised_process_group_needs_no_variables(tmp_path):
     [
         ({"LOCAL_RANK": "abc"}, "LOCAL_RANK='abc' is not a whole number"),
         ({"LOCAL_RANK": "-2"}, "must be 0 or more"),
+        # int() takes these; no launcher writes them (issue 57): ASCII digits only, at most 7.
+        ({"LOCAL_RANK": "١"}, "LOCAL_RANK='١' is not a whole number written in the digits 0-9"),
+        ({"LOCAL_RANK": "0", "WORLD_SIZE": "1_0"}, "WORLD_SIZE='1_0' is not a whole number"),
+        ({"LOCAL_RANK": "0", "WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='9999.*has 5000 digits"),
         ({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "smaller than LOCAL_WORLD_SIZE"),
         ({"LOCAL_RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, "not below LOCAL_WORLD_SIZE=2"),
         ({"LOCAL_RANK": "0", "RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is not below WORLD_SIZE=4"),
@@ -425,7 +429,7 @@ def test_torch_variables_by_hand_name_both_fixes(monkeypatch):
     assert "export RANK=<rank>" in text and "`unset LOCAL_RANK WORLD_SIZE`" in text
 
 
-@pytest.mark.parametrize("port", ["abc", "0", "70000", "-1"])
+@pytest.mark.parametrize("port", ["abc", "0", "70000", "-1", "٢٩٥٠٠"])
 def test_a_master_port_that_is_not_a_port_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
     # Before: torch's rendezvous raised int()'s bare ValueError.
     for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():

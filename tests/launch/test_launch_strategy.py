@@ -241,3 +241,79 @@ def test_a_zero3_trainingarguments_built_here_keeps_device_map_out(tmp_path):
         del args
         gc.collect()
     assert "device_map" in res.model_kwargs()
+
+
+# ------------------------------------------------------------ hostile files and numbers (issue 57)
+# Each child runs with a 10 s timeout: on a reader that opens a FIFO as a file it would block forever.
+_CHILD = """
+import os, resource, sys
+if len(sys.argv) > 2:  # an address-space cap: a reader that reads /dev/zero to its end fails against it
+    cap = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+from whichdevice.launch.launch_strategy import read_launch_strategy
+s = read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+                          "ACCELERATE_DEEPSPEED_CONFIG_FILE": sys.argv[1]})
+print(s.stage, s.problem)
+"""
+
+
+def _read_in_child(path: str, *limit: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CHILD, path, *limit], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_deepspeed_config_naming_a_fifo_nobody_writes_is_said_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "ds.json"
+    os.mkfifo(fifo)
+    out = _read_in_child(str(fifo))
+    assert out.startswith("3 ") and "is a named pipe (FIFO), not a file" in out
+    assert "whichdevice sizes the variables' stage" in out
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_deepspeed_config_naming_an_endless_device_is_said_without_reading_it(device):
+    out = _read_in_child(device, str(1 << 30))  # 1 GiB of address space: more than enough for a config
+    assert out.startswith("3 ") and "is a character device, not a file" in out
+
+
+def test_the_whole_resolution_says_a_fifo_named_as_the_deepspeed_config(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "ds.json"
+    os.mkfifo(fifo)
+    code = "import whichdevice as wd; print(wd.resolve_device(task='training').explain())"
+    env = {**os.environ, "ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(fifo),
+           "XDG_CACHE_HOME": str(tmp_path / "xdg"), "WHICHDEVICE_CALIBRATION": "off"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "is a named pipe (FIFO), not a file" in done.stdout
+
+
+@pytest.mark.parametrize("value", ["²", "9" * 5000, "١", "1_0"])
+def test_an_fsdp_sharding_strategy_that_is_no_ascii_number_is_said_escaped(value):
+    strategy = read_launch_strategy({"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": value})
+    assert strategy is not None and strategy.sharding == "FULL_SHARD"
+    assert strategy.problem is not None and "FSDP_SHARDING_STRATEGY=" in strategy.problem
+    assert len(strategy.problem) < 400 and len(strategy.said) < 400  # the value cut, never quoted whole
+
+
+@pytest.mark.parametrize("value", ["²", "9" * 5000])
+def test_the_command_says_a_bad_sharding_strategy_and_exits_0(value, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": value,
+           "XDG_CACHE_HOME": str(tmp_path / "xdg"), "WHICHDEVICE_CALIBRATION": "off"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "whichdevice"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "internal error" not in done.stdout + done.stderr
+    assert "FSDP_SHARDING_STRATEGY=" in done.stdout and "not a sharding strategy" in done.stdout

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import textwrap
 
 import pytest
 
@@ -93,3 +95,35 @@ def test_gaudi_execution_mode_is_read_and_compile_needs_eager(
             with pytest.raises(SimulatedTrainingError) as err:
                 wd.training_arguments(str(tmp_path), torch_compile=True)
             assert err.value.kwargs["torch_compile_backend"] == "hpu_backend"
+
+
+@pytest.mark.parametrize("value", ["aot_eager", "cudagraphs", "openxla", "tvm"])
+def test_on_gaudi_every_backend_transformers_would_replace_is_refused(value: str) -> None:
+    """transformers' hpu_backend_compile replaces every backend but 'hpu_backend' and 'eager' with a warning;
+    only inductor was refused (issue 58)."""
+    with pytest.raises(wd.ConfigConflictError, match=r"transformers replaces every torch\.compile backend") as err:
+        check_compile_backend(get_backend("hpu"), value)
+    assert "'hpu_backend', 'eager'" in str(err.value) and "pass torch_compile_backend='hpu_backend'" in str(err.value)
+    for kept in ("hpu_backend", "eager"):
+        check_compile_backend(get_backend("hpu"), kept)
+
+
+def test_the_backends_gaudi_keeps_are_read_from_the_installed_transformers() -> None:
+    """The list is transformers' own: its patched torch.compile, run with a stand-in for torch's, keeps exactly
+    these backends and replaces any other with 'hpu_backend'."""
+    import torch
+    from transformers.utils import import_utils
+
+    from whichdevice.launch.user_keywords import gaudi_compile_backends
+
+    kept = gaudi_compile_backends()
+    assert kept is not None and "hpu_backend" in kept
+    source = inspect.getsource(import_utils)
+    start, end = source.index("    def hpu_backend_compile("), source.index("    torch.compile = hpu_backend_compile")
+    patch = source[start:end]
+    seen: list[str] = []
+    scope = {"original_compile": lambda *a, **k: seen.append(k["backend"]), "logger": import_utils.logger}
+    exec(textwrap.dedent(patch), scope)  # the function as transformers defines it, calling our stand-in
+    for backend in (*kept, "inductor", "aot_eager", "cudagraphs"):
+        scope["hpu_backend_compile"](torch.nn.Identity(), backend=backend)
+    assert seen == [*kept, "hpu_backend", "hpu_backend", "hpu_backend"]

@@ -630,3 +630,53 @@ def test_a_quiet_machines_hiccup_is_used_in_part_whatever_its_threads_ran(cache_
     monkeypatch.setattr(cpu_timing, "measure", _sleeping_measure)
     calib, why = calibration.calibration()  # the fixture's load: 0.0
     assert calib is not None and calib.unsteady == ("s4",) and "its threads ran" not in why
+
+
+# ------------------------------------------------------------ a memory limit (issue 57)
+_UNDER_LIMIT = """
+import resource, sys
+cap = 800 * 1024 * 1024  # torch imports under it; the calibration's timing tensors do not fit
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+import whichdevice as wd
+res = wd.resolve_device()
+print(res.device)
+print(res.explain())
+print(wd.resolve_device(dtype="auto").explain())
+"""
+
+
+def _without_calibration_switch(tmp_path: Path) -> dict[str, str]:
+    from steering import STEERING
+
+    env = {k: v for k, v in os.environ.items() if k not in STEERING and k != "WHICHDEVICE_CALIBRATION"}
+    return env | {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+
+
+def test_a_calibration_that_cannot_allocate_falls_back_to_the_flags_once_and_caches_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    env = _without_calibration_switch(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _UNDER_LIMIT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "cpu"
+    lines = [line for line in done.stdout.splitlines() if "the calibration could not run" in line]
+    assert len(lines) == 2  # one per resolution's trace, each one line
+    assert "ulimit -v, now 819200" in lines[0] and "ulimit -v unlimited" in lines[0]
+    assert "the CPU's flags decide" in lines[0]
+    assert not (tmp_path / "xdg" / "whichdevice").exists()  # nothing cached
+
+
+def test_the_command_under_the_memory_limit_says_it_once_and_exits_0(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (800 << 20, 800 << 20));"
+        "from whichdevice.cli import main; raise SystemExit(main([]))"
+    )
+    env = _without_calibration_switch(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("the calibration could not run") == 1
+    assert "internal error" not in done.stdout + done.stderr

@@ -58,7 +58,8 @@ def test_a_named_pipe_in_place_of_a_model_file_is_refused_at_once(tmp_path, name
         os.close(os.open(folder / name, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail(f"resolve_device(model=) hung on a named pipe as {name}")
     assert isinstance(outcome[0], DamagedModelError), outcome
-    assert f"{folder / name}: is not a regular file" in str(outcome[0])
+    # config.json through core.untrusted's reader names the kind ("is a named pipe (FIFO), not a file").
+    assert f"{folder / name}: is " in str(outcome[0]) and "named pipe" in str(outcome[0])
 
 
 def test_a_path_too_long_for_the_system_is_a_device_error_quoting_it_short():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -367,3 +368,31 @@ def test_pure_fp16_training_is_warned_with_the_figures_torch_states():
     assert f"AdamW's eps {eps:g} is below fp16's smallest subnormal {subnormal:.3g}" in warning
     # The figure is what happens: eps added to an fp16 zero stays zero.
     assert (torch.zeros(1, dtype=torch.float16) + eps).item() == 0.0
+
+
+def test_the_cuda_pages_dtype_table_is_what_the_code_gives():
+    """docs/backends/cuda.md's table of compute capabilities, row by row, against resolve_device (issue 58: the
+    page gave a GTX 10xx, compute capability 6.1, float16; the code gives float32 at fp16's 1/64 rate)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "backends" / "cuda.md").read_text(encoding="utf-8")
+    table = page.split("| compute capability | dtype | examples |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| ([^|]+?) \| `(\w+)` \|", table, flags=re.MULTILINE)
+    # The words a row may use for a range, and the capabilities checked for each.
+    named = {
+        "8.0 or newer": ["8.0", "9.0"],
+        "7.x": ["7.0", "7.5"],
+        "5.3 to 6.x": ["5.3", "6.0", "6.1", "6.2"],
+        "below 5.3": ["5.0", "5.2", "3.7"],
+    }
+    checked = set()
+    for capabilities, dtype in rows:
+        if capabilities.startswith("unknown"):
+            continue
+        listed = named.get(capabilities) or [c.strip() for c in capabilities.split(",")]
+        assert all(re.fullmatch(r"\d+\.\d+", cc) for cc in listed), f"a row this test cannot read: {capabilities}"
+        for cc in listed:
+            with simulate(f"cuda:1,cc={cc}"):
+                assert wd.resolve_device().dtype_name == dtype, (cc, dtype)
+            checked.add(cc)
+    assert {"6.1", "6.0", "5.3", "6.2", "7.5", "8.0", "5.2"} <= checked
+    with simulate("cuda:1,cc=6.1"):
+        assert "fp16 arithmetic runs at 1/64 of fp32" in _messages(wd.resolve_device())

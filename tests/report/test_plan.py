@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import whichdevice as wd
 from hub_fixtures import large_repos
 from hub_server import serving
+from whichdevice.core.errors import printable
 from whichdevice.memory.bandwidth import BANDWIDTHS, bandwidth_of
 from whichdevice.report.plan import DEFAULT_MACHINES, plan_hardware
 from whichdevice.testing import simulate
@@ -112,3 +114,50 @@ def test_one_process_on_several_gpus_hears_of_tensor_parallelism_where_it_fits(h
     with simulate("cuda:4,name=NVIDIA A100-SXM4-40GB"):
         res = wd.resolve_device(model="meta-llama/Llama-3.1-70B", max_length=4096, quantize=None)
     assert "the split, since tensor parallel over 4 devices" in res.explain() and "does not fit" in res.explain()
+
+
+# Plans whose rows cover every case over the default machines: one device and several, quantized and not, fitting
+# and not, for inference and training (a 70B needs 4-bit on two L4s; an 8B trains QLoRA on two T4s).
+ONE_ANSWER = [
+    ("meta-llama/Llama-3.1-70B", "inference"),
+    ("mistralai/Mixtral-8x7B-v0.1", "inference"),
+    ("meta-llama/Llama-3.1-8B", "training"),
+]
+
+
+def _resolved(model: str, task: str, spec: str) -> wd.Resolution | str:
+    """resolve_device's own answer on that machine (as a user would call it), or the error it raised."""
+    try:
+        with simulate(spec) if spec else contextlib.nullcontext():
+            return wd.resolve_device(model=model, task=task, batch_size=1, max_length=4096)
+    except wd.DeviceError as error:
+        return str(error)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "task"), ONE_ANSWER)
+def test_every_row_over_the_default_machines_is_resolve_device_on_that_machine(hub, model, task):
+    plan = plan_hardware(model, task=task, max_length=4096)
+    counts = {"several": 0, "quantized": 0, "refused": 0}
+    for row in plan.rows:
+        res = _resolved(model, task, row.spec)
+        where = f"{row.machine} x{row.devices}"
+        if isinstance(res, str):
+            assert not row.fits and row.note and row.note in printable(res).replace("\n", " "), where
+            # The row says what resolve_device said, and suggests no option plan lacks.
+            assert "quantize=" not in row.note, where
+            counts["refused"] += 1
+            continue
+        assert row.fits and row.dtype == (res.dtype_name or "float32"), where
+        assert row.quantization == (res.quantization.method if res.quantization else None), where
+        handed = row.keywords.get("device_map")
+        assert handed == repr(res.device_map) or row.strategy.startswith("tensor parallel"), where
+        # A quantized row hands over what resolve_device does: its quantization_config, with its device_map.
+        assert not row.quantization or ("quantization_config" in row.keywords and handed == repr(res.device_map))
+        counts["several"] += row.devices > 1
+        counts["quantized"] += row.quantization is not None
+    if model.endswith("70B"):
+        # Four T4s: resolve_device loads the 70B in 4-bit over all four; the plan said it fits no count of T4s.
+        t4 = next(r for r in plan.rows if r.machine == "T4" and r.devices == 4)
+        assert t4.fits and t4.quantization == "bitsandbytes-nf4" and "in 4-bit" in t4.strategy
+    assert all(counts.values()) or (model.startswith("mistralai") and counts["several"] and counts["refused"])

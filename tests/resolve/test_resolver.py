@@ -242,10 +242,12 @@ def test_an_uncached_model_offline_names_the_ways_on(tmp_path, monkeypatch):
 
 def test_explain_says_why_for_every_row_on_this_machine():
     res = wd.resolve_device()
-    text = res.explain()
+    text, short = res.explain(verbose=True), res.explain()
     for backend in wd.backends():
         line = next(line for line in text.splitlines() if line.split()[1:2] == [backend.name])
         assert ("chosen" in line) or ("not probed" in line), line
+        # By default the backends simply not installed share one line, which names each (hardware/absent.py).
+        assert any(backend.name in line.replace(",", " ").split() for line in short.splitlines()), backend.name
     for step in res.trace:
         if step.topic in {b.name for b in wd.backends()} and step.chosen is False:
             assert "pip install" in step.message or "MPS needs macOS" in step.message

@@ -402,3 +402,61 @@ def test_a_huge_value_in_a_report_is_quoted_short() -> None:
     with pytest.raises(DeviceError) as info:
         simulate(report=data)
     assert len(str(info.value)) < 1000 and "damaged" in str(info.value)
+
+
+# ------------------------------------------------------------ meaning, not only shape (issue 57)
+
+
+def _row(data: dict[str, Any], name: str) -> dict[str, Any]:
+    row: dict[str, Any] = next(r for r in data["backends"] if r["name"] == name)
+    return row
+
+
+def _unusable_cpu(data: dict[str, Any]) -> None:
+    _row(data, "cpu")["devices"][0]["unusable"] = "held by another process"
+
+
+def _index_beyond_count(data: dict[str, Any]) -> None:
+    _row(data, "cuda")["devices"][0]["index"] = 5  # device_count is 1
+
+
+def _index_twice(data: dict[str, Any]) -> None:
+    cuda = _row(data, "cuda")
+    cuda["device_count"] = 2
+    cuda["devices"] = [cuda["devices"][0], dict(cuda["devices"][0])]
+
+
+def _more_devices_than_count(data: dict[str, Any]) -> None:
+    cuda = _row(data, "cuda")
+    cuda["devices"] = [cuda["devices"][0], {**cuda["devices"][0], "index": 1}]
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (_unusable_cpu, "devices[0].unusable='held by another process', which no probe of cpu writes"),
+        (_index_beyond_count, "device index 5 is outside 0 to 0"),
+        (_index_twice, "device index 0 is listed twice"),
+        (_more_devices_than_count, "2 devices listed for a device_count of 1"),
+    ],
+)
+def test_a_report_with_values_no_probe_writes_is_damaged_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Any, says: str
+) -> None:
+    data = _good()
+    damage(data)
+    with pytest.raises(DeviceError, match="the report is damaged"):
+        load_report(data)
+    assert cli.main(["--simulate-report", _report_file(tmp_path, data)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "internal error" not in err
+    with pytest.raises(DeviceError, match="the report is damaged"), simulate(report=data):
+        wd.resolve_device()
+
+
+def test_a_report_named_as_a_fifo_is_said_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "machine.json"
+    os.mkfifo(fifo)
+    code = f"from whichdevice.cli import main; raise SystemExit(main(['--simulate-report', {str(fifo)!r}]))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 2 and "is a named pipe (FIFO), not a file" in done.stderr

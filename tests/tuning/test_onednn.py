@@ -3,13 +3,19 @@ nesting and interrupts leave it as the user set it, and a user's "off" is never 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
+import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from tiny_models import save_tiny_llama
+from whichdevice.tuning import onednn
 from whichdevice.tuning.onednn import holders, onednn_off
 from whichdevice.tuning.single_row import install_single_row
 
@@ -148,3 +154,88 @@ def test_two_threads_generating_at_batch_one_leave_onednn_on(model, tmp_path):
         for thread in threads:
             thread.join(timeout=120)
         assert _enabled() and holders() == 0
+
+
+def _forked(check: Callable[[], bool], timeout_s: float = 60.0) -> str:
+    """Run ``check`` in a forked child: "ok", "failed" or "hung" (killed after ``timeout_s``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process: what the test is about
+        pid = os.fork()
+    if pid == 0:  # the child: only this thread exists here
+        code = 1
+        try:
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return "ok" if os.waitstatus_to_exitcode(status) == 0 else "failed"
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "hung"
+
+
+def _child_starts_with_the_switch_on_and_can_hold_it() -> bool:
+    if not (_enabled() and holders() == 0):
+        return False
+    with onednn_off() as held:
+        if not (held and not _enabled()):
+            return False
+    return _enabled() and holders() == 0
+
+
+def _while_another_thread(hold: Callable[[threading.Event, threading.Event], None]) -> str:
+    holding, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=hold, args=(holding, release))
+    thread.start()
+    try:
+        assert holding.wait(30)
+        return _forked(_child_starts_with_the_switch_on_and_can_hold_it)
+    finally:
+        release.set()
+        thread.join(30)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_fork_while_another_thread_holds_onednn_off_gives_the_child_the_users_switch():
+    """Issue 56: the child inherited the count (1) and oneDNN off for its whole life."""
+
+    def hold(holding: threading.Event, release: threading.Event) -> None:
+        with onednn_off():
+            holding.set()
+            release.wait(30)
+
+    assert _while_another_thread(hold) == "ok"
+    assert _enabled() and holders() == 0  # the parent's holder let go as usual
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_fork_while_another_thread_holds_the_counts_lock_does_not_hang_the_child():
+    def hold(holding: threading.Event, release: threading.Event) -> None:
+        with onednn._lock:
+            holding.set()
+            release.wait(30)
+
+    assert _while_another_thread(hold) == "ok"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_fork_from_inside_a_hold_lets_the_child_and_the_parent_let_go_once():
+    hold = onednn_off()
+    hold.__enter__()
+
+    def child() -> bool:
+        # The forking thread's own hold ends in the child too: it must not count below zero.
+        fresh = _enabled() and holders() == 0
+        hold.__exit__(None, None, None)
+        return fresh and _enabled() and holders() == 0 and _child_starts_with_the_switch_on_and_can_hold_it()
+
+    try:
+        status = _forked(child)
+        assert holders() == 1 and not _enabled()  # the parent's hold is its own
+    finally:
+        hold.__exit__(None, None, None)
+    assert status == "ok" and _enabled() and holders() == 0

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import io
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -150,3 +152,58 @@ def test_the_resolutions_prepare_is_the_tunings(path: Path):
     assert _tuned(model) == {"forward": False, "generate": False, "packed": PACKS}
     res.unprepare(model)
     assert not any(_tuned(model).values())
+
+
+@pytest.mark.parametrize("pause", ["at the second layer", "before the first layer"])
+def test_unprepare_while_another_threads_generate_is_packing_leaves_nothing_packed(path: Path, monkeypatch, pause: str):
+    """Issue 56: unprepare returned while the deferred packing went on, leaving 14 of 15 layers packed.
+    Here the packing pauses (at its second layer, or once generate has decided to pack and before the
+    first) until unprepare has been called from another thread."""
+    real = packing_ops(torch)
+    assert real is not None
+    paused, resume = threading.Event(), threading.Event()
+    packed_count: list[int] = []
+
+    def wait_here() -> None:
+        paused.set()
+        resume.wait(60)
+
+    def pack(weight: torch.Tensor, batch: int) -> torch.Tensor:
+        packed_count.append(1)
+        if len(packed_count) == 2 and pause == "at the second layer":
+            wait_here()
+        return real[0](weight, batch)
+
+    install = packed_weights.install_packed_weights
+
+    def install_after_a_pause(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        if pause == "before the first layer":
+            wait_here()
+        return install(*args, **kwargs)
+
+    monkeypatch.setattr(packed_weights, "packing_ops", lambda torch: (pack, real[1]))
+    monkeypatch.setattr(packed_weights, "install_packed_weights", install_after_a_pause)
+    at_generate = Tuning(packing=PLAN._replace(told=False))
+    model = prepare(at_generate, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+    ids = torch.randint(5, 200, (4, 8), generator=torch.Generator().manual_seed(0))
+    errors: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        except BaseException as error:
+            errors.append(error)
+
+    generating = threading.Thread(target=generate)
+    generating.start()
+    assert paused.wait(60), "the packing never started"
+    undoing = threading.Thread(target=unprepare, args=(model,))
+    undoing.start()
+    undoing.join(0.5)  # unprepare is under way (it may wait for the packing) before the packing goes on
+    resume.set()
+    undoing.join(60)
+    generating.join(60)
+    assert errors == [] and not undoing.is_alive() and not generating.is_alive()
+    assert not any(hasattr(m, "_whichdevice_packed") or "forward" in vars(m) for m in model.modules())
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters()) and "generate" not in vars(model)
+    assert len(packed_count) < len(packable_layers(model, "float32"))  # the packing stopped, not finished

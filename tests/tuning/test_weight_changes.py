@@ -283,3 +283,112 @@ def test_unpack_leaves_plain_parameters(path: Path):
     assert unpack(packed) > 0
     assert all(type(p) is torch.nn.Parameter for p in packed.parameters())
     assert not any("forward" in vars(m) for m in packed.modules())
+
+
+# Writes the version counter cannot see (issue 56): through a tensor that aliases the weight's storage,
+# kept from before prepare(), and from another process writing shared memory. Each scales every
+# projection of the first layer by 1.5, as the issue's users did.
+
+
+def _projections(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [m.weight for name, m in model.named_modules() if name.endswith("proj")]
+
+
+def _scale(tensors: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for tensor in tensors:
+            tensor.mul_(1.5)
+
+
+def _kept_data(model: torch.nn.Module) -> Callable[[], None]:
+    kept = [w.data for w in _projections(model)]
+    return lambda: _scale(kept)
+
+
+def _kept_ema_list(model: torch.nn.Module) -> Callable[[], None]:
+    # An EMA of the weights, written back into them through the list it kept (decay 0.5 toward 2x).
+    kept = [p.data for p in model.parameters()]
+
+    def update() -> None:
+        with torch.no_grad():
+            for data in kept:
+                target = data * 2
+                data.mul_(0.5).add_(target, alpha=0.5)
+
+    return update
+
+
+def _kept_storage(model: torch.nn.Module) -> Callable[[], None]:
+    kept = [(w.untyped_storage(), w.dtype, w.shape) for w in _projections(model)]
+
+    def write() -> None:
+        views = [torch.empty(0, dtype=dtype).set_(storage, 0, shape) for storage, dtype, shape in kept]
+        _scale(views)
+
+    return write
+
+
+ALIASES: dict[str, Callable[[torch.nn.Module], Callable[[], None]]] = {
+    "w.data kept from before prepare": _kept_data,
+    "[p.data for p in model.parameters()] kept from before prepare": _kept_ema_list,
+    "w.untyped_storage() kept from before prepare": _kept_storage,
+}
+
+
+@pytest.mark.parametrize("alias", list(ALIASES))
+def test_a_write_through_an_alias_kept_from_before_packing_is_seen(path: Path, alias: str):
+    """The issue's rows: 0.502 / 0.773 / 0.502 apart before, the stale copies serving."""
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    packed = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    writes = [ALIASES[alias](model) for model in (plain, packed)]  # kept before packing
+    install_packed_weights(packed, "float32", 4)
+    assert all(is_packed(m) for m in packable_layers(packed, "float32"))
+    before = _logits(plain)
+    for write in writes:
+        write()
+    expected = _logits(plain)
+    assert (expected - before).abs().max().item() > 1e-3, "the write must change the model's outputs"
+    torch.testing.assert_close(_logits(packed), expected, **TOLERANCE)
+
+
+def _write_from_a_child(method: str, models: tuple[torch.nn.Module, ...]) -> None:
+    import multiprocessing
+
+    from hogwild_worker import scale_in_place
+
+    weights = [w.detach() for model in models for w in _projections(model)]
+    child = multiprocessing.get_context(method).Process(target=scale_in_place, args=(weights, 1.5))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_weights_in_shared_memory_are_not_packed_and_a_childs_writes_are_seen(
+    path: Path, method: str, caplog: pytest.LogCaptureFixture
+):
+    """Hogwild: model.share_memory(), prepare(), then a child process writes the shared weights in place.
+    The parent's version counter never moves, so a copy could not know: shared weights are not packed."""
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    packed = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for model in (plain, packed):
+        model.share_memory()
+    count, done = install_packed_weights(packed, "float32", 4)
+    layers = [m for m in packed.modules() if type(m) is torch.nn.Linear]
+    assert count == 0 and not any(is_packed(m) for m in layers)
+    assert f"{len(layers)} linear layers in shared memory not packed" in done
+    before = _logits(plain)
+    _write_from_a_child(method, (plain, packed))
+    expected = _logits(plain)
+    assert (expected - before).abs().max().item() > 1e-3, "the child's write must reach the parent"
+    torch.testing.assert_close(_logits(packed), expected, **TOLERANCE)
+
+
+def test_a_model_moved_to_shared_memory_after_packing_runs_unpacked(path: Path):
+    plain, packed = _pair(path)
+    for model in (plain, packed):
+        model.share_memory()  # new storage: the copies made from the old one are dropped
+    assert not any(is_packed(m) for m in packable_layers(packed, "float32"))
+    assert install_packed_weights(packed, "float32", 4)[0] == 0  # and nothing packs again while it is shared
+    _write_from_a_child("fork", (plain, packed))
+    torch.testing.assert_close(_logits(packed), _logits(plain), **TOLERANCE)

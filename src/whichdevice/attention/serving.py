@@ -21,6 +21,8 @@ What is checked, and handed over:
   and with the ``kernels`` package installed that calls ``get_kernel`` on the Hub FlashAttention
   repository: it downloads and runs compiled code that ``use_kernels`` never asked for (on a CPU, or
   offline, it reaches for the Hub and fails), and the model no longer runs the attention announced.
+- **Accelerator graphs and async batching**, said, not handed over: on a device with graphs (CUDA, XPU),
+  transformers turns both off for a model that runs no FlashAttention (``_graphs_off``).
 - **Everything else** is left to transformers, and the trace says so: the cache's blocks, batch tokens
   and memory share are sized by it from the memory free after loading, CUDA graphs and compile
   settings inferred for the device, which whichdevice's probe cannot see better than it does.
@@ -129,6 +131,9 @@ def decide_serving(
     if switch is not None:
         config["auto_switch_to_flash"] = switch
     steps.append(TraceStep("serving", switch_why))
+    graphs = _graphs_off(target, attention, runs_flash=switch is None and dtype in ("float16", "bfloat16"))
+    if graphs is not None:
+        steps.append(TraceStep("serving", graphs))
     sizes, sizes_why = _cpu_cache(target.backend, job)
     config.update(sizes)
     steps.append(TraceStep("warning" if target.name == "cpu" and not sizes else "serving", sizes_why))
@@ -183,6 +188,35 @@ def _page_size() -> int:
 
     (page,) = [f.default for f in dataclasses.fields(ContinuousBatchingConfig) if f.name == "page_size"]
     return int(page)  # type: ignore[arg-type]
+
+
+def _graphs_off(target: Target, attention: str | None, *, runs_flash: bool) -> str | None:
+    """What transformers turns off for a model that runs no FlashAttention under generate_batch, on a device
+    with accelerator graphs; None where it runs FlashAttention or the device has no graphs.
+
+    transformers' continuous_batching/initialization.py: with ``use_cuda_graph`` unset (and no
+    ``q_padding_interval_size``/``kv_padding_interval_size``), ``decide_use_cuda_graphs`` turns graphs on
+    only where no attention mask is needed, which is FlashAttention (``is_flash_attention_requested``);
+    ``decide_use_async_batching`` then turns async batching on only with graphs and no mask. Graphs exist
+    where ``DEVICE_TYPE_TO_GRAPH_NAME`` (continuous_batching/utils.py) names the device type."""
+    if runs_flash or (attention is not None and "flash" in attention):
+        return None
+    try:
+        from transformers.generation.continuous_batching.utils import DEVICE_TYPE_TO_GRAPH_NAME
+    except ImportError:  # another transformers: the rule is not there to read
+        return None
+    graph = DEVICE_TYPE_TO_GRAPH_NAME.get(target.name)
+    if graph is None:
+        return None
+    shown = attention or "transformers' own pick (sdpa or eager)"
+    return (
+        f"accelerator graphs and async batching off: generate_batch runs {shown}, not FlashAttention, and "
+        f"transformers turns {graph}s on only where no attention mask is needed (FlashAttention: "
+        "decide_use_cuda_graphs) and async batching only with them (decide_use_async_batching), so each step "
+        "launches its kernels one by one and the CPU's scheduling is not overlapped with the device's work; "
+        "a FlashAttention package that fits this device turns both on, or ContinuousBatchingConfig("
+        "use_cuda_graph=True, use_async_batching=True) asks for them with sdpa's padded mask"
+    )
 
 
 def _auto_switch(

@@ -2,7 +2,8 @@
 
 Under ``ulimit -v``, ``ulimit -n`` or ``ulimit -f`` a command fails wherever the limit happens to be
 reached: a ``MemoryError``, an ``OSError`` (EMFILE, ENFILE, EFBIG, ENOSPC, ENOMEM), or an
-``ImportError`` from the dynamic loader that could not map a library ("failed to map segment").
+``ImportError`` from the dynamic loader that could not map a library ("failed to map segment"), or
+torch's own allocator's ``RuntimeError`` ("can't allocate memory") once a tensor no longer fits.
 None of these is a bug in whichdevice; :func:`limit_hit` turns them into one sentence that names
 the limit, its current value where the process has one, and how to raise it.
 """
@@ -18,7 +19,7 @@ try:  # read before a limit on open files can stop the import of its extension
 except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
-__all__ = ["ResourceLimitError", "limit_hit", "say_limit"]
+__all__ = ["ResourceLimitError", "allocator_out_of_memory", "limit_hit", "say_limit"]
 
 
 class ResourceLimitError(RuntimeError):
@@ -46,8 +47,24 @@ def _now(name: str) -> str:
     return f", now {value}" if value else ""
 
 
+# What torch's CPU allocator raises when malloc fails (c10/core/impl/alloc_cpu.cpp, a RuntimeError:
+# "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes. Error code 12 ...").
+_ALLOCATOR_OUT_OF_MEMORY = "can't allocate memory"
+
+
+def allocator_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's allocator failing for want of memory (a RuntimeError, not MemoryError)."""
+    return isinstance(exc, RuntimeError) and _ALLOCATOR_OUT_OF_MEMORY in str(exc)
+
+
 def limit_hit(exc: BaseException) -> str | None:
     """The sentence naming the resource limit ``exc`` ran into; None when it is no such failure."""
+    if allocator_out_of_memory(exc):
+        return (
+            f"out of memory (torch's allocator: {_ALLOCATOR_OUT_OF_MEMORY}): the address-space limit "
+            f"(ulimit -v{_now('RLIMIT_AS')}) or the machine's memory ran out; raise the limit "
+            "(ulimit -v unlimited) or free memory"
+        )
     if isinstance(exc, MemoryError) or (
         isinstance(exc, ImportError) and any(s in str(exc).lower() for s in _LOADER_OUT_OF_MEMORY)
     ):

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 __all__ = [
+    "MIN_TORCH",
     "MIN_TRANSFORMERS",
     "cache_clear",
     "generation",
@@ -28,6 +29,8 @@ __all__ = [
     "pip_install",
     "requirement_on",
     "simulated_packages",
+    "stack_problems",
+    "torch_problem",
     "transformers_problem",
     "version_at_least",
     "version_before",
@@ -173,6 +176,7 @@ def cache_clear() -> None:
         _folders.clear()
         _generation[0] += 1
     transformers_problem.cache_clear()
+    torch_problem.cache_clear()
 
 
 # kept for callers of the functools-style name (probes.package_version.cache_clear())
@@ -185,12 +189,14 @@ def simulated_packages(versions: Mapping[str, str | None]) -> Iterator[None]:
     _simulated.append(dict(versions))
     _generation[0] += 1
     transformers_problem.cache_clear()
+    torch_problem.cache_clear()
     try:
         yield
     finally:
         _simulated.pop()
         _generation[0] += 1
         transformers_problem.cache_clear()
+    torch_problem.cache_clear()
 
 
 _RELEASE = re.compile(r"\d+(?:\.\d+)*")
@@ -228,8 +234,21 @@ def version_before(text: str, limit: str) -> bool:
     return _compare(text, limit) < 0
 
 
-# The oldest transformers whichdevice supports (pyproject's requirement; a nox session tests it).
+# The oldest transformers and torch whichdevice supports (pyproject's requirements, compared in
+# tests/core/test_packages.py; a nox session tests the transformers floor).
 MIN_TRANSFORMERS = "4.57"
+MIN_TORCH = "2.6"
+
+
+def _floor_problem(name: str, minimum: str, *, release_only: bool = False) -> str | None:
+    fix = f"pip install '{name}>={minimum}'"
+    version = package_version(name)
+    if version is None:
+        return f"{name} is not installed: {fix}"
+    release = re.match(r"\d+(\.\d+)*", version) if release_only else None
+    if version_before(release.group() if release else version, minimum):
+        return f"{name} {version} is older than whichdevice supports ({minimum} or newer): {fix}"
+    return None
 
 
 @lru_cache(maxsize=1)
@@ -239,13 +258,20 @@ def transformers_problem() -> str | None:
     Read from package metadata once per process (an import already made cannot change), so
     transformers is not imported to find out; ``transformers_problem.cache_clear()`` reads again.
     """
-    fix = f"pip install 'transformers>={MIN_TRANSFORMERS}'"
-    version = package_version("transformers")
-    if version is None:
-        return f"transformers is not installed: {fix}"
-    if version_before(version, MIN_TRANSFORMERS):
-        return f"transformers {version} is older than whichdevice supports ({MIN_TRANSFORMERS} or newer): {fix}"
-    return None
+    return _floor_problem("transformers", MIN_TRANSFORMERS)
+
+
+@lru_cache(maxsize=1)
+def torch_problem() -> str | None:
+    """What is wrong with the installed torch for whichdevice (missing, older than MIN_TORCH), or None: read
+    as transformers' is, from metadata. Its release decides: a CUDA or ROCm build's local version
+    ("2.13.0+cu128") and the pre-release builds NVIDIA's containers ship ("2.6.0a0+ecf3bae") are that release."""
+    return _floor_problem("torch", MIN_TORCH, release_only=True)
+
+
+def stack_problems() -> list[str]:
+    """The floors the installed stack misses, torch's first (transformers imports it)."""
+    return [p for p in (torch_problem(), transformers_problem()) if p is not None]
 
 
 def pip_install(*requirements: str) -> str:

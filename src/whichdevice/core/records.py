@@ -233,6 +233,9 @@ class Backend:
     # True: one device that every process of the machine shares (the CPU): its device string never
     # carries an index, and the processes of a distributed run do not take one device per rank.
     shared_device: bool = False
+    # True: a process addresses one device, its current one, and device strings take no other index
+    # (Gaudi's bridge: no "hpu:1"); an index other than 0 is refused in one process, named with the fix.
+    one_device_a_process: bool = False
     default_dtype: str = "float32"
     env_defaults: tuple[EnvDefault, ...] = ()
     install_hint: str = ""

@@ -13,9 +13,10 @@ or driver to install, because the user's first kernel would fail anyway.
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
-from whichdevice.core.errors import DeviceError, DeviceUnavailableError
+from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError
 from whichdevice.core.records import Backend, ProbeResult, TraceStep
 from whichdevice.device.choice import least_busy
 from whichdevice.device.others import other_accelerators
@@ -232,12 +233,32 @@ def device_string(
     steps = _accelerate_device_differs(backend, dist)
     if backend.shared_device:
         return (backend.name, None, 1), steps
+    if index and backend.one_device_a_process and task != "training":  # training: trainer_device_steps says it
+        raise ConfigConflictError(_not_addressable(backend, result, index))
     if index is not None:
         return (f"{backend.name}:{index}", index, 1), steps
     if backend.indexed:
         chosen, why = least_busy(backend, result, task)
         return (f"{backend.name}:{chosen}", chosen, result.device_count), steps + why
     return (backend.name, None, result.device_count), steps
+
+
+def _not_addressable(backend: Backend, result: ProbeResult, index: int) -> str:
+    """Why '<name>:<index>' is refused where a process addresses one device, and the ways to run there."""
+    physical = result.visible.physical_id(index) if result.visible is not None else str(index)
+    variable = backend.visible_devices_env[0] if backend.visible_devices_env else None
+    alone = (
+        f", or start the program with that device alone visible: {shlex.quote(f'{variable}={physical}')} "
+        f"python your_script.py (it is {backend.name!r} there)"
+        if variable
+        else ""
+    )
+    return (
+        f"device '{backend.name}:{index}': each {backend.hardware} process uses one device, its current one, and "
+        f"its device strings take no index (accelerate uses torch.device({backend.name!r}, current_device())); "
+        f"pass device={backend.name!r} for this process's device{alone}, or run one process per device "
+        f"(docs/backends/{backend.docs or backend.name}.md)"
+    )
 
 
 def _accelerate_device(dist: DistributedContext | None) -> tuple[str, int | None] | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, shown
+from whichdevice.core.numbers import parse_number
 from whichdevice.core.records import ProbeResult, TraceStep, Visibility
 from whichdevice.core.sizes import format_bytes
 from whichdevice.device.choice import idle_indices
@@ -78,8 +79,8 @@ def parse_devices(value: Any, what: str = "devices") -> DevicesAsked | None:
 
 
 def _is_index(text: str) -> bool:
-    # ASCII digits, and few of them: no machine numbers a device past seven digits.
-    return text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 7
+    # ASCII digits, and few of them (core.numbers, the one parser of numbers people set).
+    return parse_number("devices", text).value is not None
 
 
 def _count(said: str, count: int) -> DevicesAsked:

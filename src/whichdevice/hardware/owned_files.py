@@ -12,6 +12,8 @@ import os
 import stat
 from pathlib import Path
 
+from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
+
 __all__ = ["NotOwnedError", "not_owned", "read_owned"]
 
 # Far more than any cache file whichdevice writes (about 2 KB): a larger one is not ours.
@@ -48,26 +50,19 @@ def not_owned(path: Path) -> str | None:
 
 def read_owned(path: Path) -> bytes:
     """The bytes of ``path``: a regular file of the user's own, in a folder of the user's own, never a
-    link (O_NOFOLLOW), never a pipe or device (opened without blocking, then checked). Raises
-    FileNotFoundError when there is none, NotOwnedError saying why it is not to be trusted."""
+    link (O_NOFOLLOW), never a pipe or device, read by core.untrusted's reader (a stat first, opened
+    without blocking, capped in size and time). Raises FileNotFoundError when there is none,
+    NotOwnedError saying why it is not to be trusted."""
     problem = not_owned(path)
     if problem is not None:
         raise NotOwnedError(problem)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    # The owner is checked again on the open descriptor: a file swapped in between the check and the open.
     try:
-        fd = os.open(path, flags)
-    except OSError as error:
-        if error.errno == 40:  # ELOOP: O_NOFOLLOW met a link put there since the check
-            raise NotOwnedError(f"the cache file {path} is a symbolic link") from None
-        raise
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise NotOwnedError(f"the cache file {path} is not a regular file")
-        problem = _problem(path, info, "cache file")
-        if problem is not None:
-            raise NotOwnedError(problem)
-        data = fh.read(_MAX_BYTES + 1)
-    if len(data) > _MAX_BYTES:
-        raise NotOwnedError(f"the cache file {path} is over {_MAX_BYTES} bytes, far more than whichdevice writes")
-    return data
+        return read_untrusted(
+            path,
+            _MAX_BYTES,
+            flags=getattr(os, "O_NOFOLLOW", 0),
+            check=lambda info: _problem(path, info, "cache file"),
+        )
+    except UntrustedFileError as error:  # a link put there since the check fails O_NOFOLLOW here
+        raise NotOwnedError(str(error)) from None

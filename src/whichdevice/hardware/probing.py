@@ -308,6 +308,13 @@ def _error_reason(backend: Backend, error: BaseException) -> str:
         if isinstance(error, SystemExit)
         else f"raised {type(error).__name__}: {error}"
     )
+    if not isinstance(error, (ImportError, SystemExit)):
+        # The packages imported (a failed import reaches here as the ImportError raise_import_error
+        # raises): what failed is reading the runtime or a tool, and reinstalling would not help.
+        return (
+            f"the {backend.name} probe {what}, after its packages imported ({backend.package!r} among them): "
+            f"not a failed install; {_probe_fix(backend)}"
+        )
     return (
         f"the {backend.name} probe {what}. The package {backend.package!r} is installed "
         f"but broken: reinstall it ({backend.install_command}) or uninstall it"

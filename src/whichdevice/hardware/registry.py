@@ -104,6 +104,7 @@ _BUILTIN: tuple[Backend, ...] = (
         compile_backend="hpu_backend",
         bitsandbytes=True,
         indexed=False,
+        one_device_a_process=True,  # no hpu:N (optimum-habana #637; accelerate/state.py's current_device())
         default_dtype="bfloat16",
         env_defaults=(
             EnvDefault(

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core import envview
-from whichdevice.core.errors import ConfigConflictError
+from whichdevice.core.errors import ConfigConflictError, printable
 from whichdevice.core.records import TraceStep
+from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.launch import launch_strategy
 from whichdevice.launch.launch_strategy import LaunchStrategy
 
@@ -51,6 +52,7 @@ PRECISIONS = ("no", "fp8", "fp16", "bf16")
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")
 LAUNCHERS = ("torchrun", "accelerate")
+_MAX_CONFIG = 1_000_000  # accelerate config writes about 30 lines; beyond this it is not its file
 
 
 def truth(value: str) -> bool | None:
@@ -131,17 +133,23 @@ def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> Accele
 
 
 def _read_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
-    if not os.path.isfile(path):
+    # Named by a variable (ACCELERATE_CONFIG_FILE, HF_HOME): read as untrusted, so a FIFO or a device is
+    # said, not waited on or read without end.
+    try:
+        raw = read_untrusted(path, _MAX_CONFIG)
+    except FileNotFoundError:
         return None, None
+    except UntrustedFileError as exc:
+        return None, f"accelerate's config file: {exc}; whichdevice reads the launch from the variables alone"
     try:
         import yaml  # accelerate's own dependency, as is its config format
     except ImportError:
-        return None, f"{path} exists but PyYAML is not installed to read it (pip install pyyaml)"
+        return None, f"{printable(path)} exists but PyYAML is not installed to read it (pip install pyyaml)"
     try:
-        with open(path, encoding="utf-8") as f:
-            loaded = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        return None, f"accelerate launch cannot read {path}: {exc}; run `accelerate config` again"
+        loaded = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        problem = printable(str(exc))
+        return None, f"accelerate launch cannot read {printable(path)}: {problem}; run `accelerate config` again"
     if not isinstance(loaded, dict):
         return None, f"{path} is not a mapping of settings; run `accelerate config` again"
     keys = ("distributed_type", "mixed_precision", "use_cpu", "num_processes", "gpu_ids")

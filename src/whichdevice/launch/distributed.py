@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core import envview
 from whichdevice.core.errors import DeviceError, shown
+from whichdevice.core.numbers import parse_number
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
@@ -142,16 +143,16 @@ def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
         return None
     # SLURM's tasks per node can read "4(x2)" or "4,2": the count on the first node leads.
     text = raw.strip().split("(", 1)[0].split(",", 1)[0] if name.startswith("SLURM_") else raw.strip()
-    try:
-        value = int(text)
-    except ValueError:
+    # ASCII digits only (parse_number): int() would take "١" or "1_0", and raise past 4,300 digits.
+    number = parse_number(name, text)
+    negative = text.startswith("-") and parse_number(name, text[1:]).value is not None
+    if number.value is None and not negative:
         raise DeviceError(
-            f"{name}={shown(raw)} is not a whole number; the launcher sets it (torchrun, srun, mpirun), "
-            f"so unset it if you exported it by hand"
-        ) from None
-    if value < minimum:
+            f"{number.problem}; the launcher sets it (torchrun, srun, mpirun), so unset it if you exported it by hand"
+        )
+    if number.value is None or number.value < minimum:
         raise DeviceError(f"{name}={shown(raw)} must be {minimum} or more; unset it or fix the launch command")
-    return value
+    return number.value
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...], minimum: int) -> tuple[int | None, str]:
@@ -323,7 +324,7 @@ def _check_consistent(ctx: DistributedContext, env: Mapping[str, str], partial: 
             f"{local_var}={ctx.local_rank} is not below {local_world_var}={lws}; local ranks run from 0 to {lws - 1}"
         )
     port = env.get("MASTER_PORT")
-    if port is not None and not (port.strip().isdigit() and 0 < int(port.strip()) < 65536):
+    if port is not None and parse_number("MASTER_PORT", port, minimum=1, maximum=65535).value is None:
         # torch's env:// rendezvous does int(MASTER_PORT) and fails with a bare ValueError.
         raise DeviceError(
             f"MASTER_PORT={port[:20]!r} is not a TCP port (a whole number from 1 to 65535); torch's rendezvous "

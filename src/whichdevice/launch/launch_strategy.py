@@ -40,8 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core import envview
-from whichdevice.core.errors import printable
+from whichdevice.core.errors import printable, shown
+from whichdevice.core.numbers import parse_number
 from whichdevice.core.records import TraceStep
+from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 
 __all__ = [
     "ENV_VARIABLES",
@@ -126,30 +128,37 @@ def read_launch_strategy(environ: Mapping[str, str] | None = None) -> LaunchStra
     return None
 
 
+def _value(text: str) -> str:
+    """A variable's value as the trace quotes it: escaped, and cut where it is longer than any real one."""
+    return printable(text) if len(text) <= 80 else f"{printable(text[:80])}... ({len(text)} characters)"
+
+
 def _offloaded(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() in ("cpu", "nvme")
 
 
 def _deepspeed(env: Mapping[str, str]) -> LaunchStrategy:
-    said = [f"{ENV_USE_DEEPSPEED}={env[ENV_USE_DEEPSPEED]}"]
+    said = [f"{ENV_USE_DEEPSPEED}={_value(env[ENV_USE_DEEPSPEED])}"]
     problem = None
     raw = env.get(ENV_ZERO_STAGE)
     stage = 2  # DeepSpeedPlugin's default
     if raw is not None:
-        said.append(f"{ENV_ZERO_STAGE}={raw}")
-        if raw.strip() in ("0", "1", "2", "3"):
-            stage = int(raw)
+        said.append(f"{ENV_ZERO_STAGE}={_value(raw)}")
+        number = parse_number(ENV_ZERO_STAGE, raw, maximum=3)
+        if number.value is not None:
+            stage = number.value
         else:
-            problem = f"{ENV_ZERO_STAGE}={raw!r} is not a ZeRO stage (0-3): DeepSpeedPlugin's int() raises on it"
+            problem = f"{ENV_ZERO_STAGE}={shown(raw)} is not a ZeRO stage (0-3): DeepSpeedPlugin's int() raises on it"
     optimizer = _offloaded(env.get(ENV_OFFLOAD_OPTIMIZER))
     params = _offloaded(env.get(ENV_OFFLOAD_PARAM))
     for name in (ENV_OFFLOAD_OPTIMIZER, ENV_OFFLOAD_PARAM):
         if env.get(name) is not None:
-            said.append(f"{name}={env[name]}")
+            said.append(f"{name}={_value(env[name])}")
     path = env.get(ENV_DEEPSPEED_CONFIG)
     if path is not None and path != "none":
-        said.append(f"{ENV_DEEPSPEED_CONFIG}={path}")
-        zero, problem = _config_file(path)
+        said.append(f"{ENV_DEEPSPEED_CONFIG}={_value(path)}")
+        zero, file_problem = _config_file(path)
+        problem = file_problem or problem
         if zero is not None:
             # The file's values win where they are not "auto" (DeepSpeedPlugin's fill_match).
             if zero.get("stage") in (0, 1, 2, 3):
@@ -166,15 +175,16 @@ def _deepspeed(env: Mapping[str, str]) -> LaunchStrategy:
 
 
 def _config_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The ``zero_optimization`` section of a DeepSpeed JSON config (untrusted: checked), or why not."""
-    where = f"{ENV_DEEPSPEED_CONFIG}={path!r}"
+    """The ``zero_optimization`` section of a DeepSpeed JSON config (untrusted: read by read_untrusted,
+    so a FIFO, a device or a huge file is said, not waited on), or why not."""
+    where = f"{ENV_DEEPSPEED_CONFIG}={printable(repr(path))}"
+    variables = "whichdevice sizes the variables' stage"
     try:
-        if os.path.getsize(path) > _MAX_CONFIG:
-            return None, f"{where} is too large for a DeepSpeed config"
-        with open(path, encoding="utf-8") as f:
-            loaded = json.load(f)
+        loaded = json.loads(read_untrusted(path, _MAX_CONFIG).decode("utf-8"))
+    except UntrustedFileError as exc:
+        return None, f"{ENV_DEEPSPEED_CONFIG}: {exc}; {variables}"
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return None, f"{where} cannot be read as JSON ({type(exc).__name__}): whichdevice sizes the variables' stage"
+        return None, f"{where} cannot be read as JSON ({type(exc).__name__}): {variables}"
     zero = loaded.get("zero_optimization") if isinstance(loaded, dict) else None
     if not isinstance(zero, dict):
         return None, f"{where} has no zero_optimization section: DeepSpeedPlugin raises on it"
@@ -182,23 +192,36 @@ def _config_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _fsdp(env: Mapping[str, str]) -> LaunchStrategy:
-    said = [f"{ENV_USE_FSDP}={env[ENV_USE_FSDP]}"]
+    said = [f"{ENV_USE_FSDP}={_value(env[ENV_USE_FSDP])}"]
     for name in (FSDP_VERSION, FSDP_SHARDING, FSDP_RESHARD, FSDP_OFFLOAD):
         if env.get(name) is not None:
-            said.append(f"{name}={env[name]}")
+            said.append(f"{name}={_value(env[name])}")
     version = env.get(FSDP_VERSION, "1").strip()
+    problem = None
     sharding = "FULL_SHARD"
     if version == "2":
         # FSDP2 has no sharding strategy: reshard_after_forward=False keeps the layers gathered, as SHARD_GRAD_OP.
         if env.get(FSDP_RESHARD, "true").strip().lower() in ("false", "0", "no", "n", "f", "off"):
             sharding = "SHARD_GRAD_OP"
     else:
-        raw = env.get(FSDP_SHARDING, env.get(FSDP_RESHARD, "FULL_SHARD")).strip().upper()
-        sharding = _SHARDING[int(raw) - 1] if raw.isdigit() and 1 <= int(raw) <= 5 else raw
-        if sharding not in _SHARDING:
-            sharding = "FULL_SHARD"
+        name = FSDP_SHARDING if FSDP_SHARDING in env else FSDP_RESHARD
+        raw = env.get(name, "FULL_SHARD").strip().upper()
+        sharding, problem = _sharding(name, raw)
     offload = env.get(FSDP_OFFLOAD, "false").strip().lower() in _TRUE
-    return LaunchStrategy("fsdp", ", ".join(said), None, sharding, offload, offload)
+    return LaunchStrategy("fsdp", ", ".join(said), None, sharding, offload, offload, problem)
+
+
+def _sharding(name: str, raw: str) -> tuple[str, str | None]:
+    """The sharding strategy a name or its 1-based number (as the plugin numbers them) says; FULL_SHARD,
+    and the problem, for anything else (a number parsed by parse_number: "²" is no digit here)."""
+    if raw in _SHARDING:
+        return raw, None
+    if raw[:1].isdigit():
+        number = parse_number(name, raw, minimum=1, maximum=len(_SHARDING))
+        if number.value is not None:
+            return _SHARDING[number.value - 1], None
+        return "FULL_SHARD", f"{number.problem}: not a sharding strategy; whichdevice sizes FULL_SHARD"
+    return "FULL_SHARD", None  # another spelling (a boolean of FSDP_RESHARD_AFTER_FORWARD): the default
 
 
 def fsdp_plugin_steps() -> list[TraceStep]:

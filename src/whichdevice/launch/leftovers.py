@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError
+from whichdevice.core.numbers import parse_number
 from whichdevice.launch.distributed import (
     _LAUNCHED,
     SCHEDULERS,
@@ -59,10 +60,8 @@ class Leftover(NamedTuple):
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:
-    try:
-        return int(env.get(name, "").strip().split("(", 1)[0].split(",", 1)[0])
-    except ValueError:
-        return None  # malformed: the distributed checks name it
+    # None where malformed: the distributed checks name it.
+    return parse_number(name, env.get(name, "").strip().split("(", 1)[0].split(",", 1)[0]).value
 
 
 def _torch(env: Mapping[str, str]) -> Leftover | None:

@@ -5,7 +5,8 @@ Each check reads the installed stack or the registry row, never a list typed her
 - ``torch_compile_backend``: a device's own compile backend (the rows' ``compile_backend`` that is
   not inductor: Gaudi's ``hpu_backend``, Neuron's ``neuron``) compiles for that device only, and
   inductor does not compile for a device whose row names its own (TrainingArguments picks
-  ``hpu_backend`` itself on Gaudi, training_args.py ``__post_init__``);
+  ``hpu_backend`` itself on Gaudi, training_args.py ``__post_init__``); on Gaudi, a backend transformers
+  replaces (every one but those its ``hpu_backend_compile`` keeps, read from its source) is refused too;
 - ``ddp_backend="ccl"``: oneCCL's backend exists only once ``oneccl_bindings_for_pytorch`` is imported
   (neither transformers nor accelerate imports it; transformers' own choices no longer list it);
 - ``use_cpu=False`` on a machine whose resolution is the CPU: TrainingArguments trains on the CPU
@@ -16,6 +17,9 @@ Each check reads the installed stack or the registry row, never a list typed her
 from __future__ import annotations
 
 import importlib.util
+import re
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError
@@ -31,6 +35,7 @@ __all__ = [
     "check_compile_mode",
     "check_ddp_package",
     "cpu_switch_off",
+    "gaudi_compile_backends",
 ]
 
 # TrainingArguments switches transformers 5 removed, and what does their job now (transformers 4.x
@@ -68,6 +73,39 @@ def check_compile_backend(backend: Backend, value: Any) -> None:
             f"torch_compile_backend='inductor' does not compile for {backend.name} ({backend.hardware}); its "
             f"compile backend is {own!r} (TrainingArguments picks it itself when you leave torch_compile_backend out)"
         )
+    kept = gaudi_compile_backends() if backend.name == "hpu" else None
+    if kept is not None and value not in (*kept, own):
+        raise ConfigConflictError(
+            f"torch_compile_backend={value!r} on Gaudi: transformers replaces every torch.compile backend but "
+            f"{', '.join(map(repr, kept)) or 'none'} with {own!r} once it has loaded Gaudi's plugin "
+            f"(transformers/utils/import_utils.py, hpu_backend_compile, with a warning), so {value!r} would not "
+            f"run; pass torch_compile_backend={own!r} or leave it out"
+        )
+
+
+# transformers' patch of torch.compile on Gaudi (utils/import_utils.py, 5.25), made by its first
+# is_torch_hpu_available() where Gaudi's plugin loads:
+#     def hpu_backend_compile(*args, **kwargs):
+#         if kwargs.get("backend") not in ["hpu_backend", "eager"]: ... kwargs["backend"] = "hpu_backend"
+_GAUDI_PATCH = re.compile(r"def hpu_backend_compile\(.*?kwargs\.get\(\"backend\"\) not in \[([^\]]*)\]", re.DOTALL)
+
+
+@lru_cache(maxsize=1)
+def gaudi_compile_backends() -> tuple[str, ...] | None:
+    """The torch.compile backends the installed transformers keeps on Gaudi, read from its source without
+    importing it; None where it patches nothing. A patch whose list cannot be read keeps none: every backend
+    but the row's own is refused (fail closed)."""
+    spec = importlib.util.find_spec("transformers")
+    for root in (spec.submodule_search_locations or ()) if spec is not None else ():
+        try:
+            text = Path(root, "utils", "import_utils.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if "def hpu_backend_compile(" not in text:
+            return None
+        found = _GAUDI_PATCH.search(text)
+        return tuple(re.findall(r"[\"']([^\"']+)[\"']", found.group(1))) if found else ()
+    return None
 
 
 def check_compile_mode(backend: Backend, features: frozenset[str], torch_compile: Any) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core import envview, progress
+from whichdevice.core.limits import limit_hit
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
@@ -263,6 +264,11 @@ def pin(store: Any, calib: Calibration | None, why: str) -> None:
     _pinned[store] = (calib, why)
 
 
+def unpin(store: Any) -> None:
+    """Take back what :func:`pin` answered for ``store`` (the real machine's, pinned by a comparison)."""
+    _pinned.pop(store, None)
+
+
 def _variables() -> tuple[str | None, ...]:
     # Through envview, as every reading here: while resolve_device() resolves, the one reading its
     # memo key was built from, so a thread that changes WHICHDEVICE_CALIBRATION meanwhile cannot
@@ -334,7 +340,18 @@ def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
         path = cache_path(key)
         calib, found = _read(path, key)
     if measure and (calib is None or _retry(calib)):
-        calib = run_calibration(found=found)
+        try:
+            calib = run_calibration(found=found)
+        except (MemoryError, RuntimeError, OSError) as error:
+            limit = limit_hit(error)
+            if limit is None:
+                raise
+            # A memory limit (ulimit -v) stops the timing's tensors: the flags decide, nothing is cached,
+            # and the answer is remembered so that the line is said once, not measured into again.
+            answer: tuple[Calibration | None, str] = (None, f"the calibration could not run: {limit}")
+            with _lock:
+                _answers[store] = (_variables(), answer)
+            return answer
     if calib is None:
         return None, f"{found + '; ' if found else ''}this CPU is not calibrated yet: run `whichdevice calibrate`"
     answer = _answer(calib)

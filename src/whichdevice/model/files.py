@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 
 __all__ = [
@@ -147,11 +148,12 @@ def read_json(path: Path) -> Any:
     """The JSON in ``path`` (config.json, an index), or DamagedModelError saying what is wrong with it."""
     _check_file(path)
     try:
-        with _open_regular(path) as fh:
-            raw = fh.read(_MAX_HEADER + 1)
-        if len(raw) > _MAX_HEADER:  # a config or an index is kilobytes to a few megabytes
-            raise _damaged(path, f"is over {_MAX_HEADER} bytes, not a config or an index")
-        return json.loads(raw.decode("utf-8"))
+        # core.untrusted's reader, as every file a variable names (a Hub cache under XDG_CACHE_HOME): a
+        # regular file only, opened without blocking, a config or an index of a few megabytes at most.
+        return json.loads(read_untrusted(path, _MAX_HEADER).decode("utf-8"))
+    except UntrustedFileError as exc:
+        check_link(path)
+        raise _damaged(path, exc.problem) from None
     except OSError as exc:
         raise _open_problem(path, exc) from None
     except UnicodeDecodeError:
@@ -336,11 +338,20 @@ def shard_names(content: Any, index: Path) -> list[str]:
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise _damaged(index, "has no weight_map of tensor name -> shard file (corrupt)")
+    if not weight_map:  # from_pretrained would load no weight at all from it
+        raise _damaged(index, "has an empty weight_map: it names no shard (corrupt)")
     shards = sorted(set(weight_map.values()))
+    seen: dict[str, str] = {}
     for shard in shards:
         # A shard is a file of this folder (transformers joins the name to it): an absolute name or
         # one that climbs out ("../../etc/passwd") points outside the model, so the index is damaged.
         parts = Path(shard).parts
         if not parts or Path(shard).is_absolute() or ".." in parts or "\\" in shard or "\0" in shard:
             raise _damaged(index, f"names the shard {shard!r}, which is not a file inside the model folder (corrupt)")
+        if Path(*parts) == Path(index.name):
+            raise _damaged(index, f"names itself ({shard!r}) as a shard of weights (corrupt)")
+        # The same file under two spellings ("a.safetensors", "./a.safetensors") would be sized twice.
+        same = seen.setdefault(str(Path(*parts)), shard)
+        if same != shard:
+            raise _damaged(index, f"names the shard {same!r} twice, also as {shard!r} (corrupt)")
     return shards

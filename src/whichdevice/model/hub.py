@@ -29,8 +29,10 @@ from pathlib import Path
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
 from whichdevice.core.sizes import format_bytes
+from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
+from whichdevice.model import hub_fetch
 from whichdevice.model.files import ModelFiles, check_header, header_length, read_config, read_json, shard_names
-from whichdevice.model.hub_fetch import COMMIT, DEADLINE_S, INDEX, SINGLE, SIZES, NetworkError, fetch_files, model_info
+from whichdevice.model.hub_fetch import COMMIT, INDEX, SINGLE, SIZES, NetworkError, fetch_files, model_info
 
 __all__ = [
     "ENV_VARIABLES",
@@ -43,6 +45,7 @@ __all__ = [
 ENV_VARIABLES = ("HF_HUB_OFFLINE", "HF_ENDPOINT", "XDG_CACHE_HOME")
 # safetensors refuses a header over 100 MB (MAX_HEADER_SIZE).
 _MAX_HEADER = 100_000_000
+_MAX_REF = 10_000  # a ref whichdevice writes is about 100 bytes
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's reading of HF_HUB_OFFLINE
 
 
@@ -123,13 +126,14 @@ def read_hub_model(repo: str, revision: str | None) -> tuple[ModelFiles, HubFetc
             return from_cache(cached, "HF_HUB_OFFLINE is set, so the Hub was not asked whether the revision moved")
         raise DeviceError(
             f"model={repo!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so whichdevice "
-            f"cannot fetch its config and safetensors headers: unset HF_HUB_OFFLINE (a few MB of metadata, no "
-            f"weights), download it first (hf download {shlex.quote(repo)}), or pass a local path or a config "
-            "(transformers.AutoConfig)"
+            f"cannot fetch its config and safetensors headers: unset HF_HUB_OFFLINE (tens of KiB to a few MiB "
+            f"of metadata, no weights), download it first (hf download {shlex.quote(repo)}), or pass a local path "
+            "or a config (transformers.AutoConfig)"
         )
-    deadline = time.monotonic() + DEADLINE_S
+    # One deadline for every request of the fetch, model-info first (read at call time: tests shorten it).
+    deadline = time.monotonic() + hub_fetch.DEADLINE_S
     try:
-        commit, files = model_info(repo, revision, endpoint)
+        commit, files = model_info(repo, revision, endpoint, deadline)
     except NetworkError as error:
         if cached is None:
             raise
@@ -154,9 +158,9 @@ def _snapshot(repo_folder: Path, commit: str) -> Path:
 
 def _cached_commit(ref: Path, revision: str) -> str | None:
     """The commit ``revision`` was when last fetched, if its metadata is complete in the cache."""
-    try:
-        content = json.loads(ref.read_text(encoding="utf-8")) if ref.is_file() and not ref.is_symlink() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    try:  # a cache entry is untrusted: a FIFO or a huge file in its place is no ref
+        content = json.loads(read_untrusted(ref, _MAX_REF, flags=getattr(os, "O_NOFOLLOW", 0)).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(content, dict) or content.get("revision") != revision:
         return None
@@ -201,13 +205,9 @@ def _header_file(shard: str) -> str:
 
 def _read_header_file(path: Path, repo_folder: Path) -> bytes:
     try:
-        if path.is_symlink() or not path.is_file():
-            raise OSError("not a regular file")
-        with path.open("rb") as fh:
-            raw = fh.read(8 + _MAX_HEADER + 1)
-    except OSError as exc:
+        return read_untrusted(path, 8 + _MAX_HEADER, flags=getattr(os, "O_NOFOLLOW", 0))
+    except (UntrustedFileError, FileNotFoundError) as exc:
         raise DamagedModelError(f"{path}: the cached header cannot be read ({exc}); delete {repo_folder}") from None
-    return raw
 
 
 # ---------------------------------------------------------------------------------------- keeping

@@ -35,18 +35,46 @@ SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 SIZES = "whichdevice-sizes.json"  # shard -> the whole file's bytes, as the Hub stated them
 
 
-def model_info(repo: str, revision: str, endpoint: str) -> tuple[str, set[str]]:
-    """(the commit ``revision`` is, the repo's file names) from the Hub's model-info answer."""
-    from huggingface_hub import HfApi
+def model_info(repo: str, revision: str, endpoint: str, deadline: float | None = None) -> tuple[str, set[str]]:
+    """(the commit ``revision`` is, the repo's file names) from the Hub's model-info answer, read as a
+    stream under ``deadline`` (time.monotonic(); default: DEADLINE_S from now), as huggingface_hub's
+    ``HfApi.model_info`` asks it (hf_api.py, ``model_info``: GET /api/models/REPO/revision/REV): its
+    ``timeout`` bounds each read only, so a server that sends a byte every few seconds would hold it forever."""
+    from urllib.parse import quote
 
+    deadline = time.monotonic() + DEADLINE_S if deadline is None else deadline
+    url = f"{endpoint}/api/models/{repo}/revision/{quote(revision, safe='')}"
     with _hub_errors(repo, revision, endpoint):
-        info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, timeout=TIMEOUT_S)
-    commit = getattr(info, "sha", None)
+        body, _ = _stream(url, _hub_headers(), _MAX_JSON + 1, deadline, endpoint)
+    try:
+        info = json.loads(body.decode("utf-8")) if len(body) <= _MAX_JSON else None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        info = None
+    if not isinstance(info, dict):
+        raise _network(endpoint, f"its model-info answer for {repo!r} is not a JSON object")
+    commit = info.get("sha")
     if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
-        raise DeviceError(f"{endpoint} answered for {repo!r} at {revision!r} without a commit hash ({commit!r})")
-    siblings = getattr(info, "siblings", None) or []
-    names = {s.rfilename for s in siblings if isinstance(getattr(s, "rfilename", None), str)}
+        raise DeviceError(
+            f"{endpoint} answered for {repo!r} at {revision!r} without a commit hash ({printable(repr(commit))[:60]})"
+        )
+    siblings = info.get("siblings")
+    siblings = siblings if isinstance(siblings, list) else []
+    names = {s["rfilename"] for s in siblings if isinstance(s, dict) and isinstance(s.get("rfilename"), str)}
     return commit, names
+
+
+def _hub_headers() -> dict[str, str]:
+    """The token huggingface_hub would send (``get_token()``, unless HF_HUB_DISABLE_IMPLICIT_TOKEN), and a
+    user agent. Not ``build_hf_headers``: in huggingface_hub 2.4 its user agent fetches
+    ``{endpoint}/api/agent-harnesses`` once per process (utils/_detect_agent.py, ``_fetch_registry``) with
+    a per-read timeout only, a request outside the fetch's deadline that a trickling endpoint holds."""
+    from huggingface_hub import constants, get_token
+
+    from whichdevice.core.packages import package_version
+
+    agent = f"whichdevice/{package_version('whichdevice')}; hf_hub/{package_version('huggingface_hub')}"
+    token = None if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN else get_token()
+    return {"user-agent": agent, **({"authorization": f"Bearer {token}"} if token else {})}
 
 
 def fetch_files(
@@ -116,10 +144,8 @@ class _Getter:
     """Range and bounded GETs of one repo's files at one commit, with the Hub's errors named."""
 
     def __init__(self, repo: str, commit: str, endpoint: str, deadline: float) -> None:
-        from huggingface_hub.utils._headers import build_hf_headers
-
         self.repo, self.commit, self.endpoint, self.deadline = repo, commit, endpoint, deadline
-        self.headers = build_hf_headers(library_name="whichdevice")
+        self.headers = _hub_headers()
 
     def url(self, name: str) -> str:
         from huggingface_hub import hf_hub_url
@@ -148,22 +174,30 @@ class _Getter:
     def _get(self, name: str, span: tuple[int, int] | None, most: int) -> tuple[bytes, int]:
         """At most ``most`` bytes of ``name`` (of bytes ``span`` only), and the whole file's size:
         read as a stream and cut off, so a server that ignores Range never sends a weight here."""
-        from huggingface_hub import get_session, hf_raise_for_status
-
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise _network(self.endpoint, f"the fetch took over {DEADLINE_S:g} s")
         headers = dict(self.headers)
         if span is not None:
             headers["Range"] = f"bytes={span[0]}-{span[1]}"
-        stream = get_session().stream("GET", self.url(name), headers=headers, timeout=min(TIMEOUT_S, left))
-        with _hub_errors(self.repo, self.commit, self.endpoint), stream as response:
-            hf_raise_for_status(response)
-            # A server that ignores Range answers 200 from byte 0: read up to the span's end, no further.
-            skip = span[0] if span is not None and response.status_code == 200 else 0
-            body = _bounded(response.iter_bytes(), skip + most, self.deadline, self.endpoint)
-            size = _whole_size(response.status_code, response.headers, len(body))
-        return body[skip:], size
+        with _hub_errors(self.repo, self.commit, self.endpoint):
+            return _stream(self.url(name), headers, most, self.deadline, self.endpoint, span)
+
+
+def _stream(
+    url: str, headers: dict[str, str], most: int, deadline: float, endpoint: str, span: tuple[int, int] | None = None
+) -> tuple[bytes, int]:
+    """One GET under the fetch's deadline: each read waits at most TIMEOUT_S (and no longer than the time
+    left), and the body is given up once the deadline passes, however slowly its bytes still come."""
+    from huggingface_hub import get_session, hf_raise_for_status
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _network(endpoint, f"the fetch took over {DEADLINE_S:g} s")
+    with get_session().stream("GET", url, headers=headers, timeout=min(TIMEOUT_S, left)) as response:
+        hf_raise_for_status(response)
+        # A server that ignores Range answers 200 from byte 0: read up to the span's end, no further.
+        skip = span[0] if span is not None and response.status_code == 200 else 0
+        body = _bounded(response.iter_bytes(), skip + most, deadline, endpoint)
+        size = _whole_size(response.status_code, response.headers, len(body))
+    return body[skip:], size
 
 
 def _bounded(chunks: Iterator[bytes], most: int, deadline: float, endpoint: str) -> bytes:

@@ -140,11 +140,13 @@ def choose_dtype(target: Target) -> tuple[str, str]:
     """The fastest dtype that runs natively here, and the sentence that says why."""
     if target.name in _FASTEST:
         return _FASTEST[target.name]
+    refused = []
     for candidate in ("bfloat16", "float16"):
         if candidate == "float16" and not target.backend.fast_fp16:
             break
         ok, why = supports(target, candidate)
         if ok:
             return candidate, why
-    _, why = supports(target, "bfloat16")
-    return "float32", f"{why}; fp32 is the fast choice here"
+        refused.append(why)
+    # Each half precision's own reason (a GTX 10xx: bf16 emulated, fp16 at 1/64 of fp32), so the trace says why fp32.
+    return "float32", f"{'; '.join(dict.fromkeys(refused))}; fp32 is the fast choice here"

@@ -219,6 +219,7 @@ def _resolve(task: str, device: str | None, job: Mapping[str, Any] | None = None
         "task": task,
         "ok": True,
         "resolution": res.to_dict(),
-        "explanation": res.explain(),
+        # Every step, each install command included: the text report folds the absent backends itself.
+        "explanation": res.explain(verbose=True),
         "error": None,
     }

@@ -3,7 +3,9 @@
 ``plan_hardware(model, task=..., batch_size=..., max_length=...)`` reads the model once (a local
 folder, a config, or a Hub id from its metadata: whichdevice.model.hub) and, for each machine (a
 ``simulate()`` spec; "this machine" unsimulated), resolves the job on 1 device, then on 2, 4 and 8
-until it runs unquantized (inference) or with full fine-tuning (training). Each row says whether
+until it runs unquantized (inference) or with full fine-tuning (training). Each row is resolve_device
+on that machine with the caller's job and its defaults (quantize="auto" included), so a row fits and
+quantizes exactly where resolve_device does (tests/report/test_plan.py compares them). Each row says whether
 it fits, the dtype and quantization, the strategy and the keywords it hands over, the longest
 ``max_length`` at the batch and the largest batch at the length (memory/largest.py), and the decode
 speed limit at batch 1: the devices' memory bandwidth over the bytes a token reads
@@ -198,22 +200,23 @@ def _machine_rows(facts: Any, name: str, spec: str, job: _Job) -> list[PlanRow]:
     rows = []
     for count in _counts(spec):
         one = _with_count(spec, count) if spec else spec
-        # On one device the resolver may quantize; with more, the question is what runs unquantized.
-        row = _row(facts, name, one, count, job, "auto" if count == 1 else None)
+        # Each row is resolve_device's own answer on that machine (its default quantize="auto" included,
+        # so a row quantizes where resolve_device would); more devices are tried until one runs unquantized.
+        row = _row(facts, name, one, count, job)
         rows.append(row)
         if row.fits and row.quantization is None and (job.task == "inference" or "LoRA" not in (row.strategy or "")):
             break
     return rows
 
 
-def _row(facts: Any, name: str, spec: str, count: int, job: _Job, quantize: Any) -> PlanRow:
+def _row(facts: Any, name: str, spec: str, count: int, job: _Job) -> PlanRow:
     import whichdevice as wd
 
     task, batch, length = job.task, job.batch, job.length
     with _machine(spec):
         try:
             res = wd.resolve_device(
-                model=facts, task=as_task(task), batch_size=batch, max_length=length, quantize=quantize,
+                model=facts, task=as_task(task), batch_size=batch, max_length=length,
                 gradient_checkpointing=job.checkpointing if task == "training" else None,
             )  # fmt: skip
         except DoesNotFitError as error:
@@ -269,6 +272,10 @@ def _strategy(
     split = isinstance(res.device_map, dict) or res.device_map in ("auto", "balanced", "balanced_low_0", "sequential")
     if not split or devices < 2:
         return "one device", kwargs, None, 1
+    if res.quantization is not None:
+        # The keywords are resolve_device's (quantization_config with its device_map); tensor parallelism is
+        # priced for unquantized weights only (memory/tensor_parallel.py), so a 4-bit split is not compared.
+        return f"device_map split over {devices}, one device at a time, in {res.quantization.bits}-bit", kwargs, None, 1
     option = _tensor_parallel(facts, res, devices, batch, length, weights)
     if option is not None and option.fits:
         from whichdevice.memory.tensor_parallel import tp_keywords_text

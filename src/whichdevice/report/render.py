@@ -109,8 +109,9 @@ class _Writer:
         self.lines.append(self.style(text, "bold", "cyan") if self.style.color else text.upper())
 
 
-def render_text(report: Report, *, color: bool = False, width: int | None = None) -> str:
-    """The report as text: sections for backends, environment, warnings, resolution, versions."""
+def render_text(report: Report, *, color: bool = False, width: int | None = None, verbose: bool = False) -> str:
+    """The report as text: sections for backends, environment, warnings, resolution, versions. The backends
+    that are simply not installed share one line in BACKENDS and in each trace; ``verbose`` lists each."""
     w = _Writer(Style(color), width)
     report = _escaped(report)
     if report["simulated"]:
@@ -120,10 +121,10 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
         w.line(w.style(report["simulation"]["notice"], "bold"))
         w.line()
     _headline(w, report)
-    _backends(w, report["backends"])
+    _backends(w, report["backends"] if verbose else _collapsed(report["backends"]))
     _environment(w, report["environment"])
     _warnings(w, report["warnings"])
-    _resolutions(w, report["resolutions"])
+    _resolutions(w, report["resolutions"], verbose)
     _versions(w, report)
     if report["simulated"]:
         w.line()
@@ -171,6 +172,23 @@ def _precision(res: dict[str, Any]) -> str:
 
 _MARKS = {"available": "+", "unavailable": "!", "not installed": "-"}
 _STATUS_STYLES = {"available": ("green",), "unavailable": ("yellow",), "not installed": ("dim",)}
+
+
+def _collapsed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with those simply not installed as one row, in the first one's place (hardware/absent.py)."""
+    from whichdevice.hardware.absent import absent_kind
+
+    kinds = [absent_kind(row["name"], row["reason"]) if row["status"] == "not installed" else None for row in rows]
+    names = {kind: [r["name"] for r, k in zip(rows, kinds, strict=True) if k == kind] for kind in set(kinds) if kind}
+    out: list[dict[str, Any]] = []
+    for row, kind in zip(rows, kinds, strict=True):
+        if kind is None:
+            out.append(row)
+        elif row["name"] == names[kind][0]:
+            listed = ", ".join(names[kind]) if kind == "not installed" else f"{kind}: {', '.join(names[kind])}"
+            said = f"{listed} (whichdevice --verbose or --json: each one's install command)"
+            out.append({**row, "name": "others", "reason": said, "install_command": "", "version": None})
+    return out
 
 
 def _backends(w: _Writer, rows: list[dict[str, Any]]) -> None:
@@ -241,7 +259,10 @@ def _warnings(w: _Writer, warnings: list[dict[str, str]]) -> None:
         w.pair(w.style("!", "yellow", "bold"), f"{warning['message']} [{warning['source']}]", 1)
 
 
-def _resolutions(w: _Writer, resolutions: list[dict[str, Any]]) -> None:
+def _resolutions(w: _Writer, resolutions: list[dict[str, Any]], verbose: bool) -> None:
+    from whichdevice.core.records import TraceStep
+    from whichdevice.hardware.absent import trace_text
+
     first_trace: list[str] | None = None
     for r in resolutions:
         w.heading(f"Resolution for {r['task']}")
@@ -250,7 +271,9 @@ def _resolutions(w: _Writer, resolutions: list[dict[str, Any]]) -> None:
             w.pair(w.style("error", "red", "bold"), f"{err['message']} ({err['type']})", 5)
             continue
         _settings(w, r["resolution"])
-        trace = r["explanation"].splitlines()
+        # The explanation's header, and the trace's steps (each one kept in the JSON) as explain() prints them.
+        steps = [TraceStep(s["topic"], s["message"], s["chosen"]) for s in r["resolution"]["trace"]]
+        trace = trace_text(r["explanation"].split("\n", 1)[0], steps, verbose=verbose).splitlines()
         if first_trace is None:
             first_trace = trace[1:]
             for line in trace:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core.job import Job
-from whichdevice.core.packages import transformers_problem
+from whichdevice.core.packages import stack_problems
 from whichdevice.core.records import Trace, TraceStep
 from whichdevice.device.request import DeviceRequest, read_request
 from whichdevice.device.selection import DevicesAsked, parse_devices
@@ -54,10 +54,8 @@ def environment_step(target: Target) -> tuple[tuple[EnvAction, ...], list[TraceS
     said = {action.message for action in env_set}
     steps += [TraceStep("warning", warning) for warning in target.probe.warnings if warning not in said]
     steps += platform_steps(target.probe)  # NVIDIA on ARM64: which machine, and where its PyTorch comes from
-    problem = transformers_problem()
-    if problem is not None:
-        # Everything resolved here is handed to transformers: say so before it fails there.
-        steps.append(TraceStep("warning", problem))
+    # Everything resolved here is handed to transformers and torch: say what they lack before it fails there.
+    steps += [TraceStep("warning", problem) for problem in stack_problems()]
     return env_set, steps
 
 

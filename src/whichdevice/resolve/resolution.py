@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
-from whichdevice.core.errors import printable
 from whichdevice.core.records import TraceStep
+from whichdevice.hardware.absent import trace_text
 from whichdevice.launch.distributed import process_group_backend
 from whichdevice.launch.launch_strategy import partitioned_on_load
 from whichdevice.launch.record import Launch
+from whichdevice.resolve.deprecated_names import DeprecatedNames
 from whichdevice.resolve.flat_names import FlatNames
 
 if TYPE_CHECKING:
@@ -33,13 +34,13 @@ __all__ = ["Resolution"]
 
 
 @dataclass(frozen=True)
-class Resolution(FlatNames):
+class Resolution(FlatNames, DeprecatedNames):
     """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments.
 
     Built from the resolver's stage records, one a stage (docs/architecture.md): the ``target`` (the
     backend, its devices as used, the device), its ``precision``, ``attention``, ``placement``, ``tuning``
     and ``launch``, with the ``trace`` of why. The flat names of schema 1.x (``device``, ``dtype_name``,
-    ``device_map``, ...) read them."""
+    ``device_map``, ...) read them; the fields ``tuning`` replaced warn and read it (resolve/deprecated_names.py)."""
 
     task: str
     target: Target = field(repr=False)
@@ -269,18 +270,14 @@ class Resolution(FlatNames):
 
     # --------------------------------------------------------------------------- explanation
 
-    def explain(self) -> str:
-        """The decision trace as text a person reads top to bottom."""
+    def explain(self, *, verbose: bool = False) -> str:
+        """The decision trace as text a person reads top to bottom. The backends that are simply not installed
+        share one line ("not installed: neuron, tpu, ..."); ``verbose=True`` gives each its own, with its install
+        command (``trace`` and ``to_dict()`` always hold each)."""
         header = f"whichdevice chose {self.device} for {self.task}"
         if self.simulated:
             header += " (SIMULATED hardware)"
-        width = max((len(s.topic) for s in self.trace), default=8)
-        # A step quotes what devices, files and variables said: escaped, so one line stays one line.
-        lines = [printable(header)]
-        for step in self.trace:
-            mark = {True: "+", False: "-", None: " "}[step.chosen]
-            lines.append(f"  {mark} {step.topic.ljust(width)}  {printable(step.message)}")
-        return "\n".join(lines)
+        return trace_text(header, self.trace, verbose=verbose)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``whichdevice --json`` embeds it)."""

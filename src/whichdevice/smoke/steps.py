@@ -63,12 +63,12 @@ def _resolve(state: dict[str, Any], tasks: Sequence[str], device: str | None) ->
 
 def _import_transformers(state: dict[str, Any]) -> None:
     from whichdevice.core.errors import PackageVersionError
-    from whichdevice.core.packages import transformers_problem
+    from whichdevice.core.packages import stack_problems
 
     # Fail here, with the pip command, rather than steps later inside from_pretrained.
-    problem = transformers_problem()
-    if problem:
-        raise PackageVersionError(problem)
+    problems = stack_problems()
+    if problems:
+        raise PackageVersionError("; ".join(problems))
     import torch
     import transformers
 

@@ -43,6 +43,7 @@ from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware import store as _probe
 from whichdevice.hardware.envhooks import _forget
 from whichdevice.hardware.probes import interpret, not_installed
+from whichdevice.hardware.probes.common import simulated_absent_reason
 from whichdevice.hardware.probes.cpu_facts import BF16_CPU_FLAGS
 from whichdevice.hardware.registry import backend_names, get_backend
 from whichdevice.measure.calibration import calibration_enabled, parse_figures, pin
@@ -124,7 +125,7 @@ def _packs_of(flags: frozenset[str] | None) -> frozenset[str] | None:
 
 
 def _absent(backend: Backend) -> ProbeResult:
-    return not_installed(backend, f"not present on the simulated machine ({backend.install_command})", simulated=True)
+    return not_installed(backend, simulated_absent_reason(backend), simulated=True)
 
 
 def _check_packages(packages: Mapping[str, str | None] | None) -> dict[str, str | None]:

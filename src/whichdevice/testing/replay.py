@@ -27,12 +27,14 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from whichdevice.core.errors import DeviceError, shown
 from whichdevice.core.packages import pip_install
 from whichdevice.core.records import Backend, ProbeResult, Visibility
+from whichdevice.core.untrusted import read_untrusted
 from whichdevice.hardware import probes
 from whichdevice.hardware import store as store_module
 from whichdevice.hardware.envhooks import _forget, apply_env_defaults
-from whichdevice.hardware.registry import backend_names
+from whichdevice.hardware.registry import backend_names, get_backend
 from whichdevice.hardware.store import current_store
 from whichdevice.resolve.memo import memo_variables
+from whichdevice.testing.replay_checks import check_row
 
 __all__ = [
     "RecordedMachine",
@@ -50,6 +52,8 @@ __all__ = [
 # The major schema version this whichdevice reads (see report/gather.py's SCHEMA_VERSION).
 READABLE_MAJOR = "1"
 
+# A report is tens of kilobytes (a machine with 64 devices a few hundred); past this it is not one.
+_MAX_REPORT = 50_000_000
 # Keys ``to_dict`` writes under another name than the dataclass field.
 _RENAMED: dict[tuple[type, str], str] = {
     (ProbeResult, "visible"): "visible_devices",
@@ -128,6 +132,8 @@ def load_report(report: str | os.PathLike[str] | Mapping[str, Any]) -> RecordedM
     results = {
         row["name"]: decode(ProbeResult, row, f"{source}: backend {shown(row['name'])}") for row in data["backends"]
     }
+    for name, result in results.items():  # by meaning, now that each field has its type
+        check_row(source, get_backend(name), result)
     section = data.get("replay")
     if section is None:
         # A 1.0 report has no replay section: its ENVIRONMENT entries and versions are what it recorded.
@@ -195,10 +201,10 @@ def _read(report: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[str, Mapp
         )
     path = Path(report)
     fix = "give the file `whichdevice --json > machine.json` wrote"
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # untrusted: a FIFO, a device or a huge file in its place is said, not waited on
+        text = read_untrusted(path, _MAX_REPORT).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise DeviceError(f"cannot read the report {str(path)!r} ({exc}); {fix}") from None
+        raise DeviceError(f"cannot read the report {shown(str(path))} ({exc}); {fix}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -14,7 +14,8 @@ from whichdevice.core.errors import (
     DeviceError,
     PackageVersionError,
 )
-from whichdevice.core.packages import MIN_TRANSFORMERS, transformers_problem
+from whichdevice.core.import_noise import quiet_import_noise
+from whichdevice.core.packages import MIN_TRANSFORMERS, stack_problems, transformers_problem
 from whichdevice.device.selection import narrowed_training
 from whichdevice.hardware.probing import raise_if_gave_up
 from whichdevice.launch.accelerate_settings import (
@@ -147,9 +148,9 @@ def training_arguments(
     """
     # A vendor import that hung or crashed in a probe would hang (or crash) transformers too.
     raise_if_gave_up("training_arguments()")
-    problem = transformers_problem()
-    if problem is not None:
-        raise PackageVersionError(problem)
+    problems = stack_problems()
+    if problems:
+        raise PackageVersionError("; ".join(problems))
     _check_shapes(output_dir, resolution)
     cls = _arguments_class(arguments_class, kwargs)
     _check_switches(cls, kwargs)
@@ -263,7 +264,8 @@ def _build(cls: type[TrainingArguments], res: Resolution, final: dict[str, Any],
     if unscale is not None:
         warnings.warn(unscale, stacklevel=3)
     refuse_simulated_accelerator(res, final)  # every check has run: the error carries the keywords
-    return cls(**final)
+    with quiet_import_noise():  # a deepspeed= config imports deepspeed
+        return cls(**final)
 
 
 def _check_launch(res: Resolution) -> None:
@@ -314,7 +316,7 @@ def _check_switches(cls: type[TrainingArguments], kwargs: dict[str, Any]) -> Non
 
 def training_arguments_type() -> type[TrainingArguments]:
     """``transformers.TrainingArguments``, imported without leaving :data:`IMPORT_SIDE_EFFECTS` set."""
-    with import_side_effects_undone():
+    with import_side_effects_undone(), quiet_import_noise():  # it imports peft, so bitsandbytes
         from transformers import TrainingArguments
     return TrainingArguments
 

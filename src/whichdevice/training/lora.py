@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.core.import_noise import quiet_import_noise
 from whichdevice.resolve.arguments import check_checkpointing, check_lora_arguments
 from whichdevice.training.arguments import _CHECKPOINTING, check_resolution
 
@@ -175,10 +176,9 @@ def lora_target_modules(model: Any) -> tuple[tuple[str, ...], str]:
         if skipped:
             why += f" except the output head ({', '.join(sorted(skipped))})"
         return tuple(sorted(keep)), why
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-
+    mapping = _peft().utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    default = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type or "")
+    default = mapping.get(model_type or "")
     if default:
         return tuple(default), f"PEFT's default for model type {model_type!r}"
     raise DeviceError(
@@ -324,11 +324,10 @@ def lora_training(
 
 def _peft() -> Any:
     try:
-        import peft
+        with quiet_import_noise():  # peft imports bitsandbytes
+            import peft
     except ImportError as exc:  # pragma: no cover - peft is a declared extra
-        raise DeviceError(
-            f"LoRA training needs peft ({exc}): pip install peft (or pip install 'whichdevice[quantization]')"
-        ) from exc
+        raise DeviceError(f"LoRA training needs peft ({exc}): pip install peft") from exc
     return peft
 
 

@@ -17,6 +17,7 @@ does not name passes calls through: one that another's ``generate`` wrapper sits
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,19 @@ INSTALLED = "_whichdevice_generate"
 # The new tokens generate makes where no length is set anywhere (transformers 5 reads its default
 # max_length of 20 as new tokens; 4.x sets max_length=20 in GenerationConfig, which is read below).
 DEFAULT_NEW_TOKENS = 20
-# One decision at a time: two threads calling generate on one model pack it once.
-_deciding = threading.Lock()
+# One decision at a time: two threads calling generate on one model pack it once, and an unprepare
+# that takes the wrapper back waits for a decision under way (which its stop request cuts short), so
+# no generate packs after it. Reentrant: a decision takes the wrapper back itself.
+_deciding = threading.RLock()
+
+
+def _renew_lock_in_child() -> None:
+    global _deciding  # the process's lock, renewed where a fork may have left it held
+    _deciding = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_lock_in_child)
 
 
 def _merged(name: str, kwargs: dict[str, Any], configs: tuple[Any, ...]) -> Any:
@@ -112,7 +124,8 @@ class _TunedGenerate:
         from whichdevice.tuning.packed_weights import install_packed_weights
 
         with _deciding:
-            if self.plan is None:  # another thread decided while this one waited
+            # Another thread decided while this one waited, or unprepare took the wrapper back.
+            if self.plan is None or vars(self.model).get(INSTALLED) is not self:
                 return
             _, done = install_packed_weights(self.model, plan.dtype, plan.batch, budget)
             # Packed, or stopped as slower than the estimate (in part): either way decided.
@@ -146,13 +159,15 @@ def install_generate_hook(model: Any, plan: PackingPlan | None, static_cache: bo
 
 def remove_generate_hook(model: Any) -> bool:
     """Take ``install_generate_hook``'s wrapper back from ``model``: off, where it is on top (an inner
-    generate it wrapped goes back); passing calls through, where another's wrapper sits over it."""
-    installed = vars(model).pop(INSTALLED, None)
-    current = vars(model).get("generate")
-    if not isinstance(current, _TunedGenerate):
-        return installed is not None
-    if current.inner is not None:
-        model.generate = current.inner
-    else:
-        del model.generate
-    return True
+    generate it wrapped goes back); passing calls through, where another's wrapper sits over it. A
+    decision under way in another thread's call is waited for."""
+    with _deciding:
+        installed = vars(model).pop(INSTALLED, None)
+        current = vars(model).get("generate")
+        if not isinstance(current, _TunedGenerate):
+            return installed is not None
+        if current.inner is not None:
+            model.generate = current.inner
+        else:
+            del model.generate
+        return True

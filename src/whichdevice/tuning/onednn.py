@@ -8,10 +8,16 @@ holder turns it off and keeps the user's setting, later holders only count, and 
 puts the user's setting back, on any exit (``finally``: exceptions, KeyboardInterrupt, SystemExit).
 A switch the user turned off is never held: it stays off. If the switch is found on when the last
 holder lets go, the user turned it on meanwhile, and theirs stays.
+
+A forked child has only the thread that forked: the holders it inherits from other threads never let
+go there, and a lock another thread held stays held for good. So a child starts afresh: no holders,
+a new lock, and the switch as the user had it (on, since only an "on" is ever held). A hold the
+forking thread itself was in ends in the child without counting (its ``epoch`` is the parent's).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,8 +25,10 @@ from typing import Any
 
 __all__ = ["holders", "onednn_off"]
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # a forked child gets a new one (_afresh_in_child)
 _holders = [0]
+# Which process's count a hold belongs to: a forked child starts a new one.
+_epoch = [0]
 
 
 def _switch() -> Any:
@@ -40,9 +48,10 @@ def holders() -> int:
 def onednn_off() -> Iterator[bool]:
     """oneDNN off for the block; yields whether this block holds it (False: the user had it off)."""
     switch = _switch()
-    held = False
+    held, epoch = False, -1
     try:
         with _lock:
+            epoch = _epoch[0]
             if _holders[0] == 0:
                 if switch.enabled:  # held only from "on": the user's "off" is theirs
                     switch.enabled = False
@@ -53,6 +62,21 @@ def onednn_off() -> Iterator[bool]:
     finally:
         if held:
             with _lock:
-                _holders[0] -= 1
-                if _holders[0] == 0 and not switch.enabled:
-                    switch.enabled = True
+                # A hold from before a fork, ending in the child: the child's count started afresh.
+                if epoch == _epoch[0]:
+                    _holders[0] -= 1
+                    if _holders[0] == 0 and not switch.enabled:
+                        switch.enabled = True
+
+
+def _afresh_in_child() -> None:
+    global _lock  # the one lock of the process, renewed where a fork may have left it held
+    _lock = threading.Lock()
+    if _holders[0]:
+        _holders[0] = 0
+        _switch().enabled = True  # only an "on" is held: the user's setting
+    _epoch[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_afresh_in_child)

@@ -14,15 +14,23 @@ seen: in place through autograd's view of it (an optimizer step, ``load_state_di
 a device move: its object and address), and through ``.data`` (peft's merge and unmerge,
 ``weight.data.copy_()``, ``.half()``), which keeps neither: a packed layer's weight is made a
 ``_WatchedWeight``, whose ``data`` drops the copies made from it before handing the storage out.
-Gradients, another dtype, ``torch.compile`` tracing and inference tensors (no version counter)
-always run torch's own linear. Writes that bypass torch (a NumPy array or raw pointer aliasing the
-weight) are not seen: ``unpack`` first. docs/tuning.md says what is guaranteed.
+A write through a tensor that shares the storage and was taken before the packing, or a NumPy
+view of it, moves none of these: each call also reads a sampled fingerprint of the weight
+(``tuning.fingerprint``). Weights in shared memory are never packed: another process writes them
+where nothing in this one can see it. Gradients, another dtype, ``torch.compile`` tracing and
+inference tensors (no version counter) always run torch's own linear. ``unpack`` stops a packing
+in progress in another thread before it takes the copies back. docs/tuning.md says what is guaranteed.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,7 @@ import torch
 from whichdevice.core import progress
 from whichdevice.core.errors import printable
 from whichdevice.measure.cpu_memory import PACKED_DTYPES, packable_dtypes, packing_ops
+from whichdevice.tuning.fingerprint import Fingerprint
 
 __all__ = [
     "HEADROOM",
@@ -40,6 +49,7 @@ __all__ = [
     "install_packed_weights",
     "is_packed",
     "packable_layers",
+    "stopping",
     "unpack",
 ]
 
@@ -57,30 +67,53 @@ _PLAIN: Any = torch.nn.Parameter
 # A watched weight's attribute holding the packed copies made from it. In the weight's own __dict__,
 # not a table of weak references: torch.utils.swap_tensors refuses a tensor that has weak references.
 _COPIES = "_whichdevice_copies"
+# One packing or unpacking at a time in the process: an unpack waits for a packing to see its stop
+# request (at the next layer) and end, so no layer is packed after it. Reentrant: a packing that
+# fails unpacks what it did. A forked child gets a new one: a fork may leave it held.
+_packing = threading.RLock()
+# The models an unpack is waiting to take back (how many blocks ask): a packing of one of them stops
+# at its next layer.
+_stopping: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_asking = threading.Lock()  # held only to count, never across a call
+
+
+def _renew_lock_in_child() -> None:
+    global _packing, _asking  # the process's locks, renewed where a fork may have left them held
+    _packing, _asking = threading.RLock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_lock_in_child)
 
 
 class _Packed:
-    """One layer's packed weight and the weight it was packed from (the object, its version, its address)."""
+    """One layer's packed weight and the weight it was packed from (the object, its version, its
+    address, a sampled fingerprint of its bits)."""
 
-    __slots__ = ("linear", "pointer", "source", "tensor", "version")
+    __slots__ = ("fingerprint", "linear", "pointer", "source", "tensor", "version")
 
     def __init__(self, tensor: Any, linear: Any, weight: Any) -> None:
         # The weight itself, not a weak reference (swap_tensors refuses those); released with the copy.
         self.tensor, self.linear, self.source = tensor, linear, weight
         self.version = None if weight is None else _version(weight)
         self.pointer: int = -1 if weight is None else weight.data_ptr()
+        self.fingerprint = None if weight is None else Fingerprint(weight)
 
     def holds(self, weight: Any) -> bool:
-        """Whether the copy is certain to hold ``weight``'s current values."""
+        """Whether the copy is certain to hold ``weight``'s current values. The fingerprint is read
+        last: only once the address is known unchanged is its view of the storage still the weight's."""
+        fingerprint = self.fingerprint
         return (
             self.tensor is not None
             and self.source is weight
             and weight.data_ptr() == self.pointer
             and _version(weight) == self.version
+            and fingerprint is not None
+            and fingerprint.unchanged()
         )
 
     def drop(self) -> None:
-        self.tensor = self.source = None
+        self.tensor = self.source = self.fingerprint = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Packed:
         # A copy's weights are other tensors: it runs unpacked rather than share this copy.
@@ -179,7 +212,12 @@ class _PackedForward:
 
 def packable_layers(model: Any, dtype: str) -> list[Any]:
     """``model``'s plain ``torch.nn.Linear`` layers (not subclasses: quantized layers are those) whose
-    weights are plain Parameters on the CPU in ``dtype``, with a version counter (not inference tensors)."""
+    weights are plain Parameters on the CPU in ``dtype``, with a version counter (not inference
+    tensors), in this process's own memory (not shared: another process may write those)."""
+    return [m for m in _linear_layers(model, dtype) if not m.weight.is_shared()]
+
+
+def _linear_layers(model: Any, dtype: str) -> list[Any]:
     return [
         m
         for m in model.modules()
@@ -253,6 +291,9 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
     refusal = _refusal(dtype)
     if refusal is not None:
         return 0, refusal
+    shared = sum(m.weight.is_shared() for m in _linear_layers(model, dtype))
+    # Said wherever it applies: the trace of why a model in shared memory runs unpacked.
+    aside = f"; {shared} linear layers in shared memory not packed (another process may write them)" if shared else ""
     # A layer packed already is left; one whose copy was dropped, copied or unpickled packs again.
     layers = [m for m in packable_layers(model, dtype) if not is_packed(m)]
     size = sum(m.weight.numel() * m.weight.element_size() for m in layers)
@@ -260,37 +301,65 @@ def install_packed_weights(model: Any, dtype: str, batch: int, budget_s: float |
     if available is not None and size > HEADROOM * available:
         return 0, (
             f"not packed: the packed copy ({size / 1024**3:.2f} GiB) would take more than "
-            f"{HEADROOM:.0%} of the {available / 1024**3:.2f} GiB available"
+            f"{HEADROOM:.0%} of the {available / 1024**3:.2f} GiB available{aside}"
         )
-    pack, linear = packing_ops(torch)  # type: ignore[misc]
-    clock = _Clock(size)
-    with progress.working("packing the model's weights"), torch.no_grad():
+    with _packing, progress.working("packing the model's weights"), torch.no_grad():
         try:
-            for count, module in enumerate(layers, start=1):
-                weight = module.weight
-                packed = _Packed(pack(weight.detach(), batch), linear, weight)
-                _watch(weight, packed)
-                setattr(module, _ATTRIBUTE, packed)
-                module.forward = _PackedForward(module)
-                price = clock.add(weight.numel() * weight.element_size())
-                if budget_s is not None and price is not None and price > budget_s:
-                    return count, (
-                        f"packing stopped after {clock.done / size:.0%} of the copy ({count} of {len(layers)} "
-                        f"linear layers, kept packed, {time.perf_counter() - clock.start:.2g} s): at the rate it "
-                        f"ran, the whole copy would take {price:.2g} s, more than the {budget_s:.2g} s the "
-                        "job's tokens repay, so the rest would cost more than it saves"
-                    )
+            count, done = _pack(model, layers, batch, budget_s, _Clock(size))
         except RuntimeError as exc:  # a oneDNN that cannot pack this dtype after all: the model stays as it was
             unpack(model)
             first = (str(exc).splitlines() or [""])[0][:200]
-            return 0, f"not packed: oneDNN could not pack {dtype} weights ({printable(first)})"
-    took = time.perf_counter() - clock.start
+            return 0, f"not packed: oneDNN could not pack {dtype} weights ({printable(first)}){aside}"
+    return count, done + aside
+
+
+def _pack(model: Any, layers: list[Any], batch: int, budget_s: float | None, clock: _Clock) -> tuple[int, str]:
+    """Pack ``layers`` (under ``_packing``) until done, priced past ``budget_s``, or an unpack asks to stop."""
+    pack, linear = packing_ops(torch)  # type: ignore[misc]
+    for count, module in enumerate(layers, start=1):
+        if model in _stopping:  # an unpack waits for this packing: it takes back what is done
+            return count - 1, f"packing stopped after {count - 1} of {len(layers)} linear layers: unpacked meanwhile"
+        weight = module.weight
+        packed = _Packed(pack(weight.detach(), batch), linear, weight)
+        _watch(weight, packed)
+        setattr(module, _ATTRIBUTE, packed)
+        module.forward = _PackedForward(module)
+        price = clock.add(weight.numel() * weight.element_size())
+        if budget_s is not None and price is not None and price > budget_s:
+            return count, (
+                f"packing stopped after {clock.done / clock.size:.0%} of the copy ({count} of {len(layers)} "
+                f"linear layers, kept packed, {time.perf_counter() - clock.start:.2g} s): at the rate it "
+                f"ran, the whole copy would take {price:.2g} s, more than the {budget_s:.2g} s the "
+                "job's tokens repay, so the rest would cost more than it saves"
+            )
+    took, size = time.perf_counter() - clock.start, clock.size
     return len(layers), f"{len(layers)} linear layers packed for batch {batch} ({size / 1024**3:.2f} GiB, {took:.2g} s)"
 
 
 def unpack(model: Any) -> int:
     """Drop every packed copy ``install_packed_weights`` made in ``model``: the layers run torch's own
-    linear and their weights are plain Parameters again. The number of layers unpacked."""
+    linear and their weights are plain Parameters again. The number of layers unpacked. A packing of
+    ``model`` in progress in another thread is stopped first, and waited for."""
+    with stopping(model), _packing:
+        return _unpack(model)
+
+
+@contextmanager
+def stopping(model: Any) -> Iterator[None]:
+    """Within the block, a packing of ``model`` stops at its next layer (``unprepare`` holds it while
+    it takes the wrappers and the copies back, so no packing in progress outlives it)."""
+    with _asking:
+        _stopping[model] = _stopping.get(model, 0) + 1
+    try:
+        yield
+    finally:
+        with _asking:
+            _stopping[model] -= 1
+            if not _stopping[model]:
+                del _stopping[model]
+
+
+def _unpack(model: Any) -> int:
     count = 0
     for module in model.modules():
         packed = vars(module).get(_ATTRIBUTE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DeviceError, printable
@@ -84,16 +85,27 @@ def prepare(tuning: Tuning | None, obj: Any) -> Any:
 def unprepare(obj: Any) -> Any:
     """Take back everything ``prepare`` installed on the model ``obj`` runs (any resolution's), and
     return ``obj``: its forward and generate are the class's again (or what was there before), no
-    layer keeps a packed copy, every weight is a plain Parameter."""
+    layer keeps a packed copy, every weight is a plain Parameter. A packing in progress in another
+    thread (a generate deciding, a prepare) is stopped at its next layer and waited for."""
     model = model_of(obj)
-    if any(name in vars(model) for name in ("forward", "generate", _SINGLE_ROW, _GENERATE)):
-        # Wherever they sit: on top, or under another's wrapper (accelerate's, a user's), where they
-        # then pass every call through.
-        remove_single_row(model)
-        remove_generate_hook(model)
-    if "torch" in sys.modules:
-        from whichdevice.tuning.packed_weights import unpack
+    with _packing_stopped(model):
+        if any(name in vars(model) for name in ("forward", "generate", _SINGLE_ROW, _GENERATE)):
+            # Wherever they sit: on top, or under another's wrapper (accelerate's, a user's), where they
+            # then pass every call through.
+            remove_single_row(model)
+            remove_generate_hook(model)
+        if "torch" in sys.modules:
+            from whichdevice.tuning.packed_weights import unpack
 
-        unpack(model)
+            unpack(model)
     remove_decode_attention(model)
     return obj
+
+
+def _packing_stopped(model: Any) -> AbstractContextManager[Any]:
+    # Only where torch is loaded can anything be packing (packed_weights imports it).
+    if "torch" not in sys.modules:
+        return nullcontext()
+    from whichdevice.tuning.packed_weights import stopping
+
+    return stopping(model)

@@ -20,8 +20,10 @@ from whichdevice.hardware.compatibility import plugin_problem
 
 __all__ = [
     "ENV_VARIABLES",
+    "NOT_SIMULATED",
     "DeviceReading",
     "RuntimeReadings",
+    "absent_reason",
     "absent_warnings",
     "finish",
     "finish_runtime",
@@ -35,6 +37,7 @@ __all__ = [
     "raise_import_error",
     "read_env",
     "read_module_devices",
+    "simulated_absent_reason",
     "toolkit_note",
     "unusable_reason",
 ]
@@ -147,6 +150,19 @@ def plugin_incompatible(backend: Backend, readings: RuntimeReadings) -> tuple[st
     return (found,) if found else ()
 
 
+NOT_SIMULATED = "not present on the simulated machine"
+
+
+def absent_reason(backend: Backend) -> str:
+    """The reason of a backend whose package is not installed (hardware/absent.py folds such backends)."""
+    return f"{backend.package} is not installed: {backend.install_command}"
+
+
+def simulated_absent_reason(backend: Backend) -> str:
+    """The reason of a backend a simulation does not have."""
+    return f"{NOT_SIMULATED} ({backend.install_command})"
+
+
 def not_installed(
     backend: Backend,
     why: str | None = None,
@@ -155,7 +171,7 @@ def not_installed(
     versions: Mapping[str, str] | None = None,
 ) -> ProbeResult:
     """The result for a backend whose package (or torch build) is not here, naming the install."""
-    reason = why or f"{backend.package} is not installed: {backend.install_command}"
+    reason = why or absent_reason(backend)
     return ProbeResult(
         backend.name,
         installed=False,

@@ -82,6 +82,7 @@ class CudaReadings(RuntimeReadings):
     arch_list: tuple[str, ...] = ()
     machine: str = ""
     tegra: str | None = None
+    tool_skipped: tuple[str, ...] = ()  # rows nvidia-smi printed that its number parser refused
 
 
 _cuda_visible_seen: list[str | None] = []
@@ -105,7 +106,8 @@ def read_cuda(backend: Backend) -> CudaReadings:
             return build
         # A CPU-only torch on ARM64: the GPUs NVML lists say which machine this is, and so what to install.
         nvml = nvidia.nvml_devices()
-        return replace(build, inventory=tuple(nvml.devices or nvidia.smi_devices().devices) or None)
+        smi = nvidia.NvidiaStack() if nvml.devices else nvidia.smi_devices()
+        return replace(build, inventory=tuple(nvml.devices or smi.devices) or None, tool_skipped=smi.skipped)
     env = read_env(ENV_VARIABLES)
     initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
     inventory = driver_error = None
@@ -124,7 +126,7 @@ def read_cuda(backend: Backend) -> CudaReadings:
         nvml = nvidia.nvml_devices()
         smi = nvidia.NvidiaStack() if nvml.devices else nvidia.smi_devices()
         inventory = _tried(tuple(nvml.devices or smi.devices) or None, env, count, build.hip_version)
-        nvml = replace(nvml, driver=nvml.driver or smi.driver)
+        nvml, build = replace(nvml, driver=nvml.driver or smi.driver), replace(build, tool_skipped=smi.skipped)
         if not available and build.cuda_version:
             driver_error = nvidia.driver_error(torch)
     current = env.get("CUDA_VISIBLE_DEVICES")
@@ -220,12 +222,12 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
             f"this torch ({readings.torch_version}) is a CPU-only build without CUDA or ROCm{where}: {install}",
             versions=readings.versions,
         )
-        return replace(result, platform=platform.key if platform else None)
+        return replace(result, platform=platform.key if platform else None, warnings=readings.tool_skipped)
     raise_import_error(readings)
     variant = VARIANTS[1] if readings.hip_version else VARIANTS[0]
     vis = visible_devices("cuda", readings.env, variant=variant)
     inventory = readings.inventory
-    warnings = absent_warnings(vis, lambda pid: listed(readings, pid)) if inventory else []
+    warnings = [*readings.tool_skipped, *(absent_warnings(vis, lambda pid: listed(readings, pid)) if inventory else [])]
     devices = _cuda_devices(readings, vis, warnings)
     warnings += _initialised_warnings(readings, vis)
     warnings += cuda_order_warnings(vis, devices, readings.env.get("CUDA_DEVICE_ORDER"))

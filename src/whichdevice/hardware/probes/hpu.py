@@ -36,7 +36,9 @@ from whichdevice.hardware.visible import Visibility, visible_devices
 __all__ = [
     "ENV_VARIABLES",
     "GAUDI_GROUP_SIZES",
+    "GAUDI_MODULE_GROUPS",
     "LAZY_MODE_VARIABLE",
+    "MODULES_VARIABLE",
     "HpuReadings",
     "accelerate_block",
     "execution_mode",
@@ -51,10 +53,17 @@ __all__ = [
 # (docs.habana.ai, PyTorch/Reference/PyTorch_Support_Matrix): eager with torch.compile is the
 # default, lazy a legacy fallback; torch.compile(backend="hpu_backend") runs in eager mode only.
 LAZY_MODE_VARIABLE = "PT_HPU_LAZY_MODE"
-ENV_VARIABLES = ("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES", LAZY_MODE_VARIABLE)
+# Stable module ids (hardware/visible.py reads it first, before HABANA_VISIBLE_DEVICES' indices).
+MODULES_VARIABLE = "HABANA_VISIBLE_MODULES"
+ENV_VARIABLES = (MODULES_VARIABLE, "HABANA_VISIBLE_DEVICES", LAZY_MODE_VARIABLE)
 
 # Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis.
 GAUDI_GROUP_SIZES = (2, 4)
+# The module ids such a group may take (HABANA_VISIBLE_MODULES), from Intel's "Multiple Workloads on a Single
+# Docker" (docs.habana.ai, PyTorch/Reference/PT_Multiple_Tenants_on_HPU), as tgi-gaudi's README quotes it:
+# 2-Gaudi "0,1", "2,3", "4,5" or "6,7"; 4-Gaudi "0,1,2,3" or "4,5,6,7". docs/backends/hpu.md lists the same
+# (tests/hardware/test_probes_interpret.py compares them). Any other group of 2 or 4 is warned about.
+GAUDI_MODULE_GROUPS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3), (4, 5), (6, 7), (0, 1, 2, 3), (4, 5, 6, 7))
 
 # The generations gaudi_generation() reads from a device name; a new one is added here.
 GAUDI_GENERATIONS = ("gaudi1", "gaudi2", "gaudi3")
@@ -145,16 +154,27 @@ def execution_mode(env: Mapping[str, str]) -> str:
 
 
 def hpu_group_warnings(vis: Visibility) -> list[str]:
-    """Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis."""
+    """Intel supports partial-server distributed work only in groups of 2 or 4 Gaudis, of the module ids
+    GAUDI_MODULE_GROUPS lists."""
     if vis.ids is None or not vis.ids:
         return []
     n = len(vis.ids)
-    if n == 1 or n in GAUDI_GROUP_SIZES or n >= 8:
+    if n == 1 or n >= 8:
         return []
+    if n not in GAUDI_GROUP_SIZES:
+        return [
+            f"{vis.variable}={vis.raw!r} selects {n} Gaudi devices; on a partial server Intel supports "
+            "distributed work only in groups of 2 or 4 (hl-smi -Q index,module_id -f csv maps indices "
+            "to module ids)"
+        ]
+    modules = tuple(sorted(int(i) for i in vis.ids if i.isdigit()))
+    if vis.variable != MODULES_VARIABLE or len(modules) != n or modules in GAUDI_MODULE_GROUPS:
+        return []
+    groups = " or ".join(",".join(map(str, g)) for g in GAUDI_MODULE_GROUPS if len(g) == n)
     return [
-        f"{vis.variable}={vis.raw!r} selects {n} Gaudi devices; on a partial server Intel supports "
-        "distributed work only in groups of 2 or 4 (hl-smi -Q index,module_id -f csv maps indices "
-        "to module ids)"
+        f"{vis.variable}={vis.raw!r} selects modules {','.join(map(str, modules))}, a group of {n} Intel does not "
+        f"list as supported for a partial server; use {groups} (Intel Gaudi documentation, Multiple Workloads "
+        "on a Single Docker)"
     ]
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any
 
+from whichdevice.core.numbers import parse_tool_number
 from whichdevice.hardware.probes.common import DeviceReading
 
 __all__ = [
@@ -82,6 +83,8 @@ class NvidiaStack:
     devices: tuple[DeviceReading, ...] = ()
     driver: str | None = None
     error: str | None = None
+    # Rows nvidia-smi printed that were refused (a memory of "inf", ...), each said as a warning.
+    skipped: tuple[str, ...] = ()
 
 
 def nvml_devices() -> NvidiaStack:
@@ -182,17 +185,21 @@ def smi_devices() -> NvidiaStack:
         return NvidiaStack()
     devices = []
     driver = None
+    skipped: list[str] = []
     holders = _smi_processes(smi)
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 5:
             continue
         driver = parts[4] or driver
-        try:
-            major, minor = (int(x) for x in parts[2].split("."))
-            memory = int(float(parts[1])) * 1024**2
-        except ValueError:
+        # Every number through parse_tool_number: "inf" or "nan" is refused there, never an OverflowError.
+        read = [parse_tool_number("memory.total", parts[1])]
+        read += [parse_tool_number("compute_cap", x, maximum=99) for x in parts[2].split(".", 1)]
+        problem = next((r.problem for r in read if r.problem), None)
+        if problem is not None or len(read) != 3:
+            skipped.append(f"nvidia-smi printed a row whichdevice skipped ({problem or 'compute_cap ' + parts[2]!r})")
             continue
+        memory, major, minor = (r.value or 0 for r in read)
         free = _mib(parts[5]) if len(parts) > 5 else None
         # nvidia-smi prints NVML's names capitalised ("Exclusive_Process").
         mode = parts[6].lower() if len(parts) > 6 and parts[6].lower() in COMPUTE_MODES.values() else None
@@ -201,11 +208,11 @@ def smi_devices() -> NvidiaStack:
         own = bool(pids) and os.getpid() in (pids or ())
         devices.append(
             DeviceReading(
-                parts[0], memory, (major, minor), parts[3], free=free, compute_mode=mode,
+                parts[0], memory * 1024**2, (major, minor), parts[3], free=free, compute_mode=mode,
                 other_processes=others, own_context=own,
             )
         )  # fmt: skip
-    return NvidiaStack(tuple(devices), driver)
+    return NvidiaStack(tuple(devices), driver, skipped=tuple(skipped))
 
 
 def _smi_processes(smi: str) -> dict[str, list[int]] | None:
@@ -216,13 +223,13 @@ def _smi_processes(smi: str) -> dict[str, list[int]] | None:
     holders: dict[str, list[int]] = {}
     for line in out.strip().splitlines():
         uuid, _, pid = (p.strip() for p in line.partition(","))
-        if pid.isdigit():
-            holders.setdefault(uuid, []).append(int(pid))
+        number = parse_tool_number("pid", pid, maximum=1 << 22)  # Linux's pid_max is at most 2**22
+        if number.value is not None:
+            holders.setdefault(uuid, []).append(number.value)
     return holders
 
 
 def _mib(text: str) -> int | None:
-    try:
-        return int(float(text)) * 1024**2
-    except ValueError:  # "[N/A]" on some boards
-        return None
+    # None for "[N/A]" (some boards), and for whatever parse_tool_number refuses (inf, nan, negatives).
+    value = parse_tool_number("memory.free", text).value
+    return None if value is None else value * 1024**2
