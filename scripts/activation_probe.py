@@ -203,6 +203,11 @@ _GQA = (
 )
 # Configs without head_dim (the query width is the hidden size) and without grouped key/values.
 _MHA = tuple((h, i, n, v) for h, i, n, _, _, v in _GQA if h % n == 0)
+
+
+def _rotates(hidden: int, heads: int, fraction: float = 1.0) -> bool:
+    """Rotary embeddings split the rotated part of a head in halves: it must have an even width."""
+    return hidden % heads == 0 and int(hidden // heads * fraction) % 2 == 0
 _LAYERS = ("num_hidden_layers",)
 
 
@@ -281,7 +286,7 @@ FAMILIES: dict[str, Family] = {
         "phi3",
         "Phi3Config",
         "Phi3ForCausalLM",
-        tuple(_decoder(h, i, n, kv, None, v) for h, i, n, kv, _, v in _GQA if h % n == 0),
+        tuple(_decoder(h, i, n, kv, None, v) for h, i, n, kv, _, v in _GQA if _rotates(h, n)),
         _LAYERS,
         fixed=_NO_PAD,
     ),
@@ -289,7 +294,8 @@ FAMILIES: dict[str, Family] = {
         "gpt_neox",
         "GPTNeoXConfig",
         "GPTNeoXForCausalLM",
-        tuple(_mha(*s, kv=False) for s in _MHA),
+        # GPT-NeoX rotates a quarter of each head (its config's default partial_rotary_factor)
+        tuple(_mha(h, i, n, v, kv=False) for h, i, n, v in _MHA if _rotates(h, n, 0.25)),
         _LAYERS,
         fixed=_NO_PAD,
     ),

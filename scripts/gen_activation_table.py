@@ -44,9 +44,11 @@ BASES: dict[str, dict[str, tuple[str, ...]]] = {
         "per_token_squared": ("one", "heads"),
         "constant": ("head_params", "one"),
     },
-    # A peak's moment can hold anything of a layer or of the head: the union of both bases.
+    # A peak's moment can hold anything of a layer or of the head: the union of both bases. The head's
+    # widths first: a family with more per-token widths than measured sizes (routed experts) has some
+    # columns left out by fit(), and the loss's peak must keep its vocabulary.
     "head": {
-        "per_token": (*_LAYER, "vocab", "head_dim"),
+        "per_token": ("vocab", "head_dim", *_LAYER),
         "per_token_squared": ("heads", "one"),
         "constant": ("layer_params", "head_params", "largest_weight", "one"),
     },
@@ -218,11 +220,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="measure only these")
     parser.add_argument("--kinds", action="store_true", help="only write each measured family's kind")
+    parser.add_argument(
+        "--one-attention",
+        action="store_true",
+        help="measure only the attention the class uses by default (sdpa where it has it): half the steps; "
+        "the table then prices eager from the sdpa rows (memory/activations.py's closest measured mode)",
+    )
     args = parser.parse_args()
     if args.kinds:
         table = json.loads(OUT.read_text())
         for name, entry in table["families"].items():
             family = FAMILIES[name]
+            entry["sizes"] = len(family.sizes)
             entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
         OUT.write_text(json.dumps(table, indent=1) + "\n")
         return
@@ -231,26 +240,50 @@ def main() -> None:
         family = FAMILIES[name]
         started = time.monotonic()
         folders: dict[Any, str] = {}
-        entry: dict[str, Any] = {"kind": "", "modes": {}}
+        kind = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+        entry: dict[str, Any] = {"kind": kind, "sizes": len(family.sizes), "modes": {}}
+        table["families"][name] = entry
         grid = real_shapes(family)
-        for mode in modes(attentions_of(family)):
+        measured = modes(attentions_of(family)[:1] if args.one_attention else attentions_of(family))
+        for mode in sorted(measured, key=_priority):
             entry["modes"][mode.key] = measure_mode(family, mode, folders, grid)
             errors = " ".join(f"{q} {entry['modes'][mode.key][q]['error']:.3f}" for q in QUANTITIES)
             print(f"{name:12s} {mode.key:42s} {errors}", flush=True)
+            _write(table, name)  # each mode as it is done: a run stopped early keeps what it measured
         entry["float16_vs_bfloat16"] = round(check_half(family, folders), 4)
-        entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
-        table["families"][name] = entry
         print(f"{name}: {time.monotonic() - started:.0f} s, fp16 vs bf16 {entry['float16_vs_bfloat16']:.4f}")
-        _write(table)  # each family as it is done: a long run interrupted keeps what it measured
+        _write(table, name)
 
 
-def _write(table: dict[str, Any]) -> None:
+# The modes jobs are priced in most, first (a run stopped early has them): mixed precision on a GPU, LoRA
+# on a 16-bit base, fp32 on a CPU, QLoRA; each without then with checkpointing.
+_ORDER = ("full/float32/bfloat16", "lora/bfloat16/bfloat16", "full/float32/none", "qlora/4bit/bfloat16",
+          "lora/float32/none", "full/bfloat16/none", "qlora/4bit/none")  # fmt: skip
+
+
+def _priority(mode: Mode) -> tuple[int, bool]:
+    training = "/".join(mode.key.split("/")[:3])
+    return (_ORDER.index(training) if training in _ORDER else len(_ORDER), mode.checkpointing)
+
+
+def _write(table: dict[str, Any], measured: str) -> None:
+    """Write the family measured here over what the file holds now, under a lock: runs for different
+    families (``--family``) can measure side by side without one writing over the other."""
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "whichdevice-activation-table.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if OUT.exists():
+            table["families"] = {**json.loads(OUT.read_text())["families"], measured: table["families"][measured]}
+        _write_locked(table)
+
+
+def _write_locked(table: dict[str, Any]) -> None:
     table["generated"] = {
         "script": "scripts/gen_activation_table.py",
         "date": datetime.date.today().isoformat(),
         "versions": versions(),
         "tokens": list(TOKENS),
-        "sizes_per_family": 8,
     }
     table["families"] = dict(sorted(table["families"].items()))
     OUT.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from whichdevice.memory.activations import ActivationMode, family_of, table_source, training_activations
+from whichdevice.model.built import linear_layout
 from whichdevice.model.shape import shape_of_config
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -44,7 +45,7 @@ def _unseen(probe, family) -> dict:
     for key, value in (
         ("hidden_size", _HIDDEN), ("n_embd", _HIDDEN), ("d_model", _HIDDEN),
         ("intermediate_size", _INTER), ("n_inner", _INTER), ("d_ff", _INTER), ("encoder_ffn_dim", _INTER),
-        ("decoder_ffn_dim", _INTER), ("moe_intermediate_size", _INTER // 4),
+        ("decoder_ffn_dim", _INTER), ("moe_intermediate_size", 104),  # grouped_mm: a row of 16-byte multiples
         ("num_attention_heads", _HEADS), ("n_head", _HEADS), ("num_heads", _HEADS), ("encoder_attention_heads", _HEADS),
         ("decoder_attention_heads", _HEADS), ("num_key_value_heads", _KV), ("head_dim", _HEAD_DIM), ("d_kv", _HEAD_DIM),
         ("vocab_size", _VOCAB), ("state_size", 6),
@@ -83,7 +84,7 @@ def test_every_family_is_within_ten_percent_of_what_autograd_keeps(name):
             built = getattr(transformers, family.model_class)(config)
         shape = shape_of_config(config.to_dict())
         params = sum(p.numel() for p in built.parameters())
-        largest = max(p.numel() for p in built.parameters() if p.dim() == 2)
+        largest = linear_layout(built)[2]  # as model/facts.py reads it: the head and embeddings left out
         ours = training_activations(
             shape,
             ActivationMode(train, weights, cast, attention, ckpt),
@@ -116,7 +117,8 @@ def test_the_table_says_where_it_came_from():
 
 def test_the_table_covers_the_families_the_record_needs():
     needed = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2", "t5", "bart",
-              "mixtral", "qwen3_moe", "mamba"}  # fmt: skip
+              "mixtral", "qwen3_moe"}  # fmt: skip
+    # mamba (state-space) is not measured yet: its head's peak fits 3.8x off across the generator's sizes.
     assert needed <= set(_families())
 
 
@@ -128,8 +130,8 @@ def test_the_table_covers_the_families_the_record_needs():
          "qwen2", "closest family by name"),
         ({"model_type": "granitemoe", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
           "num_local_experts": 8, "num_experts_per_tok": 2}, "mixtral", "routed experts"),
-        ({"model_type": "falcon_mamba", "num_hidden_layers": 2, "hidden_size": 64, "state_size": 16}, "mamba",
-         "state-space"),
+        ({"model_type": "falcon_mamba", "num_hidden_layers": 2, "hidden_size": 64, "state_size": 16}, "llama",
+         "nor any state-space model"),
         ({"model_type": "llama4_text", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
           "num_local_experts": 16, "num_experts_per_tok": 1}, "mixtral", "routed experts"),
         ({"model_type": "pegasus", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
@@ -142,3 +144,43 @@ def test_an_unmeasured_architecture_takes_the_closest_family_and_says_which(conf
     found, note = family_of(shape_of_config(config))
     assert found == family
     assert (note is None) if said is None else (said in note and repr(found) in note)
+
+
+def test_a_table_without_the_kinds_family_still_prices_it(monkeypatch):
+    """A table that lacks a kind's fallback family (a partial regeneration) prices the model with another
+    measured family instead of raising KeyError from inside the library."""
+    from whichdevice.memory import activations
+
+    table = activations._table()
+    partial = {**table, "families": {k: v for k, v in table["families"].items() if k in ("llama", "qwen2")}}
+    monkeypatch.setattr(activations, "_table", lambda: partial)
+    shape = shape_of_config({"model_type": "granitemoe", "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2})  # fmt: skip
+    found, note = family_of(shape)
+    assert found in partial["families"] and note is not None and repr(found) in note
+
+
+@pytest.mark.parametrize("missing", ["qlora", "lora"])
+def test_a_training_a_family_was_not_measured_in_is_its_nearest_plus_what_the_reference_adds(monkeypatch, missing):
+    """A family measured without QLoRA (or LoRA) rows: priced from its nearest measured training plus what
+    llama measured that training to add at this model's widths, and the note says so; for llama itself
+    the transfer gives its own measured rows back."""
+    from whichdevice.memory import activations
+
+    table = activations._table()
+    llama = table["families"]["llama"]
+    partial = {k: v for k, v in llama["modes"].items() if not k.startswith(f"{missing}/")}
+    patched = {**table, "families": {**table["families"], "gemma2": {**llama, "modes": partial}}}
+    monkeypatch.setattr(activations, "_table", lambda: patched)
+    config = {"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 64, "hidden_size": 512, "intermediate_size": 1536, "vocab_size": 32000}  # fmt: skip
+    shape = shape_of_config(config)
+    mode = ActivationMode(missing, "4bit" if missing == "qlora" else "bfloat16", "bfloat16", "sdpa", True)
+    priced = training_activations(shape, mode, 1, 512, params=40_000_000, largest_weight=786_432)
+    monkeypatch.setattr(activations, "_table", lambda: table)
+    shape_llama = shape_of_config({**config, "model_type": "llama"})
+    own = training_activations(shape_llama, mode, 1, 512, params=40_000_000, largest_weight=786_432)
+    # gemma2 here carries llama's coefficients without the missing training: the transfer gives llama's rows.
+    assert priced.kept == pytest.approx(own.kept, rel=1e-6)
+    assert priced.peak == pytest.approx(own.peak, rel=1e-6)
+    assert priced.note is not None and "was not measured in" in priced.note and "'llama'" in priced.note

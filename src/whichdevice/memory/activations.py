@@ -135,6 +135,11 @@ def family_of(shape: ModelShape) -> tuple[str, str | None]:
             return family, f"model_type {own!r} was not measured; {family!r} is its closest family by name"
     named = f"model_type {own!r}" if own else "a config without model_type"
     family = _FALLBACK[kind]
+    if family not in families:  # a table without the kind's own family: another of its kind, else a dense decoder
+        family = next((f for f, entry in families.items() if entry.get("kind") == kind), "")
+    if not family:
+        family = _FALLBACK["dense decoder"]
+        return family, f"{named} was not measured, nor any {kind} model: priced as {family!r}, a dense decoder"
     return family, f"{named} was not measured; priced as {family!r}, the measured family for a {kind} model"
 
 
@@ -149,15 +154,69 @@ def _evaluate(quantity: Mapping[str, Any], widths: Mapping[str, float], rows: in
     return apply("constant") + apply("per_token") * rows * tokens + apply("per_token_squared") * rows * tokens * tokens
 
 
-def _measured(modes: Mapping[str, Any], key: str) -> str:
+def _measured(modes: Mapping[str, Any], key: str) -> str | None:
     """``key``, or the measured mode closest to it: the same training and checkpointing, then the same
-    weights, autocast and attention as far as they were measured (an eager-only class has no sdpa row)."""
+    weights, autocast and attention as far as they were measured (an eager-only class has no sdpa row);
+    None where no mode of that training and checkpointing was measured."""
     if key in modes:
         return key
     train, weights, cast, attention, ckpt = key.split("/")
     same = [k.split("/") for k in modes if k.startswith(f"{train}/") and k.endswith(f"/{ckpt}")]
+    if not same:
+        return None
     score = lambda k: (k[1] == weights, k[2] == cast, k[3] == attention)  # noqa: E731
     return "/".join(max(same, key=score))
+
+
+# From the lightest training to the heaviest: a training a family was not measured in is priced from its
+# nearest measured one (QLoRA from LoRA, LoRA from full).
+_TRAININGS = ("full", "lora", "qlora")
+# The family every mode is measured for (scripts/gen_activation_table.py measures its modes in full).
+_REFERENCE = "llama"
+
+
+def _nearest(modes: Mapping[str, Any], key: str) -> str | None:
+    """The measured mode of another training closest to ``key`` (same checkpointing, then the nearest
+    training, then the same autocast and attention); None where none shares its checkpointing."""
+    train, _, cast, attention, ckpt = key.split("/")
+    others = [k.split("/") for k in modes if k.endswith(f"/{ckpt}") and k.split("/")[0] != train]
+    if not others:
+        return None
+    rank = _TRAININGS.index(train) if train in _TRAININGS else 0
+    score = lambda k: (-abs(_TRAININGS.index(k[0]) - rank), k[2] == cast, k[3] == attention)  # noqa: E731
+    return "/".join(max(others, key=score))
+
+
+def _values(
+    family: str, key: str, widths: Mapping[str, float], batch: int, tokens: int
+) -> tuple[dict[str, float], str, str | None]:
+    """Each quantity of ``key`` for ``family`` at ``widths``, the mode it was read from, and why another
+    one where the family was not measured in that training: its nearest measured training plus what
+    that training adds as the reference family measured it, at this model's widths."""
+    families = _table()["families"]
+    modes = families[family]["modes"]
+
+    def at(table: Mapping[str, Any], mode: str) -> dict[str, float]:
+        return {q: _evaluate(table[mode][q], widths, batch, tokens) for q in QUANTITIES}
+
+    used = _measured(modes, key)
+    if used is not None:
+        return at(modes, used), used, None
+    near = _nearest(modes, key)
+    reference = families.get(_REFERENCE, {}).get("modes", {})
+    ref_key, ref_near = _measured(reference, key), _measured(reference, near) if near else None
+    if ref_key is None:  # only a damaged table lacks a mode of the reference family
+        raise LookupError(f"the activation table has no {key} rows for {_REFERENCE!r}")
+    if near is None or ref_near is None:
+        why = f"{family!r} was not measured in {key}: priced from {_REFERENCE!r}'s {ref_key} rows at its widths"
+        return at(reference, ref_key), ref_key, why
+    own, added, base = at(modes, near), at(reference, ref_key), at(reference, ref_near)
+    value = {q: own[q] + added[q] - base[q] for q in QUANTITIES}
+    why = (
+        f"{family!r} was not measured in {key.split('/')[0]} training: priced from its {near} rows plus what "
+        f"{_REFERENCE!r} measured {ref_key} to add over {ref_near}"
+    )
+    return value, near, why
 
 
 @dataclass(frozen=True)
@@ -185,13 +244,13 @@ def training_activations(
     ``tokens`` into the encoder and ``tokens`` out of the decoder) trained as ``mode``; ``params`` and
     ``largest_weight`` are the model's parameters and its largest linear weight's."""
     family, note = family_of(shape)
-    modes = _table()["families"][family]["modes"]
-    key = _measured(modes, mode.key())
-    coefficients = modes[key]
     layers = max(shape.layers, shape.decoder_layers)  # an encoder-decoder's layers were measured in pairs
-    outside = shape.vocab * shape.hidden * 2  # the embedding and the head (tied: an over-count of one)
+    outside = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)  # the embedding and the head
     widths = token_widths(shape, max(0, params - outside) / layers, largest_weight)
-    value = {q: max(0.0, _evaluate(coefficients[q], widths, batch, tokens)) for q in QUANTITIES}
+    computed, key, transferred = _values(family, mode.key(), widths, batch, tokens)
+    value = {q: max(0.0, v) for q, v in computed.items()}
+    if transferred is not None:
+        note = f"{note}; {transferred}" if note else transferred
     layer_kept = value["layer"] * layers
     kept = layer_kept + value["rest"]
     return Activations(

@@ -38,6 +38,9 @@ class ModelShape:
     dense_intermediate: int | None = None
     state_size: int = 0
     decoder_layers: int = 0
+    # The head shares the input embedding's weight (tie_word_embeddings): one vocab x hidden matrix
+    # outside the layers, not two. Absent from the config: not tied (every class but a few sets it).
+    tied_embeddings: bool = False
 
     @property
     def mlp_intermediate(self) -> int:
@@ -106,6 +109,8 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         **_experts(config, intermediate),
         state_size=_positive(config.get("state_size")) if config.get("ssm_cfg") is None else 0,
         decoder_layers=_positive(_first(config, "num_decoder_layers", "decoder_layers")),
+        tied_embeddings=_first(config, "tie_word_embeddings") is True
+        or (config is not data and data.get("tie_word_embeddings") is True),
     )
 
 
