@@ -21,6 +21,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.tuning.instance_wrapper import take_back
 from whichdevice.tuning.single_row import input_shape
 
 if TYPE_CHECKING:
@@ -162,12 +163,4 @@ def remove_generate_hook(model: Any) -> bool:
     generate it wrapped goes back); passing calls through, where another's wrapper sits over it. A
     decision under way in another thread's call is waited for."""
     with _deciding:
-        installed = vars(model).pop(INSTALLED, None)
-        current = vars(model).get("generate")
-        if not isinstance(current, _TunedGenerate):
-            return installed is not None
-        if current.inner is not None:
-            model.generate = current.inner
-        else:
-            del model.generate
-        return True
+        return take_back(model, "generate", INSTALLED, _TunedGenerate)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from whichdevice.tuning.instance_wrapper import take_back
 from whichdevice.tuning.onednn import onednn_off
 
 __all__ = ["INSTALLED", "input_shape", "install_single_row", "remove_single_row", "single_row_rows"]
@@ -109,12 +110,4 @@ def install_single_row(model: Any) -> bool:
 def remove_single_row(model: Any) -> bool:
     """Take ``install_single_row``'s wrapper back from ``model``: off, where it is on top (an inner
     forward it wrapped goes back); passing calls through, where another's wrapper sits over it."""
-    installed = vars(model).pop(INSTALLED, None)
-    current = vars(model).get("forward")
-    if not isinstance(current, _OneRowForward):
-        return installed is not None
-    if current.inner is not None:
-        model.forward = current.inner
-    else:
-        del model.forward
-    return True
+    return take_back(model, "forward", INSTALLED, _OneRowForward)
