@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -88,3 +89,15 @@ def test_torch_xla_alone_sends_tpu_to_its_probe(monkeypatch: pytest.MonkeyPatch)
     result = presence.probe_tpu(wd.get_backend("tpu"))
     assert not result.installed
     assert "torch_xla 2.9.0 is installed" in (result.reason or "")
+
+
+def test_a_plugin_row_may_reuse_a_vendor_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third-party row named after its own device may name probe_npu: vendor.py's reader serves it."""
+    presence = _presence()
+    row = dataclasses.replace(wd.get_backend("npu"), name="plugdev", module="plugdev_runtime")
+    read: list[str] = []
+    monkeypatch.setattr(presence, "vendor_installed", lambda backend: True)
+    monkeypatch.setattr(vendor, "read_vendor", lambda b: read.append(b.name) or vendor.VendorReadings(installed=False))
+    result = presence.probe_npu(row)
+    assert read == ["plugdev"]
+    assert result.backend == "plugdev" and not result.installed

@@ -49,34 +49,35 @@ def tpu_installed(backend: Backend) -> bool:
     return find_spec("torch_tpu") is not None or package_version(backend.package) is not None
 
 
-def _full_probe(module: str, backend: Backend) -> ProbeResult:
-    # The module's own probe, read then interpret, imported only now that its package is here.
-    probe = getattr(importlib.import_module(f"whichdevice.hardware.probes.{module}"), f"probe_{backend.name}")
+def _full_probe(module: str, name: str, backend: Backend) -> ProbeResult:
+    # The module's own probe, read then interpret, imported only now that its package is here. Named,
+    # not derived from the row: a plugin's row may reuse probe_npu under a name of its own.
+    probe = getattr(importlib.import_module(f"whichdevice.hardware.probes.{module}"), name)
     result: ProbeResult = probe(backend)
     return result
 
 
 def probe_hpu(backend: Backend) -> ProbeResult:
-    return _full_probe("hpu", backend) if hpu_installed() else not_installed(backend)
+    return _full_probe("hpu", "probe_hpu", backend) if hpu_installed() else not_installed(backend)
 
 
 def probe_tpu(backend: Backend) -> ProbeResult:
     # Without torch-tpu but with torch_xla, the tpu probe's reason says whose devices those are.
     present = tpu_installed(backend) or package_version(XLA_PACKAGE) is not None
-    return _full_probe("tpu", backend) if present else not_installed(backend)
+    return _full_probe("tpu", "probe_tpu", backend) if present else not_installed(backend)
 
 
 def probe_npu(backend: Backend) -> ProbeResult:
-    return _full_probe("vendor", backend) if vendor_installed(backend) else not_installed(backend)
+    return _full_probe("vendor", "probe_npu", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def probe_mlu(backend: Backend) -> ProbeResult:
-    return _full_probe("vendor", backend) if vendor_installed(backend) else not_installed(backend)
+    return _full_probe("vendor", "probe_mlu", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def probe_musa(backend: Backend) -> ProbeResult:
-    return _full_probe("vendor", backend) if vendor_installed(backend) else not_installed(backend)
+    return _full_probe("vendor", "probe_musa", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def probe_neuron(backend: Backend) -> ProbeResult:
-    return _full_probe("vendor", backend) if vendor_installed(backend) else not_installed(backend)
+    return _full_probe("vendor", "probe_neuron", backend) if vendor_installed(backend) else not_installed(backend)
