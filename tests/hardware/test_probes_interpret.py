@@ -395,6 +395,13 @@ def test_env_variables_are_declared_by_the_module_that_reads_them() -> None:
     assert len(set(probes.ENV_VARIABLES)) == len(probes.ENV_VARIABLES)
 
 
+def test_env_variables_are_the_union_of_the_probe_modules_lists() -> None:
+    """Read lazily from the modules that declare them, in one order, each once."""
+    modules = (probes.common, probes.cpu, probes.cuda, probes.hpu, probes.mps, probes.tpu, probes.vendor, probes.xpu)
+    joined = tuple(dict.fromkeys(name for m in modules for name in m.ENV_VARIABLES))
+    assert joined == probes.ENV_VARIABLES
+
+
 def test_readers_keep_only_declared_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in probes.ENV_VARIABLES:
         monkeypatch.setenv(name, "0")
@@ -420,8 +427,12 @@ def test_probe_is_read_then_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         probes.vendor, "interpret_vendor", lambda b, r: seen.append(r) or ProbeResult(b.name, True, True)
     )
-    probes.probe_npu(wd.get_backend("npu"))
+    probes.vendor.probe_npu(wd.get_backend("npu"))
     assert seen == [readings]
+    # The row's probe hands over to the module's own once the package is there (presence.py).
+    monkeypatch.setattr(probes.presence, "vendor_installed", lambda b: True)
+    wd.get_backend("npu").probe(wd.get_backend("npu"))
+    assert seen == [readings, readings]
 
 
 @pytest.fixture

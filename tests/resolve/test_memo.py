@@ -8,6 +8,9 @@ left out of the key.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import whichdevice as wd
 from kernels_versions import GOOD_KERNELS
 from whichdevice.core.packages import simulated_packages
 from whichdevice.core.records import EnvDefault
+from whichdevice.hardware import probes
 from whichdevice.hardware.probing import ProbeResult
 from whichdevice.resolve import memo
 from whichdevice.resolve.arguments import Arguments
@@ -93,6 +97,25 @@ def test_every_declared_variable_is_in_the_key():
     for module in (request, distributed, kernels_support):
         assert set(module.ENV_VARIABLES) <= set(memo.memo_variables()), module.__name__
     assert "HUGGINGFACE_HUB_CACHE" in memo.memo_variables()
+
+
+def test_the_key_is_the_same_set_read_without_importing_a_probe():
+    """The key's variables come from the declaring modules and the registry's rows, never from the probe
+    modules (a resolve imports only the probes it runs); the rows' visible-devices variables are the
+    ones the probes read."""
+    code = (
+        "import json, sys; from whichdevice.resolve import memo; names = memo.memo_variables(); "
+        "print(json.dumps([names, sorted(m for m in sys.modules if m.startswith('whichdevice.hardware.probes.'))]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    names, imported = json.loads(out.stdout.splitlines()[-1])
+    readers = [f"whichdevice.hardware.probes.{m}" for m in ("cpu", "cuda", "hpu", "mps", "tpu", "vendor", "xpu")]
+    assert sorted(set(imported) & set(readers)) == []
+    declared = {name for module in memo.DECLARING_MODULES for name in module.ENV_VARIABLES}
+    hooks = {d.name for b in wd.backends() for d in b.env_defaults}
+    visible = {name for b in wd.backends() for name in b.visible_devices_env}
+    assert set(names) == declared | hooks | visible == set(memo.memo_variables())
+    assert visible <= set(probes.ENV_VARIABLES)
 
 
 # Modules whose readings of the environment are cached with the probe results (a probe runs once

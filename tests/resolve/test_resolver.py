@@ -391,3 +391,23 @@ def test_resolving_a_model_folder_leaves_the_environment_as_it_was(tmp_path, pre
     done = subprocess.run([sys.executable, "-c", _RESOLVE_AND_COMPARE, str(folder)], env=env, capture_output=True,
                           text=True, timeout=300, check=True)  # fmt: skip
     assert json.loads(done.stdout.splitlines()[-1]) == {}
+
+
+# Modules only some answers need: each is imported by the stage that needs it, when it does.
+_ONLY_FOR_SOME_ANSWERS = {
+    "whichdevice.model.support": "the attention support of model='s classes",
+    "whichdevice.model.context": "the context of model='s shape",
+    "whichdevice.memory.quantization_plan": "a bitsandbytes quantization plan",
+}
+
+
+def test_a_plain_resolve_imports_no_module_only_other_answers_need():
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert all(importlib.util.find_spec(m) is not None for m in _ONLY_FOR_SOME_ANSWERS)  # no name to miss
+    code = "import json, sys, whichdevice; whichdevice.resolve_device(); print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    imported = set(json.loads(done.stdout.splitlines()[-1]))
+    assert {m: why for m, why in _ONLY_FOR_SOME_ANSWERS.items() if m in imported} == {}

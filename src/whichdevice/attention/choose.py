@@ -67,10 +67,13 @@ def choose_attention(
     ``serving``: the job serves requests through generate_batch, which refuses some attentions
     (attention/serving.py): none of those is chosen, and asking for one is refused.
     Returns the choice and the trace line that says why."""
-    from whichdevice.model.support import support_of_config
+    # Read from the model's config, once per call (the classes' flags are cached per config's names);
+    # model/support.py is imported only then: without model= no class is read.
+    support = None
+    if model is not None:
+        from whichdevice.model.support import support_of_config
 
-    # Read from the model's config, once per call (the classes' flags are cached per config's names).
-    support = support_of_config(model.config) if model is not None else None
+        support = support_of_config(model.config)
     if requested not in ("auto", AUTO_HUB):
         name, why = _as_requested(target, dtype, requested)
         if serving:
@@ -154,8 +157,6 @@ def _wanted(
 
 def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> tuple[str | None, bool, str]:
     """Pass ``wanted`` where the model's classes are read and support it; else leave it to transformers."""
-    from whichdevice.model.support import transformers_default
-
     if support is None:
         if wanted is not None:
             why = f"{wanted} would fit ({why}), but without model= its support cannot be checked; pass model= to get it"
@@ -172,6 +173,9 @@ def _settle(wanted: str | None, why: str, support: AttentionSupport | None) -> t
         return (wanted, True, f"{wanted}: {why}; supported by {support.checked()}")
     if refusal is not None:
         why = f"{wanted} not passed: {refusal}; {why}"
+    # Imported here, past the return without model=: a plain resolve_device() reads no model class.
+    from whichdevice.model.support import transformers_default
+
     default = transformers_default(support)
     if default is None:
         return (None, False, f"left to transformers, which picks per model part ({_defaults(support)}): {why}")

@@ -13,11 +13,11 @@ from whichdevice.core.errors import ConfigConflictError, DeviceError, DoesNotFit
 from whichdevice.core.packages import package_version
 from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.registry import _BUILTIN, backends
-from whichdevice.memory.quantization_plan import QuantizationPlan
 
 if TYPE_CHECKING:
     from whichdevice.core.records import TraceStep
     from whichdevice.device.target import Target
+    from whichdevice.memory.quantization_plan import QuantizationPlan
     from whichdevice.model.size import ModelSize
 
 __all__ = [
@@ -114,6 +114,8 @@ def plan_quantization(
             + (f"{does_not_fit}; " if does_not_fit else "")
             + f"{still_too_big}. Give more memory (max_memory) or use more devices"
         )
+    from whichdevice.memory.quantization_plan import QuantizationPlan  # a plan is the rare answer: made here
+
     saves = f"saves {format_bytes(full - quantized)}"
     if does_not_fit is None:
         explanation = (
@@ -137,6 +139,8 @@ def requested_quantization(target: Target, dtype: str, quantize: Any) -> Quantiz
     if quantize not in ("4bit", "8bit"):
         return None
     _require_bitsandbytes(target, f"quantize={quantize!r} cannot work here", ConfigConflictError)
+    from whichdevice.memory.quantization_plan import QuantizationPlan  # a plan is the rare answer: made here
+
     bits = _bits(quantize)
     return QuantizationPlan(
         bits,

@@ -35,7 +35,6 @@ from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.measure.estimate import CpuJob
 from whichdevice.memory.fit import Placement
 from whichdevice.memory.quantization import finish_quantization
-from whichdevice.model.context import context_steps
 from whichdevice.precision.decide import decide_precision
 from whichdevice.precision.record import Precision
 from whichdevice.precision.tf32 import decide_tf32
@@ -328,7 +327,11 @@ def _placement(
     16-bit base; else precision's) and its quantization settled."""
     model, job, args = asked.model, asked.job, asked.args
     trace = Trace()
-    trace.extend(context_steps(model.shape.context if model is not None and model.shape else None, job.max_length))
+    if model is not None and model.shape:
+        # Only a model's shape has a context to warn about (model/context.py is imported with it).
+        from whichdevice.model.context import context_steps
+
+        trace.extend(context_steps(model.shape.context, job.max_length))
     placed = trace.take(_placed(asked, target, precision, attention, chosen))
     weights = placed.weights or precision.weights
     quantization = placed.quantization

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from importlib.util import find_spec
 from typing import Any
 
 from whichdevice.core.packages import package_version, requirement_on, version_before
@@ -31,6 +30,7 @@ from whichdevice.hardware.probes.common import (
     read_env,
     read_module_devices,
 )
+from whichdevice.hardware.probes.presence import hpu_installed
 from whichdevice.hardware.visible import Visibility, visible_devices
 
 __all__ = [
@@ -91,7 +91,7 @@ def accelerate_block(accelerate_version: str | None) -> str | None:
 
 def read_hpu(backend: Backend) -> HpuReadings:
     versions = installed_versions(backend)
-    if find_spec("habana_frameworks") is None or find_spec("habana_frameworks.torch") is None:
+    if not hpu_installed():
         return HpuReadings(installed=False, versions=versions)
     accelerate = package_version("accelerate")
     if accelerate_block(accelerate) is not None:

@@ -20,14 +20,12 @@ from whichdevice.hardware.probes.common import (
     raise_import_error,
     read_env,
 )
+from whichdevice.hardware.probes.presence import XLA_PACKAGE, tpu_installed
 from whichdevice.hardware.visible import visible_devices
 
 __all__ = ["ENV_VARIABLES", "TpuReadings", "interpret_tpu", "probe_tpu", "read_tpu"]
 
 ENV_VARIABLES = ("TPU_VISIBLE_CHIPS", "PJRT_DEVICE")
-
-# torch_xla is not this row's package, but users with a TPU often have it: the reason names it.
-XLA_PACKAGE = "torch_xla"
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,7 @@ class TpuReadings(RuntimeReadings):
 
 def read_tpu(backend: Backend) -> TpuReadings:
     versions = installed_versions(backend)
-    if find_spec("torch_tpu") is None and package_version(backend.package) is None:
+    if not tpu_installed(backend):
         xla = package_version(XLA_PACKAGE)
         return TpuReadings(installed=False, versions=versions, xla_version=xla, env=read_env(ENV_VARIABLES))
     import torch

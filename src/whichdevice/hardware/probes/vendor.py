@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from importlib.util import find_spec
 
 from whichdevice.core.packages import requirement_on
 from whichdevice.core.records import Backend, ProbeResult
@@ -25,6 +24,7 @@ from whichdevice.hardware.probes.common import (
     read_env,
     read_module_devices,
 )
+from whichdevice.hardware.probes.presence import vendor_installed
 from whichdevice.hardware.visible import visible_devices
 
 __all__ = [
@@ -64,7 +64,7 @@ class VendorReadings(RuntimeReadings):
 
 def read_vendor(backend: Backend) -> VendorReadings:
     versions = installed_versions(backend)
-    if find_spec(backend.module.split(".")[0]) is None:
+    if not vendor_installed(backend):
         return VendorReadings(installed=False, versions=versions)
     env_set = apply_env_defaults(backend, "import")
     requires = requirement_on(backend.package, "torch")
