@@ -173,3 +173,14 @@ def test_with_packed_weights_prompts_run_in_fp32_and_steps_packed_either_taken_b
         assert is_packed(layer) and "forward" in vars(layer)  # the packing keeps the layer's forward
         unpack(model)
         assert not any("forward" in vars(m) or PACKED in vars(m) for m in model.modules())
+
+
+def test_under_inference_mode_as_pipelines_run(path: Path):
+    model, hand = _load(path), _by_hand(_load(path))
+    install_upcast(model, ROWS)
+    prompt = _ids(24)
+    with torch.inference_mode():
+        first = model(prompt).logits  # the buffers are made here: not inference tensors
+    with torch.no_grad():
+        assert torch.equal(model(prompt).logits, hand(prompt).logits)  # reused outside it
+    assert torch.equal(first, hand(prompt).logits.detach())

@@ -304,7 +304,9 @@ def estimate_seconds(
         prompt = batch * prompt_tokens * row * parameters + upcast[1] * parameters  # in fp32, the copy once
         step = _upcast_step(calib, batch, parameters, matmuls, step, *upcast)
     plain = prompt + steps * step.seconds
-    packed = _packed_step(calib, dtype, batch, parameters, step) if packing else None
+    # Steps of more rows than the crossover run in fp32 too, never the packed copy.
+    every_call = upcast is not None and batch > upcast[0]
+    packed = _packed_step(calib, dtype, batch, parameters, step) if packing and not every_call else None
     if packed is not None:
         per_token = prompt / prompt_tokens if prompt_tokens else 0.0
         # A prompt computed in fp32 from the weights does not run the packed copy.
