@@ -11,3 +11,12 @@ EPYC = (
     f"bf16.attention:3.0/{FP32}/{MEMORY}"
 )
 BILLION = StepWeights(10**9)
+
+# The same AMD EPYC with oneDNN and ATen held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2), as
+# an AVX2-only CPU runs: bf16 decode steps still win (half the bytes), a prompt-sized bf16 matmul runs at
+# 0.28x fp32, and the same computed in fp32 from the bf16 weights copied into a reused buffer at 0.93x
+# (the calibration's bf16 figures there, 6 December 2026, torch 2.13; fp32's and the memory's as EPYC's).
+AVX2 = (
+    "bf16.b1:3.5/bf16.b2:3.9/bf16.b4:1.6/bf16.b8:0.93/bf16.prompt:0.28/bf16.up:0.93/bf16.s1:3.5/bf16.s4:2.3/"
+    f"bf16.g1:3.7/{FP32}/{MEMORY}/mem.upcast:32"
+)

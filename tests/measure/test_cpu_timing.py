@@ -46,8 +46,9 @@ def test_the_prompt_is_timed_packed_too_in_its_own_rounds(monkeypatch):
     # bf16 is timed packed only where this CPU's oneDNN packs it (a real try: not on AVX2-only CPUs).
     bf16 = "bfloat16" in packable_dtypes()
     packed = {"packed float32", *(("packed bfloat16",) if bf16 else ())}
-    assert set(timed["prompt"]) == {"float32", "bfloat16", "float16", *packed}
+    assert set(timed["prompt"]) == {"float32", "bfloat16", "float16", "upcast bfloat16", *packed}
     assert fp32["pp"] == 0.5 / cpu_timing.PROMPT_ROWS and "fp16.pp" not in speeds
+    assert speeds["bf16.up"] == 1.0 and "fp16.up" not in speeds  # the bf16 prompt in fp32 from its weights
     assert speeds.get("bf16.pp") == (2.0 if bf16 else None)
     # Only the prompt's rounds pack; and each packed run computes what its plain twin does.
     assert all(not name.startswith("packed") for shape, runs in timed.items() if shape != "prompt" for name in runs)
@@ -55,3 +56,7 @@ def test_the_prompt_is_timed_packed_too_in_its_own_rounds(monkeypatch):
     packed_runs = cpu_timing._packed_runs(torch, weights, {"float32": x, "float16": x.half()})
     assert set(packed_runs) == {"packed float32"}  # fp16 is not packed
     torch.testing.assert_close(packed_runs["packed float32"]()[0], torch.nn.functional.linear(x, base))
+    # The upcast run computes fp32 matmuls of the bf16 weights, rounded to bf16.
+    upcast = cpu_timing._upcast_run(torch, weights["bfloat16"], x.bfloat16())()[0]
+    expected = torch.nn.functional.linear(x.bfloat16().float(), base.bfloat16().float()).bfloat16()
+    assert torch.equal(upcast, expected)

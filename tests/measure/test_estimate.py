@@ -193,3 +193,32 @@ def test_a_prompt_that_runs_faster_packed_counts_toward_the_packing():
     faster, packed_plan = fewest(f"{figures}/fp32.pp:{0.00009 / 1.4}")
     assert faster < plain and plan.packed_prompt_token_s == plan.prompt_token_s
     assert packed_plan.packed_prompt_token_s == pytest.approx(packed_plan.prompt_token_s / 1.4)
+
+
+def test_a_bf16_prompt_computed_in_fp32_from_the_weights_where_bf16_arithmetic_is_slow():
+    from epyc_figures import AVX2
+
+    from whichdevice.measure.estimate import upcast_rows
+
+    capped, without = parse_figures(AVX2), parse_figures(AVX2.replace("bf16.up:0.93/", ""))
+    # The crossover: where the copy (the prompt figure's, or the streamed copy's rate, the larger) equals the
+    # arithmetic saved, bf16's streamed step and fp32's bounding the few-row forwards from below.
+    assert upcast_rows(capped) == 12
+    assert upcast_rows(without) is None and upcast_rows(parse_figures(EPYC)) is None  # not timed; bf16 fast
+    assert upcast_rows(parse_figures(AVX2.replace("bf16.up:0.93", "bf16.up:0.29"))) is None  # not MARGIN faster
+    prompt_heavy = Job(batch_size=1, max_length=528, max_new_tokens=16)
+    decode_heavy = Job(batch_size=1, max_length=264, max_new_tokens=256)
+    for job in (prompt_heavy, decode_heavy, Job(batch_size=1, max_length=264)):
+        assert _chosen(capped, job, ("bfloat16",)).dtype == "bfloat16"
+    # Without the figure, the prompt-heavy and the unstated jobs load fp32 (the least worst over the splits).
+    assert _chosen(without, prompt_heavy, ("bfloat16",)).dtype == "float32"
+    assert _chosen(without, Job(batch_size=1, max_length=264), ("bfloat16",)).dtype == "float32"
+    fp32 = estimate_seconds(capped, "float32", prompt_heavy, BILLION)
+    bf16, plain = estimate_seconds(capped, "bfloat16", prompt_heavy, BILLION), estimate_seconds(
+        without, "bfloat16", prompt_heavy, BILLION
+    )
+    assert fp32 is not None and bf16 is not None and plain is not None
+    assert bf16[0] < plain[0] / 3  # the prompt at fp32's rate and the copy, not bf16's 0.28x
+    # A prompt of 12 rows or fewer runs bf16: priced as without the figure.
+    short = Job(batch_size=1, max_length=20, max_new_tokens=12)
+    assert estimate_seconds(capped, "bfloat16", short, BILLION) == estimate_seconds(without, "bfloat16", short, BILLION)

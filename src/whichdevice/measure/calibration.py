@@ -54,8 +54,9 @@ UNSTEADY = "other work on this machine kept this CPU from being timed steadily"
 ENV_VARIABLES = (ENV_CALIBRATION, "XDG_CACHE_HOME", ONEDNN_ISA_VARIABLE)
 _OFF = frozenset({"0", "off", "no", "false", "none"})
 # 3: the narrow set's figures (sn1, gn1); 4: the grouped-query attention's (gqa); 5: the packed
-# prompt's (pp). A cache of another format is another machine's key.
-_FORMAT = 5
+# prompt's (pp); 6: the prompt computed in fp32 from bf16 weights (up). A cache of another format is
+# another machine's key.
+_FORMAT = 6
 # Measurements added at once after one with a hiccup (see run_calibration).
 HICCUP_RETRIES = 2
 # A calibration that a busy machine kept from being steady is measured again at the next call that

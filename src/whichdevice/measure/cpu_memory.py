@@ -160,7 +160,7 @@ def measure_streamed(
     torch: Any, dtypes: list[str], best_of: BestOf, deadline: float, out_of_time: Callable[[], bool]
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str]]:
     """(speeds over fp32 "bf16.s1", "bf16.s4", "bf16.g1", "bf16.p4" ..., fp32 seconds "s1"/"s4"/"p4"
-    of the set, memory figures "llc"/"stream"/"read"/"pack", unsteady names); ``best_of`` and
+    of the set, memory figures "llc"/"stream"/"read"/"pack"/"upcast", unsteady names); ``best_of`` and
     ``deadline`` are cpu_timing's timer and budget. "g1": one row through torch's own GEMV kernel
     (oneDNN off); "p4": four rows by weights packed ahead (fp32's in seconds, bf16's over fp32's "s4").
     "sn1"/"gn1": the one-row steps again on the same memory cut into ``NARROW`` matrices, timed in
@@ -209,13 +209,29 @@ def measure_streamed(
             gain = _gain(samples["bfloat16"], samples["packed bfloat16"])
             speeds[f"bf16.p{batch}"] = best["float32"] / best["bfloat16"] * gain
     del packed
-    # The read bandwidth of torch's threads: a sum reads every byte once, with little arithmetic.
     if not out_of_time():
-        best, steady = best_of({"read": lambda: [w.sum() for w in weights["float32"]]}, deadline)
-        memory["read"] = count * _ROWS * _COLS * 4 / best["read"] / 1e9
-        if not steady:
-            unsteady.append("read bandwidth")
+        unsteady += _time_memory(torch, weights, memory, best_of, deadline)
     return speeds, fp32, memory, unsteady
+
+
+def _time_memory(
+    torch: Any, weights: dict[str, list[Any]], memory: dict[str, float], best_of: BestOf, deadline: float
+) -> list[str]:
+    """Set memory "read" (GB/s torch's threads read: a sum reads every byte once, with little
+    arithmetic) and "upcast" (GB/s of fp32 written copying the streamed bf16 weights into one fp32
+    buffer, as a bf16 prompt computed in fp32 does first: tuning.upcast); the unsteady names."""
+    bytes_ = sum(w.numel() * 4 for w in weights["float32"])
+    buffer = torch.empty(_ROWS, _COLS)
+    runs: dict[str, Callable[[], Any]] = {"read": lambda: [w.sum() for w in weights["float32"]]}
+    if "bfloat16" in weights:
+        runs["upcast"] = lambda: [buffer.copy_(w) for w in weights["bfloat16"]]
+    unsteady = []
+    for name, run in runs.items():
+        best, steady = best_of({name: run}, deadline)
+        memory[name] = bytes_ / best[name] / 1e9
+        if not steady:
+            unsteady.append("read bandwidth" if name == "read" else name)
+    return unsteady
 
 
 def _add_one_row(

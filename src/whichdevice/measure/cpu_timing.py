@@ -21,14 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from whichdevice.core.dtypes import short_name
+from whichdevice.measure.figures import PROMPT_ROWS
 
-__all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "STEADY", "WIDTH", "Measured", "measure"]
+__all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "PROMPT_ROWS", "STEADY", "WIDTH", "Measured", "measure"]
 
 # A representative width (between small models' 512-768 and 7B models' 4096): two matrices of
 # WIDTH x 2*WIDTH (16 MiB in fp32) stand for a layer's weights, larger than a core's L2 cache.
 WIDTH = 1024
 BATCHES = (1, 2, 4, 8)
-PROMPT_ROWS = 128
 HALF_DTYPES = ("bfloat16", "float16")
 HOPELESS = 0.25
 # Interleaved rounds, each dtype's best kept: other work on the machine only ever adds time, so the
@@ -88,12 +88,14 @@ def _matmul_speeds(
             break
         # As a model's linear layers see them: (batch, 1, width) for a step, (1, rows, width) for a prompt.
         size = (1, PROMPT_ROWS, WIDTH) if shape == "prompt" else (int(shape[1:]), 1, WIDTH)
-        runs = {}
+        runs: dict[str, Callable[..., Any]] = {}
         inputs = {name: torch.randn(*size, dtype=getattr(torch, name)) for name in ["float32", *live]}
         for name, x in inputs.items():
             runs[name] = lambda x=x, ws=weights[name]: [torch.nn.functional.linear(x, w) for w in ws]
         if shape == "prompt":
             runs |= _packed_runs(torch, weights, inputs)
+            if "bfloat16" in inputs:
+                runs["upcast bfloat16"] = _upcast_run(torch, weights["bfloat16"], inputs["bfloat16"])
         best, steady = _best_of(runs, deadline)
         if not steady:
             unsteady.append(shape)
@@ -104,6 +106,8 @@ def _matmul_speeds(
             fp32["pp"] = best["packed float32"] / PROMPT_ROWS
         for name in [n for n in live if f"packed {n}" in best]:
             speeds[f"{short_name(name)}.pp"] = best["float32"] / best[f"packed {name}"]
+        if "upcast bfloat16" in best:
+            speeds["bf16.up"] = best["float32"] / best["upcast bfloat16"]
         # Larger shapes only do more of the arithmetic a hopeless dtype emulates: not worth the time.
         # Only a steady figure stands for the rest: an unsteady one is dropped (steady_part), and
         # its copies would otherwise be used in its place.
@@ -132,6 +136,18 @@ def _packed_runs(torch: Any, weights: dict[str, list[Any]], inputs: dict[str, An
             continue
         runs[f"packed {name}"] = lambda x=inputs[name], ws=sets: [linear(x, w, None) for w in ws]
     return runs
+
+
+def _upcast_run(torch: Any, weights: list[Any], x: Any) -> Callable[[], Any]:
+    """The prompt-sized matmuls as ``prepare()`` runs a bf16 model's prompts on a CPU whose bf16
+    arithmetic is slow (``tuning.upcast``): each bf16 weight copied into one reused fp32 buffer, an fp32
+    matmul, the result rounded back to bf16. Its time over fp32's is "bf16.up"."""
+    buffer = torch.empty(weights[0].shape, dtype=torch.float32)
+
+    def run() -> Any:
+        return [torch.nn.functional.linear(x.float(), buffer.copy_(w)).to(x.dtype) for w in weights]
+
+    return run
 
 
 def _attention_ratio(torch: Any, dtype: Any, deadline: float) -> tuple[float, bool]:

@@ -10,8 +10,11 @@ matmul calls, each with a fixed cost: the same memory timed as layer-sized and a
 ("s1"/"sn1", "g1"/"gn1") separates the two. At batch 2 and more a step may run with the weights packed
 ahead in oneDNN's layout ("p4", its prompt "pp"), the packing paid once at ``memory["pack"]`` GB/s:
 ``PackingPlan`` holds those figures for the tuning (whichdevice.tuning), which hands packing over
-where the whole job, packing counted, is ``PACK_MARGIN`` faster. The measurements behind each
-constant are in docs/backends/cpu.md ("The estimate").
+where the whole job, packing counted, is ``PACK_MARGIN`` faster. Where bf16 arithmetic is slow here
+and the prompt-sized matmul ran ``MARGIN`` faster in fp32 from the bf16 weights ("up", the upcast
+counted), ``upcast_rows`` is the row count above which a forward is cheaper that way: a bf16 load's
+forwards of more rows (its prompt) are priced, and run (``tuning.upcast``), so. The measurements
+behind each constant are in docs/backends/cpu.md ("The estimate").
 
 The dtype choice (``precision.measured``) and the tuning both read this module; neither repeats it.
 """
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from whichdevice.core.dtypes import item_size
 from whichdevice.core.job import Job, new_tokens
+from whichdevice.measure.figures import PROMPT_ROWS
 from whichdevice.measure.packing_plan import PACK_MARGIN, PackingPlan
 
 if TYPE_CHECKING:
@@ -42,6 +46,7 @@ __all__ = [
     "estimate_seconds",
     "estimated_tokens",
     "lost_figures",
+    "upcast_rows",
 ]
 
 
@@ -64,6 +69,8 @@ DEFAULT_LENGTH = 256
 # Weights read per decode step assumed when the model is not given: the 0.3-8B models CPU users run
 # stream from memory, as 1B does past any CPU's cache.
 ASSUMED_PARAMETERS = 1_000_000_000
+# The largest crossover looked for: a forward of more rows is a prompt, priced by the prompt's figures.
+_UPCAST_MAX_ROWS = 4096
 # Matmuls per decode step assumed with it: a 1.1B Llama's 22 layers of 7 projections, and its head.
 ASSUMED_MATMULS = 155
 
@@ -216,6 +223,49 @@ def _packed_step(
     return StepEstimate(step.seconds * plain / packed, figure, True, False, True, pack_seconds)
 
 
+def _upcast(calib: Calibration) -> tuple[int, float] | None:
+    """(``upcast_rows``, seconds per parameter of copying a bf16 weight into the fp32 buffer), or None."""
+    row, up, own = _per_parameter(calib, "prompt"), calib.speed("bfloat16", "up"), calib.speed("bfloat16", "prompt")
+    packed = calib.speed("bfloat16", "pp") or 0.0
+    if row is None or up is None or own is None or own >= 1.0 or up < MARGIN * max(own, packed):
+        return None
+    copy = PROMPT_ROWS * row * max(1.0 / up - 1.0, 0.0)
+    rate = calib.memory.get("upcast")
+    if calib.memory.get("cache") and rate:
+        # The prompt's figure copies weights that sit in the cache; a model's stream from memory.
+        copy = max(copy, 4.0 / (rate * 1e9))
+    # Per parameter at r rows: bf16 takes its streamed step (a few rows read the weights, at most) or
+    # r prompt rows, whichever is longer; the fp32 path the copy, then fp32's streamed step or r rows.
+    fp32_step, speed = _per_parameter(calib, "s4"), calib.speed("bfloat16", "s4")
+    streamed = (fp32_step, fp32_step / speed) if fp32_step and speed else (0.0, 0.0)
+    for rows in range(1, _UPCAST_MAX_ROWS + 1):
+        if copy + max(streamed[0], rows * row) < max(streamed[1], rows * row / own):
+            return max(1, rows - 1), copy
+    return None
+
+
+def upcast_rows(calib: Calibration) -> int | None:
+    """The rows above which a bf16 linear layer's forward runs faster in fp32 from its weights copied
+    into a reused fp32 buffer (the copy paid per call) than in bf16, by the calibration's prompt-sized
+    figures ("prompt", "up"); None where bf16's prompt is not measured slower here, or the fp32 path
+    not ``MARGIN`` faster than bf16's own (packed or not) at the prompt's size."""
+    upcast = _upcast(calib)
+    return None if upcast is None else upcast[0]
+
+
+def _upcast_step(
+    calib: Calibration, batch: int, parameters: int, matmuls: int, step: StepEstimate, threshold: int, upcast: float
+) -> StepEstimate:
+    """A bf16 decode step whose ``batch`` rows are above ``threshold``: fp32's step and the copy."""
+    fp32 = _step(calib, "float32", batch, parameters, matmuls) if batch > threshold else None
+    if fp32 is None:
+        return step._replace(figure=f"{step.figure}, prompts over {threshold} rows in fp32 from the bf16 weights")
+    return fp32._replace(
+        seconds=fp32.seconds + upcast * parameters,
+        figure=f"{fp32.figure}, in fp32 from the bf16 weights (over {threshold} rows)",
+    )
+
+
 def estimated_tokens(job: Job) -> tuple[int, int]:
     """(prompt tokens, new tokens) per sequence: max_new_tokens new where given, else half of max_length
     (a quarter was tried and declined packing where it paid: docs/backends/cpu.md)."""
@@ -248,11 +298,19 @@ def estimate_seconds(
     row = _per_parameter(calib, "prompt")
     speed = 1.0 if dtype == "float32" else calib.speed(dtype, "prompt")
     prompt = 0.0 if row is None or speed is None else batch * prompt_tokens * row * parameters / speed
+    upcast = _upcast(calib) if dtype == "bfloat16" else None
+    in_fp32 = upcast is not None and row is not None and batch * prompt_tokens > upcast[0]
+    if in_fp32 and upcast is not None and row is not None:
+        prompt = batch * prompt_tokens * row * parameters + upcast[1] * parameters  # in fp32, the copy once
+        step = _upcast_step(calib, batch, parameters, matmuls, step, *upcast)
     plain = prompt + steps * step.seconds
-    packed = _packed_step(calib, dtype, batch, parameters, step) if packing else None
+    # Steps of more rows than the crossover run in fp32 too, never the packed copy.
+    every_call = upcast is not None and batch > upcast[0]
+    packed = _packed_step(calib, dtype, batch, parameters, step) if packing and not every_call else None
     if packed is not None:
         per_token = prompt / prompt_tokens if prompt_tokens else 0.0
-        packed_prompt = prompt / _packed_prompt_gain(calib, dtype)
+        # A prompt computed in fp32 from the weights does not run the packed copy.
+        packed_prompt = prompt if in_fp32 else prompt / _packed_prompt_gain(calib, dtype)
         plan = PackingPlan(
             dtype,
             batch,

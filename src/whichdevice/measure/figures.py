@@ -12,7 +12,10 @@ from typing import Any
 
 from whichdevice.core.dtypes import NAMES, short_name
 
-__all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "SHAPES", "Calibration", "check_figure", "parse_figures"]
+__all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "PROMPT_ROWS", "SHAPES", "Calibration", "check_figure", "parse_figures"]
+
+# The rows of the prompt-sized matmul the calibration times ("prompt", "pp", "up"; cpu_timing).
+PROMPT_ROWS = 128
 
 
 # The figures an unsteady name covers where they are not its own shape: the figures timed in the same
@@ -21,12 +24,13 @@ __all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "SHAPES", "Calibration", "check_figu
 _COVERS = {
     "s1": ("s1", "g1", "sn1", "gn1"),
     "s4": ("s4", "p4"),
-    "prompt": ("prompt", "pp"),
+    "prompt": ("prompt", "pp", "up"),
     "bf16 attention": ("bf16.attention",),
     "fp16 attention": ("fp16.attention",),
     "bf16 gqa attention": ("bf16.gqa",),
     "fp16 gqa attention": ("fp16.gqa",),
     "read bandwidth": ("mem.read",),
+    "upcast": ("mem.upcast",),
 }
 
 
@@ -40,14 +44,16 @@ class Calibration:
     "bf16.s1" and "bf16.s4" are decode steps of batch 1 and 4 whose weights stream from memory,
     "bf16.g1" the batch-1 step through torch's own GEMV kernel (oneDNN off), "bf16.p4" the batch-4
     step with weights packed ahead in oneDNN's layout, "bf16.pp" the prompt-sized matmul with them
-    packed (over fp32's plain prompt), "bf16.sn1"/"bf16.gn1" the batch-1 steps over the same memory
-    cut into small matrices (many more calls). ``fp32``: seconds of an fp32 decode step per batch
-    ("b1".."b8", "s1"/"s4" for the streamed set, "sn1" its narrow cut, "p4" packed) and of one
-    prompt row ("prompt", "pp" packed).
+    packed (over fp32's plain prompt), "bf16.up" the prompt-sized matmul computed in fp32 from the bf16
+    weights copied into a reused fp32 buffer per call (``tuning.upcast``), "bf16.sn1"/"bf16.gn1" the
+    batch-1 steps over the same memory cut into small matrices (many more calls). ``fp32``: seconds of
+    an fp32 decode step per batch ("b1".."b8", "s1"/"s4" for the streamed set, "sn1" its narrow cut,
+    "p4" packed) and of one prompt row ("prompt", "pp" packed).
     ``memory``: "llc" (the last-level cache's bytes), "cache", "stream" and "narrow_stream"
     (parameters of the cache-resident, the streamed and the narrow weight sets), "calls" and
-    "narrow" (the streamed and narrow sets' matrices), "read" (GB/s torch's threads read) and
-    "pack" (GB/s of weights packed)."""
+    "narrow" (the streamed and narrow sets' matrices), "read" (GB/s torch's threads read),
+    "pack" (GB/s of weights packed) and "upcast" (GB/s of fp32 written copying bf16 weights that stream
+    from memory into one fp32 buffer)."""
 
     speeds: Mapping[str, float]
     fp32: Mapping[str, float] = field(default_factory=dict)
@@ -108,6 +114,9 @@ class Calibration:
             packed = self.speeds.get(f"{short}.p4")
             if packed is not None:
                 text += f", batch 4 with packed weights {packed:.2f}x"
+            upcast = self.speeds.get(f"{short}.up")
+            if upcast is not None:
+                text += f", prompt in fp32 from {short} weights {upcast:.2f}x"
             parts.append(text)
         if not parts:
             return "no figures"
@@ -159,7 +168,9 @@ DEFAULT_FP32 = {"b1": 1.0, "b2": 1.4, "b4": 1.6, "b8": 2.0, "prompt": 0.08}
 # seconds when measured, and relative (about 1) in a simulation: 1 ns to an hour.
 SPEED_RANGE = (1e-3, 1e3)
 SECONDS_RANGE = (1e-9, 3600.0)
-SHAPES = frozenset({"b1", "b2", "b4", "b8", "prompt", "pp", "attention", "gqa", "s1", "s4", "g1", "p4", "sn1", "gn1"})
+SHAPES = frozenset(
+    {"b1", "b2", "b4", "b8", "prompt", "pp", "up", "attention", "gqa", "s1", "s4", "g1", "p4", "sn1", "gn1"}
+)
 # The shapes a job's estimate is read from: one dropped as unsteady sends the job to the flags.
 LOSABLE = ("b1", "b2", "b4", "b8", "prompt", "s1", "s4")
 # Memory figures: bytes of a cache (1 KiB to 64 GiB), parameters of a timed set (one to 2**40), its
@@ -173,6 +184,7 @@ MEMORY_RANGES = {
     "narrow": (1.0, 2.0**20),
     "read": (1e-3, 1e5),
     "pack": (1e-3, 1e5),
+    "upcast": (1e-3, 1e5),
 }
 
 

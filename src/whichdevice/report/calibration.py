@@ -12,8 +12,8 @@ def render_calibration(calib: Calibration) -> str:
     lines = [f"CPU calibration, {calib.threads} torch threads ({calib.source})", ""]
     for shapes, heads in (
         (
-            ["b1", "b2", "b4", "b8", "prompt", "attention", "gqa"],
-            ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "attention*", "grouped*"],
+            ["b1", "b2", "b4", "b8", "prompt", "up", "attention", "gqa"],
+            ["decode b1", "decode b2", "decode b4", "decode b8", "prompt", "prompt fp32", "attention*", "grouped*"],
         ),
         (
             ["s1", "s4", "g1", "p4", "pp", "sn1", "gn1"],
@@ -28,8 +28,10 @@ def render_calibration(calib: Calibration) -> str:
         "",
         "speed over fp32 at the same shape (above 1.00x: faster); decode bN: one step of a batch of N",
         "with weights in the cache, streamed bN: with weights streamed from memory; prompt: a 128-row",
-        "matmul; *attention: a one-token query by plain matmuls over torch's fused kernel (a multi-head",
-        "model's decode step when asked for whichdevice_sdpa), grouped: the fused kernel with 32 query",
+        "matmul; prompt fp32: the same computed in fp32 from the bf16 weights copied into a reused fp32",
+        "buffer each call (what prepare() runs for prompts where bf16 arithmetic is slow); *attention: a",
+        "one-token query by plain matmuls over torch's fused kernel (a multi-head model's decode step",
+        "when asked for whichdevice_sdpa), grouped: the fused kernel with 32 query",
         "heads as rows of their 4 key/value heads over one row per head (a grouped-query model's);",
         "**GEMV b1: a streamed batch-1 step through torch's own GEMV kernel (oneDNN off);",
         "***packed b4, pr: a streamed batch-4 step, the prompt, with weights packed in oneDNN's layout;",

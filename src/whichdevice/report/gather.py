@@ -50,7 +50,8 @@ __all__ = [
 # ``largest_fit.model_context`` is stretched by RoPE scaling.
 # also 1.9: the resolution's ``training`` (how a training job trains as priced: method, dtypes, gradient
 # checkpointing, optimizer, LoRA's rank) and ``training_plan.gradient_checkpointing``.
-SCHEMA_VERSION = "1.9"
+# 1.10: ``tuning.upcast_above`` (a bf16 load's prompts computed in fp32 from its weights).
+SCHEMA_VERSION = "1.10"
 
 # The packages whose versions decide how a Transformers program picks its device.
 VERSION_PACKAGES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import item_size, short_name
 from whichdevice.core.records import TraceStep
-from whichdevice.measure.estimate import estimate_seconds, lost_figures
+from whichdevice.measure.estimate import estimate_seconds, lost_figures, upcast_rows
 from whichdevice.measure.packing_plan import PACK_MARGIN
 from whichdevice.tuning.record import Tuning
 from whichdevice.tuning.static_cache import static_cache_step
@@ -45,16 +45,18 @@ def decide_tuning(
     """What ``Resolution.prepare(model)`` installs for this resolution (the model as ``placement`` loads
     it, running ``attention``; ``quantized``: by bitsandbytes or as the checkpoint stores it), and the
     trace lines that say why."""
-    single_row, packing, steps = False, None, list[TraceStep]()
+    single_row, packing, upcast, steps = False, None, None, list[TraceStep]()
     dtype = placement.weights
     if task == "inference" and measured is not None and dtype is not None and _whole_on_cpu(placement, quantized):
         single_row, packing, steps = _cpu_tunings(measured, dtype)
+        upcast, more = _upcast(measured, dtype)
+        steps += more
     static_cache, more = static_cache_step(target, task, model, job, placement, attention, quantized)
     steps += more
     decode = attention.decode  # chosen with the attention, said in its trace line
-    if not (single_row or packing or static_cache or decode):
+    if not (single_row or packing or static_cache or decode or upcast):
         return None, steps
-    return Tuning(single_row, packing, static_cache, decode), steps
+    return Tuning(single_row, packing, static_cache, decode, upcast), steps
 
 
 def _whole_on_cpu(placement: Placement, quantized: bool) -> bool:
@@ -85,6 +87,27 @@ def _cpu_tunings(measured: CpuJob, dtype: str) -> tuple[bool, PackingPlan | None
             return single_row, None, [*steps, TraceStep("generation", why)]
         steps.append(TraceStep("generation", _packing_line(plan, weights.parameters if weights else None)))
     return single_row, plan, steps
+
+
+def _upcast(measured: CpuJob, dtype: str) -> tuple[int | None, list[TraceStep]]:
+    """The rows above which a bf16 load's forwards run in fp32 (``tuning.upcast``), and its trace line."""
+    calib = measured.calibration
+    rows = upcast_rows(calib) if dtype == "bfloat16" and not calib.lost("prompt") else None
+    if rows is None:
+        return None, []
+    own, up = calib.speed(dtype, "prompt"), calib.speed(dtype, "up")
+    figures = f"bf16 {own:.2f}x fp32 here, in fp32 from the bf16 weights {up:.2f}x" if own and up else ""
+    return rows, [
+        TraceStep(
+            "generation",
+            f"res.prepare(model) computes each bf16 linear layer's forward of more than {rows} rows (a prompt) in "
+            f"fp32 from its weights, copied at each call into one reused fp32 buffer per weight shape (freed by "
+            f"res.unprepare(model)), and forwards of {rows} rows or fewer (decode steps) in bf16 as loaded: this "
+            f"CPU's bf16 arithmetic measured slow for a prompt-sized matmul ({figures}, the copy counted; the "
+            "calibration's bf16.prompt and bf16.up) and its bf16 decode steps fast; the crossover is where the "
+            "copy's cost equals the arithmetic saved",
+        )
+    ]
 
 
 _SINGLE_ROW = (

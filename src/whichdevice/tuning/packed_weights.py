@@ -40,6 +40,7 @@ from whichdevice.core import progress
 from whichdevice.core.errors import printable
 from whichdevice.measure.cpu_memory import PACKED_DTYPES, packable_dtypes, packing_ops
 from whichdevice.tuning.fingerprint import Fingerprint
+from whichdevice.tuning.layer_forward import PACKED, LayerForward, attach, detach
 
 __all__ = [
     "HEADROOM",
@@ -60,7 +61,7 @@ HEADROOM = 0.5
 # docs/backends/cpu.md, "The packing's clock".
 PROBE_SHARE = 0.01
 PROBE_MIN_S = 0.05
-_ATTRIBUTE = "_whichdevice_packed"
+_ATTRIBUTE = PACKED
 # torch's own storage accessor, reached past _WatchedWeight's.
 _RAW_DATA: Any = torch.Tensor.data
 _PLAIN: Any = torch.nn.Parameter
@@ -175,39 +176,7 @@ def _version(tensor: Any) -> int | None:
         return None
 
 
-def _forward(self: Any, x: Any) -> Any:
-    packed: _Packed | None = getattr(self, _ATTRIBUTE, None)
-    weight = self.weight
-    if (
-        packed is not None
-        and x.dtype == weight.dtype
-        and x.device.type == "cpu"
-        and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
-        # torch.compile traces torch's own linear (its inductor packs weights itself when freezing):
-        # an opaque oneDNN tensor is not something its tracer can hold.
-        and not torch.compiler.is_compiling()
-    ):
-        tensor = packed.tensor
-        if tensor is not None and packed.holds(weight):
-            return packed.linear(x, tensor, self.bias)
-        packed.drop()  # the weight changed since: the copy is stale for good, its memory freed
-    return torch.nn.functional.linear(x, weight, self.bias)
-
-
-class _PackedForward:
-    """A layer's ``forward``: ``_forward`` bound to it. An object rather than a bound method: a pickled
-    model (``torch.save(model)``) restores a bound method by name, and the layer has no ``_forward``."""
-
-    __slots__ = ("module",)
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-
-    def __call__(self, x: Any) -> Any:
-        return _forward(self.module, x)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_PackedForward, (self.module,))
+_PackedForward = LayerForward  # the name a model pickled by an earlier version restores
 
 
 def packable_layers(model: Any, dtype: str) -> list[Any]:
@@ -323,7 +292,7 @@ def _pack(model: Any, layers: list[Any], batch: int, budget_s: float | None, clo
         packed = _Packed(pack(weight.detach(), batch), linear, weight)
         _watch(weight, packed)
         setattr(module, _ATTRIBUTE, packed)
-        module.forward = _PackedForward(module)
+        attach(module)
         price = clock.add(weight.numel() * weight.element_size())
         if budget_s is not None and price is not None and price > budget_s:
             return count, (
@@ -366,8 +335,7 @@ def _unpack(model: Any) -> int:
         if packed is None:
             continue
         delattr(module, _ATTRIBUTE)
-        if isinstance(vars(module).get("forward"), _PackedForward):
-            del module.forward
+        detach(module)
         weight = getattr(module, "weight", None)
         copies = vars(weight).get(_COPIES) if weight is not None else None
         if copies is not None and packed in copies:

@@ -67,6 +67,10 @@ def prepare(tuning: Tuning | None, obj: Any) -> Any:
         from whichdevice.tuning.single_row import install_single_row
 
         install_single_row(model)
+    if tuning.upcast_above is not None:
+        from whichdevice.tuning.upcast import install_upcast
+
+        log.info("prepare: %s", install_upcast(model, tuning.upcast_above)[1])
     plan = tuning.packing
     if plan is not None and plan.told:
         from whichdevice.tuning.packed_weights import install_packed_weights
@@ -85,7 +89,7 @@ def prepare(tuning: Tuning | None, obj: Any) -> Any:
 def unprepare(obj: Any) -> Any:
     """Take back everything ``prepare`` installed on the model ``obj`` runs (any resolution's), and
     return ``obj``: its forward and generate are the class's again (or what was there before), no
-    layer keeps a packed copy, every weight is a plain Parameter. A packing in progress in another
+    layer keeps a packed copy or an fp32 buffer, every weight is a plain Parameter. A packing in progress in another
     thread (a generate deciding, a prepare) is stopped at its next layer and waited for."""
     model = model_of(obj)
     with _packing_stopped(model):
@@ -96,7 +100,9 @@ def unprepare(obj: Any) -> Any:
             remove_generate_hook(model)
         if "torch" in sys.modules:
             from whichdevice.tuning.packed_weights import unpack
+            from whichdevice.tuning.upcast import remove_upcast
 
+            remove_upcast(model)
             unpack(model)
     remove_decode_attention(model)
     return obj

@@ -25,12 +25,16 @@ class Tuning:
     ``cache_implementation="static"``, which it compiles (NVIDIA GPU, a job long enough to repay it).
     ``decode_attention``: the model, loaded with the sdpa the keywords name, runs whichdevice's CPU decode
     attention (``whichdevice_sdpa``) instead (CPU inference in bf16/fp16 for a verified grouped-query
-    architecture, or asked for)."""
+    architecture, or asked for). ``upcast_above``: each bf16 linear layer computes a forward of more
+    rows than this (a prompt) in fp32 from its weights, copied per call into a reused fp32 buffer,
+    and fewer (decode steps) in bf16 (CPU whose bf16 arithmetic measured slow and its bf16 decode
+    steps fast; None: every forward as loaded)."""
 
     single_row: bool = False
     packing: PackingPlan | None = None
     static_cache: bool = False
     decode_attention: bool = False
+    upcast_above: int | None = None
 
     @property
     def packed_for_batch(self) -> int | None:
@@ -64,4 +68,5 @@ class Tuning:
             "packing_at_generate": self.packing_at_generate,
             "static_cache": self.static_cache,
             "decode_attention": self.decode_attention,
+            "upcast_above": self.upcast_above,
         }
