@@ -343,6 +343,8 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
 
             install_upcast(model, fresh["upcast_above"])
         configs.append(Config(mine, model, None, setup_s=fresh["setup_s"]))
+        # Another resolved load that got the same configuration runs on this one's runs, as on a twin's.
+        by_label[label] = configs[-1]
     timed = time_configs(torch, configs, ids, args, keep={twin for twin, _ in alias.values()})
     # A configuration's one-time setup (packing the weights) is paid once per load: the job it runs
     # is one generate of --new tokens, so it counts against that job's time.

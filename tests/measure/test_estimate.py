@@ -197,7 +197,6 @@ def test_a_prompt_that_runs_faster_packed_counts_toward_the_packing():
 
 def test_a_bf16_prompt_computed_in_fp32_from_the_weights_where_bf16_arithmetic_is_slow():
     from epyc_figures import AVX2
-
     from whichdevice.measure.estimate import upcast_rows
 
     capped, without = parse_figures(AVX2), parse_figures(AVX2.replace("bf16.up:0.93/", ""))

@@ -160,7 +160,10 @@ def test_with_packed_weights_prompts_run_in_fp32_and_steps_packed_either_taken_b
         pytest.skip("this CPU's oneDNN does not pack bf16 weights")
     for order in ("upcast first", "packed first"):
         model, hand, plain = _load(path), _by_hand(_load(path)), _load(path)
-        steps = [lambda: install_upcast(model, ROWS), lambda: install_packed_weights(model, "bfloat16", 4)]
+        steps = [
+            lambda model=model: install_upcast(model, ROWS),
+            lambda model=model: install_packed_weights(model, "bfloat16", 4),
+        ]
         for install in steps if order == "upcast first" else steps[::-1]:
             install()
         layer = model.model.layers[0].mlp.up_proj
