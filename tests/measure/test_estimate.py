@@ -213,8 +213,9 @@ def test_a_bf16_prompt_computed_in_fp32_from_the_weights_where_bf16_arithmetic_i
     assert _chosen(without, prompt_heavy, ("bfloat16",)).dtype == "float32"
     assert _chosen(without, Job(batch_size=1, max_length=264), ("bfloat16",)).dtype == "float32"
     fp32 = estimate_seconds(capped, "float32", prompt_heavy, BILLION)
-    bf16, plain = estimate_seconds(capped, "bfloat16", prompt_heavy, BILLION), estimate_seconds(
-        without, "bfloat16", prompt_heavy, BILLION
+    bf16, plain = (
+        estimate_seconds(capped, "bfloat16", prompt_heavy, BILLION),
+        estimate_seconds(without, "bfloat16", prompt_heavy, BILLION),
     )
     assert fp32 is not None and bf16 is not None and plain is not None
     assert bf16[0] < plain[0] / 3  # the prompt at fp32's rate and the copy, not bf16's 0.28x
