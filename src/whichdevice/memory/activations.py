@@ -13,7 +13,9 @@ coefficients applied to the widths:
 * ``layers``: how far the layers' backward rises above what the layers kept (with checkpointing, the
   recomputed layer: its whole forward kept again while its backward runs).
 
-A family that was not measured takes the closest measured one, and says which.
+A family that was not measured takes the closest measured one, and says which. A family whose measured
+code path keeps more than the one a GPU runs (Mamba's scan on the CPU, without mamba-ssm's fused kernels)
+says so beside its figures: the table's ``measured``.
 """
 
 from __future__ import annotations
@@ -251,6 +253,10 @@ def training_activations(
     value = {q: max(0.0, v) for q, v in computed.items()}
     if transferred is not None:
         note = f"{note}; {transferred}" if note else transferred
+    path = _table()["families"][family].get("measured")
+    if isinstance(path, str) and path:  # where the measured code path keeps more than a GPU's (Mamba's scan)
+        measured = f"{family!r} was measured {path}"
+        note = f"{note}; {measured}" if note else measured
     layer_kept = value["layer"] * layers
     kept = layer_kept + value["rest"]
     layers_peak, layers_end = layer_kept + value["layers"], value["layer"] + value["layers"]
