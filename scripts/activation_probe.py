@@ -258,6 +258,13 @@ def _moe(experts_key: str, inter_key: str) -> tuple[dict[str, Any], ...]:
         (72, 144, 6, 3, 12, 1440, 4, 3),
         (120, 72, 4, 1, 32, 960, 6, 2),
         (88, 176, 8, 4, 16, 4224, 8, 4),
+        # Four more: a layer of routed experts has eight per-token widths (hidden, query, key/value, heads,
+        # the routed share, the hidden states sent to it, the experts, a constant), which eight sizes
+        # determine exactly and no more; twelve fit them by least squares.
+        (56, 160, 4, 1, 24, 1536, 8, 3),
+        (136, 112, 4, 2, 32, 2048, 4, 2),
+        (48, 208, 2, 2, 16, 768, 6, 4),
+        (144, 152, 6, 1, 24, 3584, 12, 2),
     )
     sizes = []
     for h, i, n, kv, d, v, e, k in rows:

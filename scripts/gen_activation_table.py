@@ -5,11 +5,12 @@
 
 For each family (scripts/activation_probe.py's FAMILIES) and each way of training it (what is trained, the
 weights' and the autocast dtype, the attention, checkpointing), one real training step is counted at eight
-sizes, one and two layers, and three lengths (scripts/activation_probe.py says how). Per size, each quantity
-(what a layer keeps, what the rest keeps, the head's and the layers' backward above what was kept) is
-fitted as ``a + b*T + c*T^2`` through the three lengths; across the sizes ``a``, ``b`` and ``c`` are fitted
-onto the widths of whichdevice.memory.activations.token_widths by least squares. The largest relative
-residual of each fit is written beside it: the table says how well its own basis explains what it measured.
+sizes (twelve for routed experts), one and two layers, and three lengths (scripts/activation_probe.py says
+how). Per size, each quantity (what a layer keeps, what the rest keeps, the head's and the layers' backward
+above what was kept) is fitted as ``a + b*T + c*T^2`` through the three lengths; across the sizes ``a``,
+``b`` and ``c`` are fitted onto the widths of whichdevice.memory.activations.token_widths by least squares.
+The largest relative residual of each fit is written beside it: the table says how well its own basis
+explains what it measured.
 """
 
 from __future__ import annotations

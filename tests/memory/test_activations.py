@@ -1,8 +1,9 @@
 """The activation table (memory/activations.py) against what autograd keeps, re-measured here on each family.
 
-scripts/gen_activation_table.py fitted the table on eight sizes per family; here each family trains one
-step at a size the generator never measured, as transformers' own class on this torch, and the table's
-figures must be within 10% of the counted bytes (what the forward keeps, and the two backward peaks).
+scripts/gen_activation_table.py fitted the table on eight sizes per family (twelve for routed experts); here
+each family trains one step at a size the generator never measured, as transformers' own class on this torch,
+and the table's figures must be within 10% of the counted bytes (what the forward keeps, and the two backward
+peaks).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _families() -> list[str]:
     return sorted(json.loads(TABLE.read_text())["families"])
 
 
-# A size no family was measured at: every width differs from the generator's eight (scripts/activation_probe.py).
+# A size no family was measured at: every width differs from the generator's (scripts/activation_probe.py).
 _HIDDEN, _INTER, _HEADS, _KV, _HEAD_DIM, _VOCAB = 104, 392, 4, 2, 28, 2600
 
 

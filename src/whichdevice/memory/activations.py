@@ -1,10 +1,10 @@
 """Training activations from what autograd keeps: a table measured on real transformers classes, per family.
 
 ``scripts/gen_activation_table.py`` trains each family's transformers class one step on the CPU at eight
-small sizes, two depths and three lengths, counting every storage that step creates, and fits what it
-measured onto the widths a token's tensors are made of (:func:`token_widths`). The fit is the table
-(``activation_table.json``, with the versions and the date it was made); this module evaluates it for a
-model's shape. Four quantities, each ``constant + per token x T + per token squared x T^2`` with the
+small sizes (twelve for routed experts), two depths and three lengths, counting every storage that step
+creates, and fits what it measured onto the widths a token's tensors are made of (:func:`token_widths`).
+The fit is the table (``activation_table.json``, with the versions and the date it was made); this module
+evaluates it for a model's shape. Four quantities, each ``constant + per token x T + per token squared x T^2`` with the
 coefficients applied to the widths:
 
 * ``layer``: what one layer keeps for backward (with checkpointing, only its input);
