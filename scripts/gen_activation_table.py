@@ -266,6 +266,11 @@ def main() -> None:
         help="measure only the attention the class uses by default (sdpa where it has it): half the steps; "
         "the table then prices eager from the sdpa rows (memory/activations.py's closest measured mode)",
     )
+    parser.add_argument(
+        "--missing",
+        action="store_true",
+        help="keep the modes the table holds for the family and measure only those it lacks, in priority order",
+    )
     args = parser.parse_args()
     if args.kinds:
         with _locked():  # a run measuring another family may write the file meanwhile
@@ -284,14 +289,11 @@ def main() -> None:
         family = FAMILIES[name]
         started = time.monotonic()
         folders: dict[Any, str] = {}
-        kind = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
-        entry: dict[str, Any] = {"kind": kind, "sizes": len(family.sizes), "modes": {}}
-        if family.measured:
-            entry["measured"] = family.measured
-        table["families"][name] = entry
+        entry = table["families"][name] = _entry(table, name, keep=args.missing)
         grid = real_shapes(family)
         measured = modes(attentions_of(family)[:1] if args.one_attention else attentions_of(family))
-        for mode in sorted(measured, key=_priority):
+        done = {*entry["modes"], *entry.get("unmeasured", {})}
+        for mode in sorted((m for m in measured if m.key not in done), key=_priority):
             try:
                 entry["modes"][mode.key] = measure_mode(family, mode, folders, grid)
             except RuntimeError as error:  # the class does not train this way here: the table says why
@@ -305,6 +307,22 @@ def main() -> None:
         entry["float16_vs_bfloat16"] = round(check_half(family, folders, entry.get("unmeasured", {})), 4)
         print(f"{name}: {time.monotonic() - started:.0f} s, fp16 vs bf16 {entry['float16_vs_bfloat16']:.4f}")
         _write(table, name)
+
+
+def _entry(table: dict[str, Any], name: str, *, keep: bool) -> dict[str, Any]:
+    """The family's entry to measure into: a new one, or with ``keep`` (``--missing``) the one the table
+    holds, whose modes are then not measured again (its sizes must be the probe's: one fit per family)."""
+    family, held = FAMILIES[name], table["families"].get(name)
+    if keep and held is not None:
+        if held.get("sizes") != len(family.sizes):
+            raise SystemExit(f"{name}: the table measured {held.get('sizes')} sizes and the probe has "
+                             f"{len(family.sizes)}: measure it anew, without --missing")  # fmt: skip
+        return dict(held)
+    kind = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+    entry: dict[str, Any] = {"kind": kind, "sizes": len(family.sizes), "modes": {}}
+    if family.measured:
+        entry["measured"] = family.measured
+    return entry
 
 
 # The modes jobs are priced in most, first (a run stopped early has them): mixed precision on a GPU, LoRA
