@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import sys
 import tempfile
 import weakref
 from collections.abc import Iterator, Mapping
@@ -34,6 +36,26 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 __all__ = ["FAMILIES", "Family", "Mode", "Step", "fit", "measure_step", "modes", "quadratic"]
+
+
+_TORCH = os.path.dirname(torch.__file__)
+
+
+def _made_at() -> str:
+    """Where an allocation is made: in backward the autograd node that runs, in forward the first line of
+    Python outside torch and this script (a model's line, peft's, the loss's). An operator and its count
+    alone name a moment only where every length runs the same operators; the CPU slow path of Mamba's scan
+    runs a Python loop per token, so its operators' counts shift with the length and name a different place
+    at each. Named by where they are made, the allocations outside such a loop keep their count."""
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return str(node.name())
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH) or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 class _LiveStorages(TorchDispatchMode):
@@ -64,10 +86,12 @@ class _LiveStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        named = None
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
+                named = named or f"{func}@{_made_at()}"
                 with contextlib.suppress(RuntimeError, NotImplementedError):
-                    self._see(t, str(func))
+                    self._see(t, named)
         return out
 
     def moments(self, start: int, end: int, skip: set[int]) -> dict[str, int]:
@@ -160,6 +184,9 @@ class Family:
     sizes: tuple[Mapping[str, Any], ...]
     depth_keys: tuple[str, ...]
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    # What the measured code path keeps where it differs from the path the family runs on a GPU: the table
+    # writes it beside the family's coefficients and whichdevice says it where it prices the family.
+    measured: str = ""
 
     def config(self, size: Mapping[str, Any], layers: int, attention: str) -> Any:
         import transformers
@@ -208,6 +235,8 @@ _MHA = tuple((h, i, n, v) for h, i, n, _, _, v in _GQA if h % n == 0)
 def _rotates(hidden: int, heads: int, fraction: float = 1.0) -> bool:
     """Rotary embeddings split the rotated part of a head in halves: it must have an even width."""
     return hidden % heads == 0 and int(hidden // heads * fraction) % 2 == 0
+
+
 _LAYERS = ("num_hidden_layers",)
 
 
@@ -229,6 +258,13 @@ def _moe(experts_key: str, inter_key: str) -> tuple[dict[str, Any], ...]:
         (72, 144, 6, 3, 12, 1440, 4, 3),
         (120, 72, 4, 1, 32, 960, 6, 2),
         (88, 176, 8, 4, 16, 4224, 8, 4),
+        # Four more: a layer of routed experts has eight per-token widths (hidden, query, key/value, heads,
+        # the routed share, the hidden states sent to it, the experts, a constant), which eight sizes
+        # determine exactly and no more; twelve fit them by least squares.
+        (56, 160, 4, 1, 24, 1536, 8, 3),
+        (136, 112, 4, 2, 32, 2048, 4, 2),
+        (48, 208, 2, 2, 16, 768, 6, 4),
+        (144, 152, 6, 1, 24, 3584, 12, 2),
     )
     sizes = []
     for h, i, n, kv, d, v, e, k in rows:
@@ -335,7 +371,19 @@ FAMILIES: dict[str, Family] = {
     "qwen3_moe": Family(
         "qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", _moe("num_experts", "moe_intermediate_size"), _LAYERS
     ),
-    "mamba": Family("mamba", "MambaConfig", "MambaForCausalLM", _mamba(), _LAYERS),
+    "mamba": Family(
+        "mamba",
+        "MambaConfig",
+        "MambaForCausalLM",
+        _mamba(),
+        _LAYERS,
+        # transformers' MambaMixer on the CPU (mamba-ssm and causal-conv1d absent) runs mamba_selective_scan's
+        # loop over tokens, and autograd keeps each token's state and its discretized A and B*x; mamba-ssm's
+        # fused CUDA kernels recompute the states in backward (Gu & Dao 2023, arXiv:2312.00752, section 3.3.2).
+        measured="on the CPU's reference scan, which keeps every token's state (intermediate x state_size per "
+        "layer); mamba-ssm's fused CUDA kernels recompute the states in backward and keep less, so with them "
+        "this is an upper bound",
+    ),
 }
 
 

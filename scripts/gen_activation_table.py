@@ -5,21 +5,25 @@
 
 For each family (scripts/activation_probe.py's FAMILIES) and each way of training it (what is trained, the
 weights' and the autocast dtype, the attention, checkpointing), one real training step is counted at eight
-sizes, one and two layers, and three lengths (scripts/activation_probe.py says how). Per size, each quantity
-(what a layer keeps, what the rest keeps, the head's and the layers' backward above what was kept) is
-fitted as ``a + b*T + c*T^2`` through the three lengths; across the sizes ``a``, ``b`` and ``c`` are fitted
-onto the widths of whichdevice.memory.activations.token_widths by least squares. The largest relative
-residual of each fit is written beside it: the table says how well its own basis explains what it measured.
+sizes (twelve for routed experts), one and two layers, and three lengths (scripts/activation_probe.py says
+how). Per size, each quantity (what a layer keeps, what the rest keeps, the head's and the layers' backward
+above what was kept) is fitted as ``a + b*T + c*T^2`` through the three lengths; across the sizes ``a``,
+``b`` and ``c`` are fitted onto the widths of whichdevice.memory.activations.token_widths by least squares.
+The largest relative residual of each fit is written beside it: the table says how well its own basis
+explains what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +139,33 @@ def predict(fitted: dict[str, Any], widths: dict[str, float], tokens: int) -> fl
     return sum(c * widths[name] * _scale(part, tokens) for part in PARTS for name, c in fitted.get(part, {}).items())
 
 
+# Where an allocation is made a number of times that changes with the length (a loop per token: the CPU
+# slow path of Mamba's scan), its first and last few are the same moment at every length (the loop's first
+# steps, its last); the ones between are not, and are left out.
+_LOOP_ENDS = 3
+
+
+def _same_moments(found: list[Mapping[str, int]]) -> list[dict[str, int]]:
+    """Each point's moments under keys that name the same moment of the step at every point: a moment is
+    keyed ``operator@where#count`` (scripts/activation_probe.py); where a key's allocations are counted
+    differently at different points, only the first and last ``_LOOP_ENDS`` stay, the last keyed from the end."""
+    counts = [Counter(key.rpartition("#")[0] for key in moments) for moments in found]
+    varying = {name for name in set().union(*counts) if len({c.get(name, 0) for c in counts}) > 1}
+    named = []
+    for moments, count in zip(found, counts, strict=True):
+        kept: dict[str, int] = {}
+        for key, value in moments.items():
+            name, _, n = key.rpartition("#")
+            if name not in varying:
+                kept[key] = value
+            elif int(n) < _LOOP_ENDS:
+                kept[f"{name}#{n}"] = value
+            elif count[name] - int(n) <= _LOOP_ENDS:
+                kept[f"{name}#-{count[name] - int(n)}"] = value
+        named.append(kept)
+    return named
+
+
 def _peak(
     points: list[Point], grid: list[tuple[dict[str, float], int]], phase: str, kept: Any, measured: Any
 ) -> dict[str, Any]:
@@ -143,9 +174,10 @@ def _peak(
     shape in ``grid``) kept. Where a measured peak was at a moment not every size has, the moments are
     raised by the bytes per token that reach it."""
     moments: dict[str, list[tuple[dict[str, float], int, float]]] = {}
-    common = set.intersection(*(set(getattr(p.two, phase)) for p in points))
+    named = _same_moments([getattr(p.two, phase) for p in points])
+    common = set.intersection(*(set(found) for found in named))
     for key in common:
-        moments[key] = [(p.widths, p.tokens, getattr(p.two, phase)[key] - kept(p)) for p in points]
+        moments[key] = [(p.widths, p.tokens, found[key] - kept(p)) for p, found in zip(points, named, strict=True)]
     fitted = {key: fit_points(rows, BASES[phase]) for key, rows in moments.items()}
     chosen: set[str] = set()
     for widths, tokens in [(p.widths, p.tokens) for p in points] + grid:
@@ -194,12 +226,18 @@ def real_shapes(family: Family) -> list[tuple[dict[str, float], int]]:
     return [(widths, tokens) for tokens in (128, 512, 2048, 8192)]
 
 
-def check_half(family: Family, folders: dict[Any, str]) -> float:
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+
+
+def check_half(family: Family, folders: dict[Any, str], unmeasured: Mapping[str, str]) -> float:
     """The largest relative difference between fp16 and bf16 in what one size keeps (the table measures bf16
-    for both): LoRA on a 16-bit base and QLoRA, sdpa or eager, with checkpointing off."""
+    for both): LoRA on a 16-bit base and QLoRA (where the family trains so), sdpa or eager, checkpointing off."""
     attention = attentions_of(family)[0]
     worst = 0.0
     for train, weights in (("lora", "float16"), ("qlora", "4bit")):
+        if any(key.startswith(f"{train}/") for key in unmeasured):
+            continue
         half = Mode(train, weights, "float16", attention, False)
         brain = Mode(train, "bfloat16" if weights == "float16" else weights, "bfloat16", attention, False)
         size = family.sizes[0]
@@ -219,40 +257,72 @@ def versions() -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="measure only these")
-    parser.add_argument("--kinds", action="store_true", help="only write each measured family's kind")
+    parser.add_argument(
+        "--kinds", action="store_true", help="only write each measured family's kind and what its measured path keeps"
+    )
     parser.add_argument(
         "--one-attention",
         action="store_true",
         help="measure only the attention the class uses by default (sdpa where it has it): half the steps; "
         "the table then prices eager from the sdpa rows (memory/activations.py's closest measured mode)",
     )
+    parser.add_argument(
+        "--missing",
+        action="store_true",
+        help="keep the modes the table holds for the family and measure only those it lacks, in priority order",
+    )
     args = parser.parse_args()
     if args.kinds:
-        table = json.loads(OUT.read_text())
-        for name, entry in table["families"].items():
-            family = FAMILIES[name]
-            entry["sizes"] = len(family.sizes)
-            entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
-        OUT.write_text(json.dumps(table, indent=1) + "\n")
+        with _locked():  # a run measuring another family may write the file meanwhile
+            table = json.loads(OUT.read_text())
+            for name, entry in table["families"].items():
+                family = FAMILIES[name]
+                entry["sizes"] = len(family.sizes)
+                entry["kind"] = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+                entry.pop("measured", None)
+                if family.measured:
+                    entry["measured"] = family.measured
+            OUT.write_text(json.dumps(table, indent=1) + "\n")
         return
     table: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() and args.family else {"families": {}}
     for name in args.family or list(FAMILIES):
         family = FAMILIES[name]
         started = time.monotonic()
         folders: dict[Any, str] = {}
-        kind = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
-        entry: dict[str, Any] = {"kind": kind, "sizes": len(family.sizes), "modes": {}}
-        table["families"][name] = entry
+        entry = table["families"][name] = _entry(table, name, keep=args.missing)
         grid = real_shapes(family)
         measured = modes(attentions_of(family)[:1] if args.one_attention else attentions_of(family))
-        for mode in sorted(measured, key=_priority):
-            entry["modes"][mode.key] = measure_mode(family, mode, folders, grid)
+        done = {*entry["modes"], *entry.get("unmeasured", {})}
+        for mode in sorted((m for m in measured if m.key not in done), key=_priority):
+            try:
+                entry["modes"][mode.key] = measure_mode(family, mode, folders, grid)
+            except RuntimeError as error:  # the class does not train this way here: the table says why
+                entry.setdefault("unmeasured", {})[mode.key] = _first_line(error)
+                print(f"{name:12s} {mode.key:42s} not measured: {_first_line(error)}", flush=True)
+                _write(table, name)
+                continue
             errors = " ".join(f"{q} {entry['modes'][mode.key][q]['error']:.3f}" for q in QUANTITIES)
             print(f"{name:12s} {mode.key:42s} {errors}", flush=True)
             _write(table, name)  # each mode as it is done: a run stopped early keeps what it measured
-        entry["float16_vs_bfloat16"] = round(check_half(family, folders), 4)
+        entry["float16_vs_bfloat16"] = round(check_half(family, folders, entry.get("unmeasured", {})), 4)
         print(f"{name}: {time.monotonic() - started:.0f} s, fp16 vs bf16 {entry['float16_vs_bfloat16']:.4f}")
         _write(table, name)
+
+
+def _entry(table: dict[str, Any], name: str, *, keep: bool) -> dict[str, Any]:
+    """The family's entry to measure into: a new one, or with ``keep`` (``--missing``) the one the table
+    holds, whose modes are then not measured again (its sizes must be the probe's: one fit per family)."""
+    family, held = FAMILIES[name], table["families"].get(name)
+    if keep and held is not None:
+        if held.get("sizes") != len(family.sizes):
+            raise SystemExit(f"{name}: the table measured {held.get('sizes')} sizes and the probe has "
+                             f"{len(family.sizes)}: measure it anew, without --missing")  # fmt: skip
+        return dict(held)
+    kind = kind_of(shape_of_config(family.config(family.sizes[0], 1, "eager").to_dict()))
+    entry: dict[str, Any] = {"kind": kind, "sizes": len(family.sizes), "modes": {}}
+    if family.measured:
+        entry["measured"] = family.measured
+    return entry
 
 
 # The modes jobs are priced in most, first (a run stopped early has them): mixed precision on a GPU, LoRA
@@ -266,13 +336,21 @@ def _priority(mode: Mode) -> tuple[int, bool]:
     return (_ORDER.index(training) if training in _ORDER else len(_ORDER), mode.checkpointing)
 
 
-def _write(table: dict[str, Any], measured: str) -> None:
-    """Write the family measured here over what the file holds now, under a lock: runs for different
-    families (``--family``) can measure side by side without one writing over the other."""
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """The table's file to this process alone: runs for different families (``--family``) measure side by
+    side, and each writes under this lock."""
     import fcntl
 
     with open(Path(tempfile.gettempdir()) / "whichdevice-activation-table.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _write(table: dict[str, Any], measured: str) -> None:
+    """Write the family measured here over what the file holds now: runs for different families
+    (``--family``) can measure side by side without one writing over the other."""
+    with _locked():
         if OUT.exists():
             table["families"] = {**json.loads(OUT.read_text())["families"], measured: table["families"][measured]}
         _write_locked(table)

@@ -1,10 +1,10 @@
 """Training activations from what autograd keeps: a table measured on real transformers classes, per family.
 
 ``scripts/gen_activation_table.py`` trains each family's transformers class one step on the CPU at eight
-small sizes, two depths and three lengths, counting every storage that step creates, and fits what it
-measured onto the widths a token's tensors are made of (:func:`token_widths`). The fit is the table
-(``activation_table.json``, with the versions and the date it was made); this module evaluates it for a
-model's shape. Four quantities, each ``constant + per token x T + per token squared x T^2`` with the
+small sizes (twelve for routed experts), two depths and three lengths, counting every storage that step
+creates, and fits what it measured onto the widths a token's tensors are made of (:func:`token_widths`).
+The fit is the table (``activation_table.json``, with the versions and the date it was made); this module
+evaluates it for a model's shape. Four quantities, each ``constant + per token x T + per token squared x T^2`` with the
 coefficients applied to the widths:
 
 * ``layer``: what one layer keeps for backward (with checkpointing, only its input);
@@ -13,7 +13,9 @@ coefficients applied to the widths:
 * ``layers``: how far the layers' backward rises above what the layers kept (with checkpointing, the
   recomputed layer: its whole forward kept again while its backward runs).
 
-A family that was not measured takes the closest measured one, and says which.
+A family that was not measured takes the closest measured one, and says which. A family whose measured
+code path keeps more than the one a GPU runs (Mamba's scan on the CPU, without mamba-ssm's fused kernels)
+says so beside its figures: the table's ``measured``.
 """
 
 from __future__ import annotations
@@ -251,6 +253,10 @@ def training_activations(
     value = {q: max(0.0, v) for q, v in computed.items()}
     if transferred is not None:
         note = f"{note}; {transferred}" if note else transferred
+    path = _table()["families"][family].get("measured")
+    if isinstance(path, str) and path:  # where the measured code path keeps more than a GPU's (Mamba's scan)
+        measured = f"{family!r} was measured {path}"
+        note = f"{note}; {measured}" if note else measured
     layer_kept = value["layer"] * layers
     kept = layer_kept + value["rest"]
     layers_peak, layers_end = layer_kept + value["layers"], value["layer"] + value["layers"]
