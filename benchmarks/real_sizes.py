@@ -342,7 +342,8 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
             from whichdevice.tuning.upcast import install_upcast
 
             install_upcast(model, fresh["upcast_above"])
-        configs.append(Config(mine, model, None, setup_s=fresh["setup_s"]))
+        # The attention too: prepare() runs the decode attention in place of the sdpa the keywords name.
+        configs.append(Config(mine, model, fresh["attention"], setup_s=fresh["setup_s"]))
         # Another resolved load that got the same configuration runs on this one's runs, as on a twin's.
         by_label[label] = configs[-1]
     timed = time_configs(torch, configs, ids, args, keep={twin for twin, _ in alias.values()})

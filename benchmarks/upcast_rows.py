@@ -14,6 +14,11 @@ three ways, in interleaved rounds (the best of each kept):
 
 then calibrates (an empty cache) and prints the crossover ``measure.estimate.upcast_rows`` reads from
 its figures beside the one measured here: the first row count from which ``upcast`` beats ``bf16``.
+
+``--overhead``: what the per-layer check costs the calls it passes on (decode steps): greedy generate
+of 8 + 128 tokens by the 0.1B and 0.4B Llamas in bf16 (real_sizes.py's), one model with the setting
+installed and taken off in alternated rounds, in this process (no cap); the median of the per-round
+ratios, and the tokens equal.
 """
 
 from __future__ import annotations
@@ -79,6 +84,35 @@ def child(rounds: int) -> dict[str, Any]:
     }
 
 
+def overhead(rounds: int) -> None:
+    import torch
+
+    from whichdevice.tuning.upcast import install_upcast, remove_upcast
+
+    harness.quiet_transformers()
+    for size in ("0.1B", "0.4B"):
+        model = harness.build_model(**harness.llama(size)).to(torch.bfloat16)
+        ids = torch.randint(3, 1000, (1, 8), generator=torch.Generator().manual_seed(0))
+        times: dict[str, list[float]] = {"plain": [], "installed": []}
+        tokens = {}
+        for r in range(rounds + 1):
+            for name in ("plain", "installed") if r % 2 else ("installed", "plain"):
+                if name == "installed":
+                    install_upcast(model, 21)
+                seconds, out = harness.generate(model, ids, 128, True)
+                remove_upcast(model)
+                tokens[name] = out
+                if r:  # the first round builds oneDNN's kernels
+                    times[name].append(seconds)
+        ratios = sorted(p / i for p, i in zip(times["plain"], times["installed"], strict=True))
+        same = torch.equal(tokens["plain"], tokens["installed"])
+        print(
+            f"{size} bf16, 8 + 128 tokens, {rounds} alternated rounds: installed {ratios[len(ratios) // 2]:.3f}x the "
+            f"plain model's speed (range {ratios[0]:.3f}-{ratios[-1]:.3f}), tokens equal: {same}; {harness.uptime()}",
+            flush=True,
+        )
+
+
 def _timed(run: Any) -> float:
     start = time.perf_counter()
     run()
@@ -109,7 +143,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--json", default=str(harness.RESULTS / "upcast_rows.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--overhead", action="store_true", help="the check's cost on decode steps, in this process")
     args = parser.parse_args()
+    if args.overhead:
+        overhead(args.rounds)
+        return 0
     if args.child:
         print(json.dumps(child(args.rounds)))
         return 0

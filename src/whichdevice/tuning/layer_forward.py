@@ -24,9 +24,10 @@ def _packed_forward(module: Any, x: Any) -> Any:
     else torch's linear."""
     packed = vars(module).get(PACKED)
     weight = module.weight
+    if packed is None:
+        return torch.nn.functional.linear(x, weight, module.bias)
     if (
-        packed is not None
-        and x.dtype == weight.dtype
+        x.dtype == weight.dtype
         and x.device.type == "cpu"
         and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
         # torch.compile traces torch's own linear (its inductor packs weights itself when freezing):

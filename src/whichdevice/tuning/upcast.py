@@ -98,16 +98,16 @@ class Upcast:
 def forward_in_fp32(module: Any, x: Any, upcast: Upcast) -> Any:
     """``module``'s forward of ``x`` in fp32 from its bf16 weight, rounded back to bf16; None where the
     call is not one it takes (``rows`` or fewer rows, another dtype or device, gradients, compiling)."""
+    if x.dim() == 0 or x.numel() <= upcast.rows * x.shape[-1]:
+        return None  # a decode step, the common call: answered before anything else is read
     weight, bias = module.weight, module.bias
     if (
         x.dtype != torch.bfloat16
         or weight.dtype != torch.bfloat16
         or x.device.type != "cpu"
         or weight.device.type != "cpu"
-        or x.dim() == 0
         or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
         or torch.compiler.is_compiling()
-        or x.numel() <= upcast.rows * x.shape[-1]
     ):
         return None
     with upcast.pool.buffer(tuple(weight.shape)) as buffer:
