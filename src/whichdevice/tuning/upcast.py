@@ -17,30 +17,20 @@ calibration (``measure.estimate.upcast_rows``); the figures are in docs/backends
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from whichdevice.hardware.probes.locks import ForkSafeLock
 from whichdevice.tuning.layer_forward import UPCAST as ATTRIBUTE
 from whichdevice.tuning.layer_forward import attach, detach
 
 __all__ = ["ATTRIBUTE", "Upcast", "forward_in_fp32", "install_upcast", "remove_upcast", "upcast_layers"]
-# Guards the pools' free lists: held only to take or give back a buffer, never across a call. A forked
+# Guards the pools' free lists: held only to take or give back a buffer, never across a call; a forked
 # child gets a new one (a fork may leave it held).
-_lock = threading.Lock()
-
-
-def _renew_lock_in_child() -> None:
-    global _lock  # the process's lock, renewed where a fork may have left it held
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_lock_in_child)
+_lock = ForkSafeLock()
 
 
 class _Pool:
