@@ -28,6 +28,7 @@ from whichdevice.tuning.layer_forward import UPCAST as ATTRIBUTE
 from whichdevice.tuning.layer_forward import attach, detach
 
 __all__ = ["ATTRIBUTE", "Upcast", "forward_in_fp32", "install_upcast", "remove_upcast", "upcast_layers"]
+
 # Guards the pools' free lists: held only to take or give back a buffer, never across a call; a forked
 # child gets a new one (a fork may leave it held).
 _lock = ForkSafeLock()
