@@ -18,6 +18,26 @@ from whichdevice.hardware.probes import common, hpu, tpu, vendor
 
 # The rows presence.py answers for, and the module that holds each one's own probe.
 GATED = {"neuron": vendor, "tpu": tpu, "npu": vendor, "hpu": hpu, "mlu": vendor, "musa": vendor}
+# The rows whose runtime comes with torch: presence.py answers where this torch was built without it.
+BUILT = ("cuda", "xpu", "mps")
+
+
+def _probe_module(name: str) -> ModuleType:
+    return importlib.import_module(f"whichdevice.hardware.probes.{name}")
+
+
+def _not_built_here() -> list[str]:
+    import platform
+
+    import torch
+
+    presence = _presence()
+    built = {
+        "cuda": presence.cuda_built(torch),
+        "xpu": presence.xpu_built(torch),
+        "mps": presence.mps_built(torch, platform.system()),
+    }
+    return [name for name in BUILT if not built[name]]
 
 
 def _presence() -> ModuleType:
@@ -31,7 +51,7 @@ def _absent_here() -> list[str]:
 
 def test_the_rows_name_the_presence_probes() -> None:
     presence = _presence()
-    for name in GATED:
+    for name in (*GATED, *BUILT):
         assert wd.get_backend(name).probe is getattr(presence, f"probe_{name}"), name
 
 
@@ -47,6 +67,42 @@ def test_a_resolve_imports_no_probe_of_an_absent_package() -> None:
     assert device == "cpu"
     imported = sorted({GATED[name].__name__ for name in absent} & set(modules))
     assert imported == [], f"imported for backends whose package is absent ({', '.join(absent)}): {imported}"
+    # The runtimes this torch was built without: their probe modules, and the readings records, stay out.
+    unbuilt = {f"whichdevice.hardware.probes.{name}" for name in _not_built_here()}
+    if unbuilt == {f"whichdevice.hardware.probes.{name}" for name in BUILT}:
+        unbuilt.add("whichdevice.hardware.probes.readings")
+    assert sorted(unbuilt & set(modules)) == []
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_a_runtime_this_torch_lacks_gets_the_answer_its_probe_gives(name: str) -> None:
+    presence = _presence()
+    if name not in _not_built_here():
+        pytest.skip(f"this torch has {name} built in")
+    row = wd.get_backend(name)
+    quick = getattr(presence, f"probe_{name}")(row)
+    assert quick == getattr(_probe_module(name), f"probe_{name}")(row)
+    assert not quick.installed and quick.reason
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_a_runtime_this_torch_has_goes_to_its_own_probe(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    presence = _presence()
+    module = _probe_module(name)
+    monkeypatch.setattr(presence, f"{name}_built", lambda *args: True)
+    own = ProbeResult(name, installed=True, available=True, device_count=1)
+    monkeypatch.setattr(module, f"probe_{name}", lambda backend: own)
+    assert getattr(presence, f"probe_{name}")(wd.get_backend(name)) is own
+
+
+def test_the_readings_records_are_still_read_from_common() -> None:
+    """Third-party probes import DeviceReading and RuntimeReadings from probes.common, where they were defined."""
+    from whichdevice.hardware.probes import readings
+
+    assert common.DeviceReading is readings.DeviceReading
+    assert common.RuntimeReadings is readings.RuntimeReadings
+    with pytest.raises(AttributeError):
+        common.NoSuchReading  # noqa: B018
 
 
 @pytest.mark.parametrize("name", list(GATED))

@@ -20,12 +20,13 @@ from whichdevice.core.packages import package_version
 from whichdevice.core.records import Backend
 from whichdevice.hardware.envhooks import apply_env_defaults
 from whichdevice.hardware.probes import cuda, hpu, tpu, vendor, xpu
-from whichdevice.hardware.probes.common import DeviceReading, RuntimeReadings, index_present, read_env
+from whichdevice.hardware.probes.common import index_present, read_env
 from whichdevice.hardware.probes.compute_mode import needs_trial
 from whichdevice.hardware.probes.cpu import ONEDNN_ISA_VARIABLE, CpuReadings, read_cpu
 from whichdevice.hardware.probes.cuda import CudaReadings
 from whichdevice.hardware.probes.hpu import HpuReadings, accelerate_block
 from whichdevice.hardware.probes.mps import MpsReadings
+from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
 from whichdevice.hardware.probes.tpu import TpuReadings
 from whichdevice.hardware.probes.vendor import VendorReadings
 from whichdevice.hardware.probes.xpu import XpuReadings

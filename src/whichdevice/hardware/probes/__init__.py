@@ -11,9 +11,10 @@ Rules the readers keep: an absent package is found with ``importlib.util.find_sp
 imported; CUDA and MLU are counted through their management libraries (NVML, CNDEV) so a process
 can still fork afterwards; anything that would initialise a device is avoided.
 
-Modules: ``common`` (shared readings, ``finish``, ``not_installed``), ``cpu``, ``cuda``, ``hpu``,
-``mps``, ``tpu``, ``xpu``, ``vendor`` (npu, mlu, musa, neuron), and ``presence``, whose probes answer
-"not installed" for a backend whose package is absent without importing its module. Each declares the
+Modules: ``common`` (the readers' helpers, ``finish``, ``not_installed``), ``readings`` (the records a
+reader fills), ``cpu``, ``cuda``, ``hpu``, ``mps``, ``tpu``, ``xpu``, ``vendor`` (npu, mlu, musa,
+neuron), and ``presence``, whose probes answer "not installed" for a backend whose package (or torch's
+build of its runtime) is absent without importing its module. Each declares the
 environment variables it reads as ``ENV_VARIABLES``; :data:`ENV_VARIABLES` here is their union.
 
 The names below are imported on first use (``_LAZY``), as the package's own ``__init__`` does: a
@@ -25,14 +26,17 @@ from __future__ import annotations
 import importlib
 
 from whichdevice.core.packages import package_version
-from whichdevice.hardware.probes.common import DeviceReading, RuntimeReadings, finish, installed_versions, not_installed
+from whichdevice.hardware.probes.common import finish, installed_versions, not_installed
 from whichdevice.hardware.probes.presence import (
+    probe_cuda,
     probe_hpu,
     probe_mlu,
+    probe_mps,
     probe_musa,
     probe_neuron,
     probe_npu,
     probe_tpu,
+    probe_xpu,
 )
 
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
@@ -62,13 +66,7 @@ if TYPE_CHECKING:
         probe_cpu,
         read_cpu,
     )
-    from whichdevice.hardware.probes.cuda import (
-        CudaReadings,
-        cuda_order_warnings,
-        interpret_cuda,
-        probe_cuda,
-        read_cuda,
-    )
+    from whichdevice.hardware.probes.cuda import CudaReadings, cuda_order_warnings, interpret_cuda, read_cuda
     from whichdevice.hardware.probes.hpu import (
         GAUDI_GROUP_SIZES,
         HpuReadings,
@@ -77,14 +75,15 @@ if TYPE_CHECKING:
         interpret_hpu,
         read_hpu,
     )
-    from whichdevice.hardware.probes.mps import MpsReadings, interpret_mps, probe_mps, read_mps
+    from whichdevice.hardware.probes.mps import MpsReadings, interpret_mps, read_mps
+    from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
     from whichdevice.hardware.probes.tpu import TpuReadings, interpret_tpu, read_tpu
     from whichdevice.hardware.probes.vendor import VendorReadings, interpret_vendor, read_vendor
     from whichdevice.hardware.probes.vendor import interpret_vendor as interpret_mlu
     from whichdevice.hardware.probes.vendor import interpret_vendor as interpret_musa
     from whichdevice.hardware.probes.vendor import interpret_vendor as interpret_neuron
     from whichdevice.hardware.probes.vendor import interpret_vendor as interpret_npu
-    from whichdevice.hardware.probes.xpu import XpuReadings, interpret_xpu, probe_xpu, read_xpu
+    from whichdevice.hardware.probes.xpu import XpuReadings, interpret_xpu, read_xpu
 
     ENV_VARIABLES: tuple[str, ...]
 
@@ -145,6 +144,8 @@ __all__ = [
 
 # The probe modules, in the order their ENV_VARIABLES are joined.
 _MODULES = ("common", "cpu", "cuda", "hpu", "mps", "tpu", "vendor", "xpu")
+# Submodules that read no environment variable, read as attributes all the same.
+_OTHER_MODULES = ("readings",)
 
 # public name -> (probe module that defines it, its name there); imported when first used.
 _LAZY: dict[str, tuple[str, str]] = {
@@ -162,10 +163,7 @@ _LAZY: dict[str, tuple[str, str]] = {
             "read_cpu",
         )
     },
-    **{
-        name: ("cuda", name)
-        for name in ("CudaReadings", "cuda_order_warnings", "interpret_cuda", "probe_cuda", "read_cuda")
-    },
+    **{name: ("cuda", name) for name in ("CudaReadings", "cuda_order_warnings", "interpret_cuda", "read_cuda")},
     **{
         name: ("hpu", name)
         for name in (
@@ -177,12 +175,13 @@ _LAZY: dict[str, tuple[str, str]] = {
             "read_hpu",
         )
     },
-    **{name: ("mps", name) for name in ("MpsReadings", "interpret_mps", "probe_mps", "read_mps")},
+    **{name: ("mps", name) for name in ("MpsReadings", "interpret_mps", "read_mps")},
+    **{name: ("readings", name) for name in ("DeviceReading", "RuntimeReadings")},
     **{name: ("tpu", name) for name in ("TpuReadings", "interpret_tpu", "read_tpu")},
     **{name: ("vendor", name) for name in ("VendorReadings", "interpret_vendor", "read_vendor")},
     # The out-of-tree device modules share one reading and one interpretation.
     **{f"interpret_{name}": ("vendor", "interpret_vendor") for name in ("npu", "mlu", "musa", "neuron")},
-    **{name: ("xpu", name) for name in ("XpuReadings", "interpret_xpu", "probe_xpu", "read_xpu")},
+    **{name: ("xpu", name) for name in ("XpuReadings", "interpret_xpu", "read_xpu")},
 }
 
 
@@ -194,7 +193,7 @@ def __getattr__(name: str) -> Any:
     elif name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-    elif name in _MODULES:
+    elif name in _MODULES or name in _OTHER_MODULES:
         # ``probes.cuda`` reads as the submodule, imported or not (``from . import cuda`` does the same).
         return importlib.import_module(f"{__name__}.{name}")
     else:
@@ -211,6 +210,7 @@ def interpret(backend: Backend, readings: CpuReadings | RuntimeReadings) -> Prob
     """The interpretation that belongs to ``readings``' type (a plain :class:`RuntimeReadings`:
     an out-of-tree torch device module, like npu's)."""
     from whichdevice.hardware.probes import cpu, cuda, hpu, mps, tpu, vendor, xpu
+    from whichdevice.hardware.probes.readings import RuntimeReadings
 
     # Readings type -> its interpretation (subclasses first: every runtime reading is a RuntimeReadings).
     interpreters: tuple[tuple[type, Any], ...] = (

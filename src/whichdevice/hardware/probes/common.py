@@ -1,6 +1,7 @@
-"""What every probe shares: the readings of a device runtime and the two ways a result ends.
+"""What every probe shares: the helpers of its readers and the two ways a result ends.
 
-A reader fills a :class:`RuntimeReadings` (or a subclass of it) with what the runtime said; an
+A reader fills a :class:`RuntimeReadings` (or a subclass of it; defined in
+:mod:`whichdevice.hardware.probes.readings`, and read here as before) with what the runtime said; an
 interpreter turns it into a :class:`ProbeResult` through :func:`finish` or :func:`not_installed`.
 The readers' helpers (:func:`read_env`, :func:`installed_versions`, :func:`read_module_devices`) do
 I/O; everything else here is pure, except that ``finish`` and ``not_installed`` read the installed
@@ -11,12 +12,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from whichdevice.core.packages import package_version
-from whichdevice.core.records import Backend, DeviceInfo, EnvAction, ProbeResult, Visibility
+from whichdevice.core.records import Backend, DeviceInfo, ProbeResult, Visibility
 from whichdevice.hardware.compatibility import plugin_problem
+
+# typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
 
 __all__ = [
     "ENV_VARIABLES",
@@ -46,45 +52,14 @@ __all__ = [
 ENV_VARIABLES: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class DeviceReading:
-    """What a runtime says about one device (a visible one, or one of a management library's list)."""
+def __getattr__(name: str) -> Any:
+    # The readings records live in probes/readings.py, built only by a probe that reads a runtime;
+    # ``common.DeviceReading`` (what third-party probes import) still names them.
+    if name in ("DeviceReading", "RuntimeReadings"):
+        from whichdevice.hardware.probes import readings
 
-    name: str | None = None
-    memory: int | None = None
-    capability: tuple[int, int] | None = None
-    uuid: str | None = None
-    bf16: bool | None = None
-    free: int | None = None
-    # The compute mode the driver reports ("default", "exclusive_process", "exclusive_thread",
-    # "prohibited"; None: not read), how many other processes hold a context on the device (None:
-    # not read), whether this process holds one, and what a trial context made in a child process
-    # said (None: not tried; "": it was made; else the error text).
-    compute_mode: str | None = None
-    other_processes: int | None = None
-    own_context: bool = False
-    trial: str | None = None
-
-
-@dataclass(frozen=True)
-class RuntimeReadings:
-    """Raw readings of a device runtime, before any rule is applied.
-
-    ``devices`` holds one entry per device the runtime shows (after its visible-devices variable);
-    ``physical_count`` is how many the machine has before that selection, where something says so;
-    ``env`` holds the variables the reader read that are set; ``env_set`` what its hooks did.
-    """
-
-    installed: bool = True
-    import_error: str | None = None
-    env_set: tuple[EnvAction, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    available: bool = False
-    devices: tuple[DeviceReading, ...] = ()
-    physical_count: int | None = None
-    versions: Mapping[str, str] = field(default_factory=dict)
-    # The torch the backend's plugin package declares it needs ("==2.13.0.*"; None: says nothing).
-    requires_torch: str | None = None
+        return getattr(readings, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_env(names: Iterable[str]) -> dict[str, str]:
@@ -303,6 +278,8 @@ def read_module_devices(module: Any, count: int) -> tuple[DeviceReading, ...]:
     """Names, memory, free memory and bf16 from a torch device module (torch.npu, torch.xpu, ...),
     where it has them (the module's runtime is started by its properties query already, so its
     ``mem_get_info`` costs nothing more)."""
+    from whichdevice.hardware.probes.readings import DeviceReading
+
     bf16 = None
     if hasattr(module, "is_bf16_supported"):
         try:

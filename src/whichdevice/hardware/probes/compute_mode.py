@@ -12,7 +12,7 @@ container that does not share the host's process namespace.
 
 from __future__ import annotations
 
-from whichdevice.hardware.probes.common import DeviceReading
+from whichdevice.hardware.probes.readings import DeviceReading
 
 __all__ = ["EXCLUSIVE_MODES", "needs_trial", "unusable_reason"]
 

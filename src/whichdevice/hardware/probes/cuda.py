@@ -20,8 +20,6 @@ from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.hardware.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.hardware.envhooks import scoped_env
 from whichdevice.hardware.probes.common import (
-    DeviceReading,
-    RuntimeReadings,
     absent_warnings,
     finish,
     installed_versions,
@@ -33,6 +31,8 @@ from whichdevice.hardware.probes.common import (
 )
 from whichdevice.hardware.probes.compute_mode import EXCLUSIVE_MODES, needs_trial
 from whichdevice.hardware.probes.compute_mode import unusable_reason as unusable
+from whichdevice.hardware.probes.presence import cpu_only_reason
+from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
 from whichdevice.hardware.visible import Visibility, visible_devices
 
 __all__ = [
@@ -219,7 +219,7 @@ def interpret_cuda(backend: Backend, readings: CudaReadings) -> ProbeResult:
         where = f"; for {platform.name}" if platform else ""
         result = not_installed(
             backend,
-            f"this torch ({readings.torch_version}) is a CPU-only build without CUDA or ROCm{where}: {install}",
+            cpu_only_reason(readings.torch_version, install, where),
             versions=readings.versions,
         )
         return replace(result, platform=platform.key if platform else None, warnings=readings.tool_skipped)

@@ -19,7 +19,6 @@ from whichdevice.core.packages import package_version, requirement_on, version_b
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.envhooks import apply_env_defaults
 from whichdevice.hardware.probes.common import (
-    RuntimeReadings,
     finish,
     finish_runtime,
     import_failure,
@@ -31,6 +30,7 @@ from whichdevice.hardware.probes.common import (
     read_module_devices,
 )
 from whichdevice.hardware.probes.presence import hpu_installed
+from whichdevice.hardware.probes.readings import RuntimeReadings
 from whichdevice.hardware.visible import Visibility, visible_devices
 
 __all__ = [

@@ -7,15 +7,10 @@ from dataclasses import dataclass
 
 from whichdevice.core.packages import version_at_least
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
-from whichdevice.hardware.probes.common import (
-    DeviceReading,
-    RuntimeReadings,
-    finish,
-    installed_versions,
-    not_installed,
-    raise_import_error,
-)
+from whichdevice.hardware.probes.common import finish, installed_versions, not_installed, raise_import_error
 from whichdevice.hardware.probes.cpu import available_memory, cpu_facts
+from whichdevice.hardware.probes.presence import mps_built, no_mps_reason
+from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
 
 __all__ = ["ENV_VARIABLES", "MpsReadings", "interpret_mps", "probe_mps", "read_mps"]
 
@@ -46,7 +41,7 @@ def read_mps(backend: Backend) -> MpsReadings:
 
     versions = installed_versions(backend)
     system = platform.system()
-    if system != "Darwin" or not torch.backends.mps.is_built():
+    if not mps_built(torch, system):
         return MpsReadings(installed=False, versions=versions, system=system)
     mac = platform.mac_ver()[0] or None
     if not torch.backends.mps.is_available():
@@ -61,7 +56,7 @@ def interpret_mps(backend: Backend, readings: MpsReadings) -> ProbeResult:
     if readings.system != "Darwin" or not readings.installed:
         return not_installed(
             backend,
-            f"MPS needs macOS on Apple Silicon with a macOS build of torch; this is {readings.system}",
+            no_mps_reason(readings.system),
             versions=readings.versions,
         )
     raise_import_error(readings)

@@ -19,7 +19,7 @@ from importlib.util import find_spec
 from typing import Any
 
 from whichdevice.core.numbers import parse_tool_number
-from whichdevice.hardware.probes.common import DeviceReading
+from whichdevice.hardware.probes.readings import DeviceReading
 
 __all__ = [
     "COMPUTE_MODES",

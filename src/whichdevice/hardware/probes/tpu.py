@@ -10,8 +10,6 @@ from whichdevice.core.packages import package_version
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.compatibility import plugin_problem
 from whichdevice.hardware.probes.common import (
-    DeviceReading,
-    RuntimeReadings,
     finish_runtime,
     import_failure,
     installed_versions,
@@ -21,6 +19,7 @@ from whichdevice.hardware.probes.common import (
     read_env,
 )
 from whichdevice.hardware.probes.presence import XLA_PACKAGE, tpu_installed
+from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
 from whichdevice.hardware.visible import visible_devices
 
 __all__ = ["ENV_VARIABLES", "TpuReadings", "interpret_tpu", "probe_tpu", "read_tpu"]

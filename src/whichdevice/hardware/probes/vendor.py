@@ -14,7 +14,6 @@ from whichdevice.core.packages import requirement_on
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.envhooks import apply_env_defaults, scoped_env
 from whichdevice.hardware.probes.common import (
-    RuntimeReadings,
     finish_runtime,
     import_failure,
     installed_versions,
@@ -25,6 +24,7 @@ from whichdevice.hardware.probes.common import (
     read_module_devices,
 )
 from whichdevice.hardware.probes.presence import vendor_installed
+from whichdevice.hardware.probes.readings import RuntimeReadings
 from whichdevice.hardware.visible import visible_devices
 
 __all__ = [

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.probes.common import (
-    RuntimeReadings,
     finish_runtime,
     installed_versions,
     module_devices,
@@ -15,6 +14,8 @@ from whichdevice.hardware.probes.common import (
     read_env,
     read_module_devices,
 )
+from whichdevice.hardware.probes.presence import no_xpu_reason, xpu_built
+from whichdevice.hardware.probes.readings import RuntimeReadings
 from whichdevice.hardware.visible import visible_devices
 
 __all__ = ["ENV_VARIABLES", "XpuReadings", "interpret_xpu", "probe_xpu", "read_xpu"]
@@ -34,7 +35,7 @@ def read_xpu(backend: Backend) -> XpuReadings:
 
     versions = installed_versions(backend)
     torch_version = str(torch.__version__)
-    if not (hasattr(torch, "xpu") and hasattr(torch._C, "_xpu_getDeviceCount")):
+    if not xpu_built(torch):
         return XpuReadings(installed=False, versions=versions, torch_version=torch_version)
     available = bool(torch.xpu.is_available())
     count = int(torch.xpu.device_count()) if available else 0
@@ -51,8 +52,7 @@ def interpret_xpu(backend: Backend, readings: XpuReadings) -> ProbeResult:
     if not readings.installed:
         return not_installed(
             backend,
-            f"this torch ({readings.torch_version}) was built without Intel GPU (XPU) support: "
-            f"{backend.install_command}",
+            no_xpu_reason(readings.torch_version, backend.install_command),
             versions=readings.versions,
         )
     raise_import_error(readings)
