@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
-
-if TYPE_CHECKING:
-    from whichdevice.memory.load_peak import LoadPeak
-    from whichdevice.memory.quantization_plan import QuantizationPlan
-    from whichdevice.memory.training_records import TrainingPlan, TrainingSetup
+from whichdevice.memory.record import Placement
 
 __all__ = [
     "CUDA_CONTEXT",
@@ -132,30 +128,6 @@ class LargestFit:
 
 # When a model must be split, each device offers this share to accelerate's max_memory.
 SPLIT_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a job's weights go and what placement decided with them: the one placement record, for
-    inference and training alike. ``device_map`` and, when split, ``max_memory`` as from_pretrained takes
-    them; ``fits`` and ``note`` as the fit found them; then what a placement may add: bitsandbytes'
-    quantization, the offload folder, the dtype the weights load in where placement chose it (LoRA's
-    16-bit base), the multi-device training plan and the way a job trains, the largest job that fits,
-    the load's peak, and the index of the device placement took where the job fits it alone and not
-    the one detected (memory/room.py's whole_job_device; None: the target's own device)."""
-
-    device_map: str | dict[str, Any]
-    max_memory: dict[int | str, str] | None = None
-    note: str = ""
-    fits: bool = True
-    quantization: QuantizationPlan | None = None
-    offload_folder: str | None = None
-    weights: str | None = None
-    plan: TrainingPlan | None = None
-    setup: TrainingSetup | None = None
-    limits: LargestFit | None = None
-    load: LoadPeak | None = None
-    index: int | None = None
 
 
 def plan_placement(

@@ -19,7 +19,7 @@ from whichdevice.hardware.registry import backends
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, TraceStep
     from whichdevice.device.target import Target
-    from whichdevice.memory.fit import Placement
+    from whichdevice.memory.record import Placement
 
 __all__ = [
     "DEVICE_MAP_WORDS",
@@ -345,7 +345,7 @@ def placement_as_asked(
     """The caller's device_map (and max_memory), checked against the target's devices, as the placement."""
     from whichdevice.core.records import TraceStep
     from whichdevice.core.sizes import parse_size
-    from whichdevice.memory.fit import Placement
+    from whichdevice.memory.record import Placement
 
     check_device_map(target.backend, device_map)
     check_map_devices(device_map, target)

@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.launch.distributed import DistributedContext
     from whichdevice.launch.record import Launch
-    from whichdevice.memory.fit import LargestFit, Placement
+    from whichdevice.memory.fit import LargestFit
     from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization_plan import QuantizationPlan
+    from whichdevice.memory.record import Placement
     from whichdevice.memory.training_records import TrainingPlan, TrainingSetup
     from whichdevice.precision.record import Precision
 

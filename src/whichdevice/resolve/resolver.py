@@ -33,8 +33,8 @@ from whichdevice.launch.launch_strategy import ZERO3_LOADING, partitioned_on_loa
 from whichdevice.launch.record import Launch
 from whichdevice.launch.steps import launch_of, launch_steps
 from whichdevice.measure.estimate import CpuJob
-from whichdevice.memory.fit import Placement
 from whichdevice.memory.quantization import finish_quantization
+from whichdevice.memory.record import Placement
 from whichdevice.precision.decide import decide_precision
 from whichdevice.precision.record import Precision
 from whichdevice.precision.tf32 import decide_tf32

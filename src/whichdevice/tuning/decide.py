@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from whichdevice.device.target import Target
     from whichdevice.measure.estimate import CpuJob
     from whichdevice.measure.packing_plan import PackingPlan
-    from whichdevice.memory.fit import Placement
+    from whichdevice.memory.record import Placement
     from whichdevice.model.facts import ModelFacts
 
 __all__ = ["decide_tuning"]

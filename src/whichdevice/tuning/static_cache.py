@@ -23,7 +23,7 @@ from whichdevice.tuning.compile_support import cannot_compile_here
 if TYPE_CHECKING:
     from whichdevice.attention.record import Attention
     from whichdevice.device.target import Target
-    from whichdevice.memory.fit import Placement
+    from whichdevice.memory.record import Placement
     from whichdevice.model.facts import ModelFacts
 
 __all__ = [
