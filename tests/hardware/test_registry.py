@@ -239,12 +239,12 @@ def plugin_module(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 def _fake_entry_points(monkeypatch, eps):  # type: ignore[no-untyped-def]
-    # As fsspec's tests do: replace importlib.metadata.entry_points with a fixed list.
+    # As fsspec's tests do: replace the entry points the registry reads with a fixed list.
     def entry_points(**params):  # type: ignore[no-untyped-def]
         assert params == {"group": registry.ENTRY_POINT_GROUP}
         return eps
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(registry, "entry_points", entry_points)
     registry._reset()
 
 

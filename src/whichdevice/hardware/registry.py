@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from whichdevice.core.entry_points import WHICHDEVICE_GROUP, entry_points
 from whichdevice.core.errors import UnknownDeviceError, closest_match, shown
 from whichdevice.core.records import Backend, EnvDefault
 from whichdevice.hardware import plugin_loading
@@ -39,7 +40,7 @@ __all__ = [
     "unregister_backend",
 ]
 
-ENTRY_POINT_GROUP = "whichdevice.backends"
+ENTRY_POINT_GROUP = WHICHDEVICE_GROUP
 
 _PROBES = "whichdevice.hardware.probes"
 
@@ -281,8 +282,6 @@ def _load_entry_points() -> None:
         if _entry_points_loaded:
             return
         _entry_points_loaded = True
-        from importlib.metadata import entry_points
-
         added: list[str] = []
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:

@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Any
 
+from whichdevice.core.entry_points import entry_points
 from whichdevice.hardware.envhooks import scoped_env
 from whichdevice.hardware.probes.outcomes import changes_since, environment_snapshot
 from whichdevice.hardware.probes.trial import (
@@ -36,8 +37,6 @@ def torch_plugins() -> list[Step]:
     """The ``torch.backends`` entry points ``import torch`` would load (none when autoload is off)."""
     if os.environ.get(AUTOLOAD_VARIABLE, "1") != "1":
         return []
-    from importlib.metadata import entry_points
-
     return [
         Step(
             f"{TORCH_PLUGIN_GROUP} plugin {ep.name!r} ({ep.value})", top_module(ep.value), (TORCH_PLUGIN_GROUP, ep.name)
@@ -81,8 +80,6 @@ def import_torch(timeout: float) -> list[str]:
 
 
 def _load_in_thread(step: Step, timeout: float) -> str:
-    from importlib.metadata import entry_points
-
     box: dict[str, BaseException] = {}
 
     def load() -> None:
@@ -108,8 +105,6 @@ def _load_in_thread(step: Step, timeout: float) -> str:
 
 def load_plugin(ep: Any, timeout: float) -> Any:
     """Load a ``whichdevice.backends`` entry point, once every plugin has been tried in a child."""
-    from importlib.metadata import entry_points
-
     steps = [
         Step(f"whichdevice plugin {e.name!r} ({e.value})", top_module(e.value), (ENTRY_POINT_GROUP, e.name))
         for e in entry_points(group=ENTRY_POINT_GROUP)

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.core.entry_points import TORCH_GROUP
 from whichdevice.core.records import Backend
 from whichdevice.hardware.probes.locks import ForkSafeLock
 
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 # torch imports every entry point of this group on ``import torch`` unless this variable is not "1".
-TORCH_PLUGIN_GROUP = "torch.backends"
+TORCH_PLUGIN_GROUP = TORCH_GROUP
 AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 # ``import torch`` itself (its plugins switched off) is not the vendor part the limit is for: a cold
 # disk takes seconds. It still has a bound, so that a trial always ends.
