@@ -26,12 +26,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["GROUPS", "TORCH_GROUP", "WHICHDEVICE_GROUP", "entry_points"]
+__all__ = ["AUTOLOAD_VARIABLE", "GROUPS", "TORCH_GROUP", "WHICHDEVICE_GROUP", "entry_points"]
 
 # whichdevice's plugins register their Backend records here (hardware/registry.py).
 WHICHDEVICE_GROUP = "whichdevice.backends"
-# torch imports every entry point of this group on ``import torch`` (hardware/probes/plugins.py).
+# torch imports every entry point of this group on ``import torch`` unless AUTOLOAD_VARIABLE is set
+# to anything but "1" (hardware/probes/plugins.py).
 TORCH_GROUP = "torch.backends"
+AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 GROUPS = (WHICHDEVICE_GROUP, TORCH_GROUP)
 
 _lock = threading.Lock()

@@ -108,14 +108,14 @@ def _visible_key(backend: Backend) -> tuple[str | None, ...]:
 def gave_up() -> dict[str, str]:
     """What was given up in this process (or simulation): a backend whose probe hung or whose
     import crashed, or a plugin that did; name -> the reason, which says what to do."""
-    import whichdevice.hardware.probes.trial as trial
+    import whichdevice.hardware.probes.verdicts as verdicts
 
     store = _store()
     with store.lock:
         out = dict(store.faults)
     if store is _real_store:
         modules = {b.module.split(".")[0] for b in backends() if b.name in out}
-        out.update({m: r for m, r in trial.bad_imports().items() if m not in modules})
+        out.update({m: r for m, r in verdicts.bad_imports().items() if m not in modules})
     return out
 
 
@@ -151,7 +151,7 @@ def probe_counts() -> dict[str, int]:
 
 def clear_cache(name: str | None = None) -> None:
     """Forget cached results (one backend, or all) so the next ``probe`` asks again."""
-    import whichdevice.hardware.probes.trial as trial
+    import whichdevice.hardware.probes.verdicts as verdicts
 
     # A package installed since (pip in a notebook, say) shows up on the next probe.
     packages.cache_clear()
@@ -164,7 +164,7 @@ def clear_cache(name: str | None = None) -> None:
             store.counts.clear()
             store.faults.clear()
             if store is _real_store:
-                trial.forget_bad_imports()  # a package fixed since is tried again
+                verdicts.forget_bad_imports()  # a package fixed since is tried again
         else:
             store.results.pop(name, None)
             store.visible.pop(name, None)
@@ -218,19 +218,21 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
     """Before a real probe: torch and the vendor packages, tried first (notes; or the result when
     the probe must not run here)."""
     import whichdevice.hardware.probes.outcomes as outcomes
-    import whichdevice.hardware.probes.trial as trial
+    import whichdevice.hardware.probes.verdicts as verdicts
 
     store.faults.pop(backend.name, None)
     if store is not _real_store:
         return [], None
     try:
         notes = _import_torch_first(backend, timeout)
-        if trial.risky_modules([backend]):
+        if verdicts.vendor_modules([backend]):
+            import whichdevice.hardware.probes.trial as trial
+
             # Every installed vendor package is tried in the same child (one torch import).
             trial.trial_imports(trial.risky_modules(backends()), timeout)
     except Exception as exc:
         return [], ProbeResult(backend.name, installed=False, available=False, reason=torch_import_reason(exc))
-    bad = trial.bad_imports().get(backend.module.split(".")[0])
+    bad = verdicts.bad_imports().get(backend.module.split(".")[0])
     if bad is None:
         return notes, None
     store.faults[backend.name] = outcomes.gave_up_reason(backend, bad)
@@ -239,7 +241,7 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
 
 def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Store) -> ProbeResult:
     import whichdevice.hardware.probes.outcomes as outcomes
-    import whichdevice.hardware.probes.trial as trial
+    import whichdevice.hardware.probes.verdicts as verdicts
 
     notes, early = _prepare(backend, timeout, store)
     if early is not None:
@@ -260,8 +262,8 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
         # Whatever whichdevice set for the probe goes back now, not when (if ever) the thread ends;
         # an import it left half done is remembered, so later calls fail fast instead of waiting.
         release_scopes(thread)
-        trial.remember_bad_import(
-            trial.half_imported(), f"the {backend.name} probe's import did not finish within {timeout:g} s"
+        verdicts.remember_bad_import(
+            verdicts.half_imported(), f"the {backend.name} probe's import did not finish within {timeout:g} s"
         )
         why = (
             f"the {backend.name} probe did not finish within {timeout:g} s (a hung driver or "

@@ -1,7 +1,7 @@
 """What a trial or a given-up probe leaves to say: the reason, the error for later calls, the
 environment a vendor changed.
 
-A module that hung or crashed is remembered (:func:`whichdevice.hardware.probes.trial.bad_imports`):
+A module that hung or crashed is remembered (:func:`whichdevice.hardware.probes.verdicts.bad_imports`):
 :func:`raise_if_import_hung` turns a later call that would import it (transformers and accelerate
 import every vendor package they find) into a :class:`~whichdevice.core.errors.DeviceError` naming the
 package, instead of a process waiting forever on the abandoned import's lock.
@@ -18,7 +18,7 @@ from typing import Any
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.envhooks import applied_env
-from whichdevice.hardware.probes.trial import HUNG, bad_imports
+from whichdevice.hardware.probes.verdicts import HUNG, bad_imports
 
 __all__ = [
     "changes_since",

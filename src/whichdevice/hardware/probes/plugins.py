@@ -15,20 +15,17 @@ import sys
 import threading
 from typing import Any
 
-from whichdevice.core.entry_points import entry_points
+from whichdevice.core.entry_points import AUTOLOAD_VARIABLE, entry_points
+from whichdevice.core.entry_points import TORCH_GROUP as TORCH_PLUGIN_GROUP
 from whichdevice.hardware.envhooks import scoped_env
 from whichdevice.hardware.probes.outcomes import changes_since, environment_snapshot
-from whichdevice.hardware.probes.trial import (
-    AUTOLOAD_VARIABLE,
-    HUNG,
-    TORCH_PLUGIN_GROUP,
-    Step,
-    bad_imports,
-    remember_bad_import,
-    top_module,
-    trial_imports,
-)
+from whichdevice.hardware.probes.verdicts import HUNG, bad_imports, remember_bad_import, top_module
 from whichdevice.hardware.registry import ENTRY_POINT_GROUP
+
+# typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from whichdevice.hardware.probes.trial import Step
 
 __all__ = ["import_torch", "load_plugin", "torch_plugins"]
 
@@ -37,11 +34,16 @@ def torch_plugins() -> list[Step]:
     """The ``torch.backends`` entry points ``import torch`` would load (none when autoload is off)."""
     if os.environ.get(AUTOLOAD_VARIABLE, "1") != "1":
         return []
+    found = entry_points(group=TORCH_PLUGIN_GROUP)
+    if not found:
+        return []  # the trial's machinery is imported only where there is something to try
+    from whichdevice.hardware.probes.trial import Step
+
     return [
         Step(
             f"{TORCH_PLUGIN_GROUP} plugin {ep.name!r} ({ep.value})", top_module(ep.value), (TORCH_PLUGIN_GROUP, ep.name)
         )
-        for ep in entry_points(group=TORCH_PLUGIN_GROUP)
+        for ep in found
     ]
 
 
@@ -59,6 +61,8 @@ def import_torch(timeout: float) -> list[str]:
         import torch
 
         return []
+    from whichdevice.hardware.probes.trial import trial_imports
+
     tried = threading.Thread(target=trial_imports, args=(plugins, timeout), daemon=True)
     tried.start()
     before = environment_snapshot()
@@ -105,6 +109,8 @@ def _load_in_thread(step: Step, timeout: float) -> str:
 
 def load_plugin(ep: Any, timeout: float) -> Any:
     """Load a ``whichdevice.backends`` entry point, once every plugin has been tried in a child."""
+    from whichdevice.hardware.probes.trial import Step, trial_imports
+
     steps = [
         Step(f"whichdevice plugin {e.name!r} ({e.value})", top_module(e.value), (ENTRY_POINT_GROUP, e.name))
         for e in entry_points(group=ENTRY_POINT_GROUP)

@@ -25,11 +25,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whichdevice.core.entry_points import TORCH_GROUP
+from whichdevice.core.entry_points import AUTOLOAD_VARIABLE, TORCH_GROUP
 from whichdevice.core.records import Backend
-from whichdevice.hardware.probes.locks import ForkSafeLock
+from whichdevice.hardware.probes.verdicts import (
+    HUNG,
+    bad_imports,
+    forget_bad_imports,
+    half_imported,
+    passed,
+    refused,
+    remember_bad_import,
+    top_module,
+    tried,
+    vendor_modules,
+)
 
+# The verdicts (HUNG, bad_imports, ...) live in probes/verdicts.py, which every probe asks; they are
+# named here as before.
 __all__ = [
+    "AUTOLOAD_VARIABLE",
     "HUNG",
     "Step",
     "bad_imports",
@@ -41,9 +55,8 @@ __all__ = [
     "trial_imports",
 ]
 
-# torch imports every entry point of this group on ``import torch`` unless this variable is not "1".
+# torch imports every entry point of this group on ``import torch`` unless AUTOLOAD_VARIABLE is not "1".
 TORCH_PLUGIN_GROUP = TORCH_GROUP
-AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 # ``import torch`` itself (its plugins switched off) is not the vendor part the limit is for: a cold
 # disk takes seconds. It still has a bound, so that a trial always ends.
 TORCH_IMPORT_ALLOWANCE_S = 120.0
@@ -60,15 +73,6 @@ class Step:
 
 # The module a reader imports where it is not the registry row's own (the row names the package).
 _READER_IMPORTS = {"habana_frameworks": "habana_frameworks.torch"}
-
-# The words of every reason for an import that hung (as opposed to one that crashed).
-HUNG = "did not finish"
-
-# Top-level module -> the reason it must not be imported here (it hung or crashed).
-_bad: dict[str, str] = {}
-# Top-level module -> the verdict of its trial ("" when it imported fine), for this process.
-_tried: dict[str, str] = {}
-_lock = ForkSafeLock()
 
 _CHILD = r"""
 import importlib, json, os, sys
@@ -134,21 +138,16 @@ def trial_imports(steps: Sequence[Step], timeout: float) -> dict[str, str]:
     recorded (:func:`bad_imports`) and the steps after it are tried in a fresh child. Steps tried
     before in this process are not tried again.
     """
-    with _lock:
-        todo = [s for s in steps if s.module not in _tried]
+    todo = [s for s in steps if not tried(s.module)]
     while todo:
         stopped_at, reason = _run_child(todo, timeout)
-        with _lock:
-            for step in todo[: stopped_at if stopped_at is not None else len(todo)]:
-                _tried.setdefault(step.module, "")
-            if stopped_at is None:
-                break
-            step = todo[stopped_at]
-            _tried[step.module] = reason
-            _bad.setdefault(step.module, reason)
+        passed(step.module for step in todo[: stopped_at if stopped_at is not None else len(todo)])
+        if stopped_at is None:
+            break
+        refused(todo[stopped_at].module, reason)
         todo = todo[stopped_at + 1 :]
-    with _lock:
-        return {s.module: _bad[s.module] for s in steps if s.module in _bad}
+    bad = bad_imports()
+    return {s.module: bad[s.module] for s in steps if s.module in bad}
 
 
 @dataclass
@@ -270,53 +269,6 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def remember_bad_import(modules: Iterable[str], reason: str) -> None:
-    """Remember that importing ``modules`` was given up (a probe thread still holds their lock)."""
-    with _lock:
-        for module in modules:
-            _bad.setdefault(module.split(".")[0], reason)
-
-
-def half_imported() -> list[str]:
-    """Modules whose import started and has not finished (a given-up probe thread holds their lock)."""
-    return [
-        name
-        for name, module in list(sys.modules.items())
-        if getattr(getattr(module, "__spec__", None), "_initializing", False) and not name.startswith("whichdevice")
-    ]
-
-
-def bad_imports() -> dict[str, str]:
-    """Top-level module -> why this process does not import it (it hung or crashed)."""
-    with _lock:
-        return dict(_bad)
-
-
-def forget_bad_imports() -> None:
-    """Forget every verdict (tests; a process that fixed its installation and wants to retry)."""
-    with _lock:
-        _bad.clear()
-        _tried.clear()
-
-
-def top_module(value: str) -> str:
-    """The top-level module of an entry point's value ("pkg.mod:attr" -> "pkg")."""
-    return value.split(":")[0].split(".")[0]
-
-
 def risky_modules(rows: Iterable[Backend]) -> list[Step]:
     """One step per backend whose vendor package (not torch itself) is installed and not imported."""
-    from importlib.util import find_spec
-
-    steps: list[Step] = []
-    for row in rows:
-        top = row.module.split(".")[0]
-        if top == "torch" or top in sys.modules or any(s.module == top for s in steps):
-            continue
-        try:
-            if find_spec(top) is None:
-                continue
-        except (ImportError, ValueError):
-            continue
-        steps.append(Step(top, top) if top not in _READER_IMPORTS else Step(_READER_IMPORTS[top], top))
-    return steps
+    return [Step(_READER_IMPORTS.get(top, top), top) for top in vendor_modules(rows)]
