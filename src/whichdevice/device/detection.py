@@ -26,7 +26,7 @@ from whichdevice.hardware import probing
 from whichdevice.hardware.registry import backends, get_backend
 
 if TYPE_CHECKING:
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["candidates_after", "choose_backend", "describe", "detection_order", "device_string"]
 

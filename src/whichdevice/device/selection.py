@@ -30,7 +30,7 @@ from whichdevice.device.choice import idle_indices
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend, DeviceInfo
     from whichdevice.device.request import DeviceRequest
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["DevicesAsked", "narrowed_training", "parse_devices", "select_devices"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 
 if TYPE_CHECKING:
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["Target"]
 

@@ -20,7 +20,7 @@ from whichdevice.device.target import Target
 if TYPE_CHECKING:
     from whichdevice.device.request import DeviceRequest
     from whichdevice.device.selection import DevicesAsked
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["candidate", "narrowed_target"]
 

@@ -27,10 +27,10 @@ from whichdevice.core.errors import ConfigConflictError, printable
 from whichdevice.core.records import TraceStep
 from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.launch import launch_strategy
-from whichdevice.launch.launch_strategy import LaunchStrategy
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
+    from whichdevice.launch.strategy_record import LaunchStrategy
 
 __all__ = [
     "ENV_MIXED_PRECISION",

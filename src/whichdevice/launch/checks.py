@@ -13,7 +13,7 @@ from whichdevice.core.errors import DeviceError
 from whichdevice.launch.distributed import _BY_HAND, SCHEDULERS, TORCH
 
 if TYPE_CHECKING:
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["check_training_launch", "checked_when_resolved"]
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from whichdevice.core import envview
@@ -30,6 +29,7 @@ from whichdevice.core.numbers import parse_number
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = [
     "ENV_VARIABLES",
@@ -39,6 +39,15 @@ __all__ = [
     "not_distributed_marker_removed",
     "process_group_backend",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The record lives in launch/context.py, built only for a launched process; named here as before.
+    if name == "DistributedContext":
+        from whichdevice.launch.context import DistributedContext
+
+        return DistributedContext
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Names(NamedTuple):
@@ -99,42 +108,6 @@ _BY_HAND = "torch's variables, set by hand"
 ENV_VARIABLES = tuple(
     dict.fromkeys([*TORCH, *_OTHER, *(v for s in SCHEDULERS for v in s.names), *(v for _, m in _MARKERS for v in m)])
 )
-
-
-@dataclass(frozen=True)
-class DistributedContext:
-    """Where this process sits in a multi-process run, and whether transformers will see the run."""
-
-    launcher: str
-    local_rank: int
-    rank: int
-    world_size: int
-    local_world_size: int | None
-    # The variables the four numbers above were read from.
-    variables: tuple[str, ...]
-    # accelerate will set up (or join) a process group; False: only a scheduler's variables say "several".
-    seen: bool = True
-    # What to export before a process group can start ("MASTER_ADDR=<host name of rank 0>", ...).
-    missing: tuple[str, ...] = ()
-    # The scheduler whose variables count the processes, if any ("SLURM", "Open MPI", ...).
-    scheduler: str | None = None
-    # ACCELERATE_TORCH_DEVICE (Ray Train sets it): the device accelerate will use, as given.
-    accelerate_device: str | None = None
-
-    @property
-    def local_rank_variable(self) -> str:
-        return self.variables[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "launcher": self.launcher,
-            "local_rank": self.local_rank,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "local_world_size": self.local_world_size,
-            "seen_by_transformers": self.seen,
-            "missing": list(self.missing),
-        }
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int) -> int | None:
@@ -239,6 +212,8 @@ def detect_distributed(environ: Mapping[str, str] | None = None, *, cpu: bool = 
         read = [mine if mine[0] is not None else theirs for mine, theirs in zip(read, fill, strict=True)]
     (local_rank, _), (rank, _), (world, _), (local_world, _) = read
     variables = tuple(name for _, name in read)
+    from whichdevice.launch.context import DistributedContext  # built only for a launched process
+
     context = DistributedContext(
         _launcher(env, scheduler),
         local_rank or 0,

@@ -36,7 +36,6 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core import envview
@@ -53,6 +52,21 @@ __all__ = [
     "partitioned_on_load",
     "read_launch_strategy",
 ]
+
+# typing's TYPE_CHECKING without importing typing's extras; mypy and ruff read it the same.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from whichdevice.launch.strategy_record import LaunchStrategy
+
+
+def __getattr__(name: str) -> Any:
+    # The record lives in launch/strategy_record.py, built only where a launch carries a strategy.
+    if name == "LaunchStrategy":
+        from whichdevice.launch.strategy_record import LaunchStrategy
+
+        return LaunchStrategy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ENV_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
 ENV_ZERO_STAGE = "ACCELERATE_DEEPSPEED_ZERO_STAGE"
@@ -88,36 +102,6 @@ _SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_
 _MAX_CONFIG = 10_000_000  # a DeepSpeed config is a few KiB; beyond this it is not one
 
 
-@dataclass(frozen=True)
-class LaunchStrategy:
-    """What the launch's variables make Trainer run: ``kind`` "deepspeed" (``stage`` 0-3) or "fsdp"
-    (``sharding`` FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD), with its offloads."""
-
-    kind: str
-    said: str  # the variables (and file) it was read from, as the trace quotes them
-    stage: int | None = None
-    sharding: str = "FULL_SHARD"
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    problem: str | None = None  # a setting that could not be read (the rest was still read)
-    # "ACCELERATE_USE_CPU='1'" where that variable is true: AcceleratorState is then a CPU run (cpu=True),
-    # which takes neither DeepSpeed nor FSDP (state.py:876, :935); None: Trainer runs the strategy.
-    cpu_forced: str | None = None
-
-    @property
-    def name(self) -> str:
-        if self.kind == "deepspeed":
-            parts = [f"DeepSpeed ZeRO-{self.stage}"]
-        else:
-            parts = ["FSDP" + ("" if self.sharding == "FULL_SHARD" else f" {self.sharding}")]
-        offloaded = [
-            what for what, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_params)) if on
-        ]
-        if offloaded:
-            parts.append(f"with {' and '.join(offloaded)} offloaded to the CPU")
-        return " ".join(parts)
-
-
 def read_launch_strategy(environ: Mapping[str, str] | None = None) -> LaunchStrategy | None:
     """The strategy the launch's variables carry (None: none; Trainer then runs DDP unless a keyword says)."""
     env = envview.environ() if environ is None else environ
@@ -138,6 +122,8 @@ def _offloaded(value: Any) -> bool:
 
 
 def _deepspeed(env: Mapping[str, str]) -> LaunchStrategy:
+    from whichdevice.launch.strategy_record import LaunchStrategy
+
     said = [f"{ENV_USE_DEEPSPEED}={_value(env[ENV_USE_DEEPSPEED])}"]
     problem = None
     raw = env.get(ENV_ZERO_STAGE)
@@ -192,6 +178,8 @@ def _config_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _fsdp(env: Mapping[str, str]) -> LaunchStrategy:
+    from whichdevice.launch.strategy_record import LaunchStrategy
+
     said = [f"{ENV_USE_FSDP}={_value(env[ENV_USE_FSDP])}"]
     for name in (FSDP_VERSION, FSDP_SHARDING, FSDP_RESHARD, FSDP_OFFLOAD):
         if env.get(name) is not None:

@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 
 from whichdevice.core.records import TraceStep
 from whichdevice.launch.checks import check_training_launch, checked_when_resolved
-from whichdevice.launch.distributed import DistributedContext, detect_distributed, process_group_backend
+from whichdevice.launch.distributed import detect_distributed, process_group_backend
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["launch_of", "launch_steps"]
 

@@ -8,7 +8,7 @@ from whichdevice.launch.distributed import process_group_backend
 
 if TYPE_CHECKING:
     from whichdevice.core.records import Backend
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
 
 __all__ = ["checkpointing_kwargs", "training_kwargs_for"]
 

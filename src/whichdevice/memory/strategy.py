@@ -47,7 +47,7 @@ from whichdevice.memory.training_records import Strategy, TrainingPlan
 from whichdevice.model.shape import ModelShape
 
 if TYPE_CHECKING:
-    from whichdevice.launch.launch_strategy import LaunchStrategy
+    from whichdevice.launch.strategy_record import LaunchStrategy
 
 __all__ = [
     "FULL",

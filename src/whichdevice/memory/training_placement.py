@@ -41,7 +41,7 @@ from whichdevice.model.layers import layer_classes
 
 if TYPE_CHECKING:
     from whichdevice.device.target import Target
-    from whichdevice.launch.launch_strategy import LaunchStrategy
+    from whichdevice.launch.strategy_record import LaunchStrategy
 
 __all__ = ["place_training", "place_training_job", "plan_training"]
 

@@ -25,8 +25,8 @@ from whichdevice.model.facts import estimate_model_size, model_shape
 
 if TYPE_CHECKING:
     from whichdevice.device.target import Target
-    from whichdevice.launch.distributed import DistributedContext
-    from whichdevice.launch.launch_strategy import LaunchStrategy
+    from whichdevice.launch.context import DistributedContext
+    from whichdevice.launch.strategy_record import LaunchStrategy
 
 __all__ = ["plan_steps", "plan_training", "trainer_parallel_steps"]
 

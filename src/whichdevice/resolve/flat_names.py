@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from whichdevice.core.records import Backend, EnvAction, ProbeResult
     from whichdevice.device.target import Target
     from whichdevice.launch.accelerate_settings import AccelerateSettings
-    from whichdevice.launch.distributed import DistributedContext
+    from whichdevice.launch.context import DistributedContext
     from whichdevice.launch.record import Launch
     from whichdevice.memory.fit import LargestFit
     from whichdevice.memory.load_peak import LoadPeak

@@ -1,0 +1,54 @@
+"""What a fresh ``resolve_device()`` imports: the records and machinery of paths it does not take stay out.
+
+Each frozen dataclass costs about a millisecond to create on Python 3.11, and a fresh resolve is held to
+1.03x ``import torch`` (issue 56): the modules below hold records (or a child-process machinery) that a
+resolve without a model, a launcher, a vendor package or a torch plugin never uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import whichdevice as wd
+from whichdevice.core.entry_points import TORCH_GROUP, entry_points
+from whichdevice.hardware.probes.verdicts import vendor_modules
+from whichdevice.launch import context, distributed
+
+LAUNCHERS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "MASTER_")
+
+
+def _fresh_resolve_imports() -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHERS) and not k.startswith("WHICHDEVICE_")}
+    code = (
+        "import json, sys, whichdevice; whichdevice.resolve_device(); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('whichdevice'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, env=env)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_a_fresh_resolve_leaves_out_what_it_does_not_use() -> None:
+    imported = _fresh_resolve_imports()
+    assert "whichdevice.resolve.resolver" in imported  # it did resolve
+    # memory/fit.py sizes a model: none was given (memory/record.py holds the Placement every answer has)
+    assert "whichdevice.memory.fit" not in imported
+    assert "whichdevice.memory.record" in imported
+    # launch/context.py's record describes a launched process: this one was not
+    assert "whichdevice.launch.context" not in imported
+    if not vendor_modules(wd.backends()) and not entry_points(TORCH_GROUP):
+        # nothing to try in a child: the trial's machinery stays out, its verdicts are still asked
+        assert "whichdevice.hardware.probes.trial" not in imported
+        assert "whichdevice.hardware.probes.verdicts" in imported
+
+
+def test_the_records_left_out_are_built_where_they_are_needed() -> None:
+    launched = {"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    launched |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    found = distributed.detect_distributed(launched)
+    assert isinstance(found, context.DistributedContext)
+    assert (found.rank, found.world_size, found.local_rank) == (1, 2, 1)
+    assert distributed.DistributedContext is context.DistributedContext  # still named where it was
+    assert distributed.detect_distributed({}) is None
