@@ -14,8 +14,10 @@ import sys
 
 import whichdevice as wd
 from whichdevice.core.entry_points import TORCH_GROUP, entry_points
+from whichdevice.hardware.probes import trial, verdicts
 from whichdevice.hardware.probes.verdicts import vendor_modules
-from whichdevice.launch import context, distributed
+from whichdevice.launch import context, distributed, launch_strategy, strategy_record
+from whichdevice.memory import fit, largest, record
 
 LAUNCHERS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "MASTER_")
 
@@ -50,5 +52,14 @@ def test_the_records_left_out_are_built_where_they_are_needed() -> None:
     found = distributed.detect_distributed(launched)
     assert isinstance(found, context.DistributedContext)
     assert (found.rank, found.world_size, found.local_rank) == (1, 2, 1)
-    assert distributed.DistributedContext is context.DistributedContext  # still named where it was
     assert distributed.detect_distributed({}) is None
+    strategy = launch_strategy.read_launch_strategy({"ACCELERATE_USE_DEEPSPEED": "true"})
+    assert isinstance(strategy, strategy_record.LaunchStrategy) and strategy.name == "DeepSpeed ZeRO-2"
+    assert launch_strategy.read_launch_strategy({}) is None
+
+
+def test_the_records_moved_are_still_named_where_they_were() -> None:
+    assert distributed.DistributedContext is context.DistributedContext
+    assert launch_strategy.LaunchStrategy is strategy_record.LaunchStrategy
+    assert fit.Placement is record.Placement and fit.LargestFit is largest.LargestFit
+    assert trial.bad_imports is verdicts.bad_imports and trial.HUNG == verdicts.HUNG

@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from whichdevice.memory.fit import LargestFit
+    from whichdevice.memory.largest import LargestFit
     from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization_plan import QuantizationPlan
     from whichdevice.memory.training_records import TrainingPlan, TrainingSetup

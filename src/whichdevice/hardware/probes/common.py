@@ -56,9 +56,9 @@ def __getattr__(name: str) -> Any:
     # The readings records live in probes/readings.py, built only by a probe that reads a runtime;
     # ``common.DeviceReading`` (what third-party probes import) still names them.
     if name in ("DeviceReading", "RuntimeReadings"):
-        from whichdevice.hardware.probes import readings
+        from whichdevice.hardware.probes.readings import DeviceReading, RuntimeReadings
 
-        return getattr(readings, name)
+        return {"DeviceReading": DeviceReading, "RuntimeReadings": RuntimeReadings}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
