@@ -77,10 +77,11 @@ def available_memory() -> int | None:
 
 
 def _memory(meminfo_key: str, psutil_field: str) -> int | None:
-    # On Linux /proc/meminfo is what psutil reads, in microseconds; psutil itself costs 20-60 ms to
-    # import (more while probe threads run), which a fresh resolve_device() cannot afford.
+    # On Linux /proc/meminfo is what psutil reads, in kB; psutil itself costs 20-60 ms to import (more
+    # while probe threads run), which a fresh resolve_device() cannot afford. Read as UTF-8, whose codec
+    # is loaded already ("ascii" imports encodings.ascii); a byte neither reads is a ValueError here.
     try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
+        with open("/proc/meminfo", encoding="utf-8") as meminfo:
             for line in meminfo:
                 key, _, value = line.partition(":")
                 if key == meminfo_key:
