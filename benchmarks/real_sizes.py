@@ -362,13 +362,18 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
         f"{best_plain}+static_cache", base.model, base.attention, {"cache_implementation": "static"}, base.packed
     )
     more = time_configs(torch, [base, static], ids, args)
-    setup[static.label] = setup[best_plain]
     configs.clear()
-    for key in ("full", "one"):
-        timed[key][static.label] = more[key][static.label]
-    static_over_plain = statistics.median(
-        p / s for p, s in zip(more["full"][best_plain], more["full"][static.label], strict=True)
-    )
+    static_cache: dict[str, Any] = {"of": best_plain, "tok_s_over_dynamic": None}
+    if static.label in more["full"]:
+        setup[static.label] = setup[best_plain]
+        for key in ("full", "one"):
+            timed[key][static.label] = more[key][static.label]
+        static_over_plain = statistics.median(
+            p / s for p, s in zip(more["full"][best_plain], more["full"][static.label], strict=True)
+        )
+        static_cache["tok_s_over_dynamic"] = round(static_over_plain, 3)
+    else:  # over HOPELESS times slower in the warm-up: left out, as any configuration would be
+        static_cache["left_out"] = f"over {HOPELESS:g}x slower than the dynamic cache in the warm-up"
     tok_s = {lb: statistics.median(batch * args.new / (t + setup[lb]) for t in ts) for lb, ts in timed["full"].items()}
     steady = {lb: statistics.median(batch * args.new / t for t in ts) for lb, ts in timed["full"].items()}
     decode = {
@@ -410,7 +415,7 @@ def cell(torch: Any, auto: Any, wd: Any, paths: dict[str, Path], batch: int, arg
                 "tok_s_without_setup": {lb: round(steady[lb], 2) for lb in others},
                 "setup_s": {lb: round(own_setup[lb], 2) for lb in others if own_setup[lb]},
                 "decode_tok_s": {lb: round(decode[lb], 2) for lb in others},
-                "static_cache": {"of": best_plain, "tok_s_over_dynamic": round(static_over_plain, 3)},
+                "static_cache": static_cache,
                 "left_out_after_warm_up": timed["left_out"],
                 "rounds": len(timed["full"][mine]),
                 # The resolved load's memory in a fresh process: its weights, and the fp32 buffers a prompt's
@@ -505,7 +510,7 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
             f"{c['resolved_over_best']:.2f}x best ({c['best']}; resolved runs on {c.get('runs_on', 'its own load')}); "
             f"{exact} limit {c['limit_tok_s']} tok/s "
             f"at {c['bandwidth_gbps']} GB/s; {c['rounds']} rounds; "
-            f"static cache {c['static_cache']['tok_s_over_dynamic']:.2f}x dynamic for {c['static_cache']['of']}; "
+            f"static cache {_static_text(c['static_cache'])}; "
             f"{c['uptime']}"
         )
         if c.get("predicted_s") is not None:
@@ -529,6 +534,12 @@ def table(kind: str, head: dict[str, Any], cells: list[dict[str, Any]]) -> str:
 # Issue 56's bars (48's were 0.95 and 0.80): the resolved load over the best dtype x attention, where
 # the split is stated and not.
 BAR = {"stated": 0.95, "unstated": 0.90}
+
+
+def _static_text(static: dict[str, Any]) -> str:
+    ratio = static.get("tok_s_over_dynamic")
+    said = f"{ratio:.2f}x dynamic" if ratio is not None else static.get("left_out", "not timed")
+    return f"{said} for {static['of']}"
 
 
 def weighed(checkpoint: str) -> tuple[str, ...]:
