@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -87,3 +88,23 @@ def test_other_groups_and_other_searches_are_importlib_metadatas(
     monkeypatch.syspath_prepend(str(archive))
     assert "zipdev" in [ep.name for ep in scan.entry_points(WD)]
     _both_agree()
+
+
+def test_a_fifo_or_an_oversized_file_is_not_read(plugins: tuple[Path, Path]) -> None:
+    """A package folder is untrusted: an entry_points.txt that is a FIFO would block a plain read
+    forever, and one of gigabytes would be read whole. Neither is read; the other packages still are."""
+    first, _ = plugins
+    fifo = first / "wd_plug_fifo-1.0.dist-info"
+    fifo.mkdir()
+    os.mkfifo(fifo / "entry_points.txt")
+    huge = first / "wd_plug_huge-1.0.dist-info"
+    huge.mkdir()
+    with open(huge / "entry_points.txt", "w") as fh:
+        fh.write(f"[{WD}]\nhuge = wd_plug_huge:R\n")
+        fh.truncate(scan._MAX_BYTES + 1)
+    found: list[str] = []
+    reader = threading.Thread(target=lambda: found.extend(ep.name for ep in scan.entry_points(WD)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "the scan blocked on a FIFO"
+    assert "adev" in found and "huge" not in found

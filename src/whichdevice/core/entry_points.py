@@ -12,6 +12,8 @@ order, the first folder of a normalized name winning. Where that search is not p
 
 The scan is kept while ``sys.path`` and its folders' modification times stay as they are: installing or
 removing a package changes its folder's time, so a plugin installed from a notebook is found next time.
+Each file is read as untrusted (:func:`~whichdevice.core.untrusted.read_untrusted`): a FIFO is not
+waited on, nor is a file over a few MiB read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import os
 import re
 import sys
 import threading
+
+from whichdevice.core.untrusted import read_untrusted
 
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
 TYPE_CHECKING = False
@@ -35,6 +39,11 @@ WHICHDEVICE_GROUP = "whichdevice.backends"
 TORCH_GROUP = "torch.backends"
 AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 GROUPS = (WHICHDEVICE_GROUP, TORCH_GROUP)
+
+# An entry_points.txt is a few KiB (the largest of this venv's 100 packages: setuptools', 2.4 KiB). One
+# that is not a regular file (a FIFO would block the read) or is over this is not read: a package's
+# folder is as untrusted as any file read back.
+_MAX_BYTES = 4 * 1024**2
 
 _lock = threading.Lock()
 # (sys.path with each folder's modification time) -> group -> its entry points; the latest scan only.
@@ -103,10 +112,10 @@ def _scan(key: tuple[tuple[str, int], ...]) -> dict[str, tuple[EntryPoint, ...]]
                 continue
             seen.add(name)
             try:
-                with open(os.path.join(folder, item, "entry_points.txt"), encoding="utf-8") as fh:
-                    text = fh.read()
-            except (OSError, UnicodeDecodeError):
+                raw = read_untrusted(os.path.join(folder, item, "entry_points.txt"), _MAX_BYTES)
+            except OSError:  # none (most packages), or not a regular file of at most _MAX_BYTES
                 continue
+            text = raw.decode("utf-8", errors="replace")
             wanted = [group for group in GROUPS if f"[{group}]" in text]
             if wanted:
                 _add(found, os.path.join(folder, item), wanted)
