@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Union, cast
 
 from whichdevice.attention.choose import choose_attention
 from whichdevice.attention.decode_forward import ensure_registered
-from whichdevice.attention.kernel_layers import kernel_layer_steps
 from whichdevice.attention.kernels import decide_kernels
 from whichdevice.attention.record import Attention
 from whichdevice.attention.serving import decide_serving
 from whichdevice.core.envview import import_side_effects_undone, pinned
 from whichdevice.core.errors import DeviceError
 from whichdevice.core.records import EnvAction, Trace, TraceStep
-from whichdevice.device.launch_command import trainer_device_steps
 from whichdevice.device.request import ENV_DEVICE, TASKS, Task, parse_device
 from whichdevice.device.selection import DevicesAsked, parse_devices
 from whichdevice.device.target import Target
@@ -216,7 +214,11 @@ def _fit(asked: Request, chosen: Chosen, devices: DevicesAsked | None) -> Fitted
     task = asked.args.task
     dist = launch_of(chosen.target.backend, task)
     target, targeted = narrowed_target(chosen.target, devices, dist, task, asked.device)
-    parallel = trainer_device_steps(target, asked.device.index) if task == "training" else []
+    parallel = []
+    if task == "training":  # device/launch_command.py: imported only for training, as fit.py for a model
+        from whichdevice.device.launch_command import trainer_device_steps
+
+        parallel = trainer_device_steps(target, asked.device.index)
     env_set, env_lines = environment_step(target)
     precision, priced = _precision(asked, target, chosen)
     attention, chose = _attention(asked, target, precision)
@@ -293,6 +295,8 @@ def _kernels(asked: Request, fit: Fitted) -> tuple[Attention, list[TraceStep]]:
     trace = Trace()
     use_kernels, key = trace.take(decide_kernels(target, asked.args.use_kernels))
     if use_kernels:
+        from whichdevice.attention.kernel_layers import kernel_layer_steps
+
         trace.extend(kernel_layer_steps(asked.model, key, target.probe, task))
     attention = fit.attention
     weights = fit.placement.weights
