@@ -40,6 +40,9 @@ def test_a_fresh_resolve_leaves_out_what_it_does_not_use() -> None:
     assert "whichdevice.memory.record" in imported
     # launch/context.py's record describes a launched process: this one was not
     assert "whichdevice.launch.context" not in imported
+    # inference without Hub kernels: the training launch's steps and the kernels' layer check stay out
+    assert "whichdevice.device.launch_command" not in imported
+    assert "whichdevice.attention.kernel_layers" not in imported
     if not vendor_modules(wd.backends()) and not entry_points(TORCH_GROUP):
         # nothing to try in a child: the trial's machinery stays out, its verdicts are still asked
         assert "whichdevice.hardware.probes.trial" not in imported
