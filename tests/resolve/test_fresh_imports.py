@@ -17,7 +17,7 @@ from whichdevice.core.entry_points import TORCH_GROUP, entry_points
 from whichdevice.hardware.probes import trial, verdicts
 from whichdevice.hardware.probes.verdicts import vendor_modules
 from whichdevice.launch import context, distributed, launch_strategy, strategy_record
-from whichdevice.memory import fit, largest, record
+from whichdevice.memory import fit, largest, largest_record, record
 
 LAUNCHERS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "MASTER_")
 
@@ -64,5 +64,6 @@ def test_the_records_left_out_are_built_where_they_are_needed() -> None:
 def test_the_records_moved_are_still_named_where_they_were() -> None:
     assert distributed.DistributedContext is context.DistributedContext
     assert launch_strategy.LaunchStrategy is strategy_record.LaunchStrategy
-    assert fit.Placement is record.Placement and fit.LargestFit is largest.LargestFit
+    assert fit.Placement is record.Placement
+    assert fit.LargestFit is largest.LargestFit is largest_record.LargestFit
     assert trial.bad_imports is verdicts.bad_imports and trial.HUNG == verdicts.HUNG

@@ -7,13 +7,13 @@ from typing import Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.record import Placement
+from whichdevice.memory.record import FIT_FRACTION, SPLIT_FRACTION, Placement
 
 
 def __getattr__(name: str) -> Any:
-    # LargestFit lives in memory/largest.py, which builds it; named here as before.
+    # LargestFit lives in memory/largest_record.py (memory/largest.py builds it); named here as before.
     if name == "LargestFit":
-        from whichdevice.memory.largest import LargestFit
+        from whichdevice.memory.largest_record import LargestFit
 
         return LargestFit
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -29,10 +29,6 @@ __all__ = [
     "priced_margin",
 ]
 
-
-# A model "fits" one device when its weights take at most this share of the memory; the rest is
-# for activations, the KV cache and the runtime's own allocations.
-FIT_FRACTION = 0.8
 
 # What a process's CUDA context takes from the GPU before any tensor: 287,047,680 bytes with lazy module
 # loading (pytorch/pytorch#86509, which made it the default), "around 400MB" once a model runs
@@ -86,10 +82,6 @@ def priced_margin(backend: str, variant: str | None, task: str) -> Margin:
         "weights for the allocator's fragmentation",
         f"{context} and the allocator",
     )
-
-
-# When a model must be split, each device offers this share to accelerate's max_memory.
-SPLIT_FRACTION = 0.9
 
 
 def plan_placement(

@@ -10,11 +10,10 @@ the tokens and the batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
+from whichdevice.memory.largest_record import LargestFit
 from whichdevice.model.shape import ModelShape
 
 __all__ = ["largest_fit", "limits_steps", "whole_job_plan"]
@@ -22,53 +21,6 @@ __all__ = ["largest_fit", "limits_steps", "whole_job_plan"]
 # Searched up to these; a model's own context (max_position_embeddings) caps the length first.
 _MAX_TOKENS = 1 << 24
 _MAX_BATCH = 1 << 16
-
-
-@dataclass(frozen=True)
-class LargestFit:
-    """At ``batch_size``, ``max_length`` tokens at most; at ``max_length``, ``batch`` sequences at most
-    (None: not even one token or one sequence fits, so there is no value resolve_device() would take;
-    ``context`` is the model's own limit). ``plan`` names what they are the limits of: the plan the
-    resolution chose ("full fine-tuning in float32", "LoRA adapters on bfloat16 weights", ...)."""
-
-    batch_size: int
-    max_length: int
-    longest: int | None
-    largest_batch: int | None
-    context: int | None
-    plan: str = ""
-    # How the context was read (model/context.py's Context.text()): said where the limit is the context.
-    context_said: str = ""
-
-    def text(self) -> str:
-        whole = f": {self.context_said}" if self.context_said else ""
-        capped = (
-            f" (the model's whole context{whole})"
-            if self.context and self.longest and self.longest >= self.context
-            else ""
-        )
-        longest = (
-            f"max_length={self.longest}{capped} at batch_size={self.batch_size}"
-            if self.longest
-            else f"not one token at batch_size={self.batch_size}"
-        )
-        batch = (
-            f"batch_size={self.largest_batch} at max_length={self.max_length}"
-            if self.largest_batch
-            else f"not one sequence of max_length={self.max_length}"
-        )
-        of = f" {self.plan}" if self.plan else ""
-        return f"the largest that fit{of}: {longest}; {batch}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "batch_size": self.batch_size,
-            "max_length": self.max_length,
-            "largest_max_length": self.longest,
-            "largest_batch_size": self.largest_batch,
-            "model_context": self.context,
-            "plan": self.plan,
-        }
 
 
 def _bisect(ok: Callable[[int], bool], high: int) -> int:

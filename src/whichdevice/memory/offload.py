@@ -14,8 +14,8 @@ from whichdevice.core.errors import ConfigConflictError, DoesNotFitError
 from whichdevice.core.job import Job
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.fit import FIT_FRACTION, SPLIT_FRACTION, Placement
 from whichdevice.memory.job import JobMemory
+from whichdevice.memory.record import FIT_FRACTION, SPLIT_FRACTION, Placement
 from whichdevice.model.size import ModelSize
 
 if TYPE_CHECKING:

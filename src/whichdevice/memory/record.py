@@ -1,4 +1,4 @@
-"""The placement record: where a job's weights go, in every resolution.
+"""The placement record: where a job's weights go, in every resolution, and the shares of a device it is fitted to.
 
 Apart from :mod:`whichdevice.memory.fit`, which fits weights into devices and is imported only where a
 model is sized: a resolution without a model still carries a Placement, and each frozen dataclass
@@ -14,12 +14,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.largest_record import LargestFit
     from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization_plan import QuantizationPlan
     from whichdevice.memory.training_records import TrainingPlan, TrainingSetup
 
-__all__ = ["Placement"]
+__all__ = ["FIT_FRACTION", "SPLIT_FRACTION", "Placement"]
+
+# A model "fits" one device when its weights take at most this share of the memory; the rest is
+# for activations, the KV cache and the runtime's own allocations.
+FIT_FRACTION = 0.8
+
+# When a model must be split, each device offers this share to accelerate's max_memory.
+SPLIT_FRACTION = 0.9
 
 
 @dataclass(frozen=True)

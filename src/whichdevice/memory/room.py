@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from whichdevice.core.errors import DoesNotFitError
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
-from whichdevice.memory.fit import FIT_FRACTION, Placement
 from whichdevice.memory.load_peak import ROUND_LARGE, LoadPeak, Weights, load_peak
+from whichdevice.memory.record import FIT_FRACTION, Placement
 
 if TYPE_CHECKING:
     from whichdevice.device.target import Target

@@ -25,7 +25,7 @@ from whichdevice.model.facts import estimate_model_size, model_shape
 if TYPE_CHECKING:
     from whichdevice.core.job import Job
     from whichdevice.device.target import Target
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.largest_record import LargestFit
     from whichdevice.model.size import ModelSize
 
 __all__ = [

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from whichdevice.launch.accelerate_settings import AccelerateSettings
     from whichdevice.launch.context import DistributedContext
     from whichdevice.launch.record import Launch
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.largest_record import LargestFit
     from whichdevice.memory.load_peak import LoadPeak
     from whichdevice.memory.quantization_plan import QuantizationPlan
     from whichdevice.memory.record import Placement

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from whichdevice.attention.record import Attention
     from whichdevice.device.target import Target
-    from whichdevice.memory.largest import LargestFit
+    from whichdevice.memory.largest_record import LargestFit
     from whichdevice.memory.record import Placement
     from whichdevice.precision.record import Precision
     from whichdevice.tuning.record import Tuning
