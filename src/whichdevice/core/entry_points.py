@@ -19,10 +19,10 @@ waited on, nor is a file over a few MiB read.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 
+from whichdevice.core.packages import normalized_name
 from whichdevice.core.untrusted import read_untrusted
 
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
@@ -90,11 +90,6 @@ def _mtime(folder: str) -> int:
         return -1
 
 
-def _normalize(name: str) -> str:
-    # As importlib.metadata's Prepared.normalize: "Torch.NPU", "torch-npu" and "torch_npu" are one package.
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def _scan(key: tuple[tuple[str, int], ...]) -> dict[str, tuple[EntryPoint, ...]]:
     seen: set[str] = set()
     found: dict[str, list[EntryPoint]] = {}
@@ -107,7 +102,7 @@ def _scan(key: tuple[tuple[str, int], ...]) -> dict[str, tuple[EntryPoint, ...]]
             stem, dot, suffix = item.rpartition(".")
             if not dot or suffix not in ("dist-info", "egg-info"):
                 continue
-            name = _normalize(stem.partition("-")[0])
+            name = normalized_name(stem.partition("-")[0])
             if name in seen:  # an earlier folder's package of this name is the one imported
                 continue
             seen.add(name)

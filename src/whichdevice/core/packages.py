@@ -25,6 +25,7 @@ __all__ = [
     "cache_clear",
     "generation",
     "known_versions",
+    "normalized_name",
     "package_version",
     "pip_install",
     "requirement_on",
@@ -51,7 +52,7 @@ def generation() -> int:
     return _generation[0]
 
 
-def _normalize(name: str) -> str:
+def normalized_name(name: str) -> str:
     # PEP 503 names: "torch-npu", "torch_npu" and "Torch.NPU" are one distribution.
     return re.sub(r"[-_.]+", "_", name).lower()
 
@@ -71,7 +72,7 @@ def _read_version(folder: str) -> str | None:
 
 
 def _find_version(name: str) -> str | None:
-    wanted = _normalize(name)
+    wanted = normalized_name(name)
     for entry in sys.path:
         folder = entry or "."
         if os.path.isfile(folder):
@@ -105,7 +106,7 @@ def _distributions_in(folder: str) -> dict[str, list[str]]:
     for item in names:
         stem, dot, suffix = item.rpartition(".")
         if dot and suffix in ("dist-info", "egg-info"):
-            index.setdefault(_normalize(stem.split("-", 1)[0]), []).append(os.path.join(folder, item))
+            index.setdefault(normalized_name(stem.split("-", 1)[0]), []).append(os.path.join(folder, item))
     with _lock:
         _folders[folder] = index
     return index
@@ -164,7 +165,7 @@ def requirement_on(name: str, dependency: str) -> str | None:
             req = Requirement(line)
         except InvalidRequirement:
             continue
-        if _normalize(req.name) == _normalize(dependency) and req.marker is None and str(req.specifier):
+        if normalized_name(req.name) == normalized_name(dependency) and req.marker is None and str(req.specifier):
             return str(req.specifier)
     return None
 
