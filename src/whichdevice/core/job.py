@@ -6,12 +6,12 @@ of it. It lives here, below both, so neither imports the other for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from whichdevice.core.frozen import frozen_record
 
 __all__ = ["Job", "new_tokens"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Job:
     """What the caller said about the job: the task, its sequences, and whether it may offload (None: not said)."""
 

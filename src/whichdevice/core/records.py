@@ -2,23 +2,25 @@
 
 They live at the bottom so that no module has to import upward to name them: the registry holds
 :class:`Backend` rows, the probes return :class:`ProbeResult`, the resolver's deciders return
-:class:`TraceStep` lines with their values, gathered in a :class:`Trace`. Plain frozen
-dataclasses; nothing here touches hardware or imports torch.
+:class:`TraceStep` lines with their values, gathered in a :class:`Trace`. Frozen
+dataclasses (``@frozen_record``); nothing here touches hardware or imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, TypeVar
+
+from whichdevice.core.frozen import frozen_record
 
 T = TypeVar("T")
 
 __all__ = ["Backend", "DeviceInfo", "EnvAction", "EnvDefault", "ProbeResult", "Trace", "TraceStep", "Visibility"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TraceStep:
     """One line of the decision trace: what was decided (``topic``) and why."""
 
@@ -40,7 +42,7 @@ class Trace(list[TraceStep]):
         return value
 
 
-@dataclass(frozen=True)
+@frozen_record
 class EnvAction:
     """What a hook did with one variable: "set" it, or "kept" the user's different value."""
 
@@ -53,7 +55,7 @@ class EnvAction:
         return {"name": self.name, "value": self.value, "action": self.action, "message": self.message}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Visibility:
     """Which physical devices a backend's runtime will show, and from which variable."""
 
@@ -79,7 +81,7 @@ class Visibility:
         return self.ids[index]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DeviceInfo:
     """One visible device: index as this process sees it, and the physical device behind it."""
 
@@ -118,7 +120,7 @@ class DeviceInfo:
         }
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ProbeResult:
     """What one backend's probe found. ``reason`` says why it is not available, and what to do."""
 
@@ -186,7 +188,7 @@ class ProbeResult:
 ProbeFunction = Callable[["Backend"], "ProbeResult"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class EnvDefault:
     """An environment variable a backend needs, set only when the user has not set it."""
 
@@ -197,7 +199,7 @@ class EnvDefault:
     stage: str = "import"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Backend:
     """Everything whichdevice knows about one device string without touching hardware."""
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from whichdevice.core import envview
 from whichdevice.core.errors import DeviceError, UnknownDeviceError, closest_match, shown
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import TraceStep
 from whichdevice.hardware.registry import backend_names
 
@@ -44,7 +44,7 @@ def as_task(value: str) -> Task:
     raise DeviceError(f"task={value!r}: use 'inference' or 'training'")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DeviceRequest:
     """The device asked for and where the request came from ("device", ``ENV_DEVICE`` or "detection")."""
 

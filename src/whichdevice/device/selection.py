@@ -18,10 +18,11 @@ out the same way when nothing was asked, and refused when asked for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError, shown
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.numbers import parse_number
 from whichdevice.core.records import ProbeResult, TraceStep, Visibility
 from whichdevice.core.sizes import format_bytes
@@ -37,7 +38,7 @@ __all__ = ["DevicesAsked", "narrowed_training", "parse_devices", "select_devices
 _FORMS = "a count (2), a list of indices ([0, 2]), -1 for every device, or a string of those ('0,2', '2', '-1')"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DevicesAsked:
     """``devices=`` as parsed: a count, a list of indices, or every device."""
 

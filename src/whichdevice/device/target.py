@@ -11,9 +11,10 @@ carried here as ``device`` and ``index``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Target"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Target:
     """The backend, its devices as this job uses them, and the device: what every decider asks."""
 

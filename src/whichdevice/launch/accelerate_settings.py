@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core import envview
 from whichdevice.core.errors import ConfigConflictError, printable
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import TraceStep
 from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.launch import launch_strategy
@@ -68,7 +69,7 @@ def config_file_path(environ: Mapping[str, str] | None = None) -> str:
     return os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class AccelerateSettings:
     """The two variables as set (None: unset) and what the default config file says."""
 

@@ -8,7 +8,7 @@ still names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from whichdevice.core.frozen import frozen_record
 
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
 TYPE_CHECKING = False
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["DistributedContext"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DistributedContext:
     """Where this process sits in a multi-process run, and whether transformers will see the run."""
 

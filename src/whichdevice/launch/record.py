@@ -8,8 +8,10 @@ process: the environment the backend's hooks set, accelerate's own settings as r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
+
+from whichdevice.core.frozen import frozen_record
 
 if TYPE_CHECKING:
     from whichdevice.core.records import EnvAction
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["Launch"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Launch:
     """``env_set``: what the chosen backend's env hooks did; ``accelerate``: accelerate's variables and
     config file as this resolution read them (training_arguments() follows the same reading; None for

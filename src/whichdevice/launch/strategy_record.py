@@ -8,12 +8,12 @@ millisecond to create on Python 3.11 (docs/performance.md, the import profile).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from whichdevice.core.frozen import frozen_record
 
 __all__ = ["LaunchStrategy"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class LaunchStrategy:
     """What the launch's variables make Trainer run: ``kind`` "deepspeed" (``stage`` 0-3) or "fsdp"
     (``sharding`` FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD), with its offloads."""

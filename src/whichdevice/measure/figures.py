@@ -7,10 +7,11 @@ Every figure read back (the cache file, ``simulate("cpu,calib=...")``, a replaye
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from whichdevice.core.dtypes import NAMES, short_name
+from whichdevice.core.frozen import frozen_record
 
 __all__ = ["DEFAULT_FP32", "MEMORY_RANGES", "PROMPT_ROWS", "SHAPES", "Calibration", "check_figure", "parse_figures"]
 
@@ -34,7 +35,7 @@ _COVERS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Calibration:
     """``speeds``: "bf16.b1" (a decode step at batch 1), "bf16.b2", "bf16.b4", "bf16.b8",
     "bf16.prompt" (a prompt-sized matmul), each bf16's speed over fp32's (above 1: faster), the

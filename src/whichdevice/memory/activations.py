@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.model.shape import ModelShape
 
 __all__ = [
@@ -43,7 +43,7 @@ TABLE = "activation_table.json"
 QUANTITIES = ("layer", "rest", "head", "layers")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ActivationMode:
     """How a training step computes: what it trains (``full``, ``lora`` on a frozen base, ``qlora`` on a
     4-bit base), the weights' dtype, the autocast dtype (None: none), the attention, checkpointing."""
@@ -221,7 +221,7 @@ def _values(
     return value, near, why
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Activations:
     """A training step's activations in bytes: what the forward keeps, and the two backward peaks."""
 

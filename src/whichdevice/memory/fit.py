@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.record import FIT_FRACTION, SPLIT_FRACTION, Placement
@@ -41,7 +42,7 @@ CUDA_CONTEXT = 512 * 1024**2
 FRAGMENTATION = 0.10
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Margin:
     """What a device keeps back from a job: a share of it (``fraction``: the default, where nothing is
     known of the runtime's own needs), or priced overheads: ``fixed`` bytes (a CUDA context) and a
@@ -131,7 +132,7 @@ def plan_placement(
     return Placement(device, None, f"{what} ({need}) do not fit {where}", fits=False)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class JobFit:
     """The devices a model goes on, how plan_placement is to fit weights into them, and the job's
     memory besides the weights (``extra``)."""

@@ -9,9 +9,8 @@ CPU); a training job is priced by memory/training_job.py from what autograd keep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from whichdevice.core.dtypes import item_size
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.job import Job
 from whichdevice.core.sizes import format_bytes
 from whichdevice.model.shape import ModelShape
@@ -39,7 +38,7 @@ WORKSPACE = 32 * 1024**2
 OFFLOADS = ("cpu", "disk")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Term:
     """One part of the job's memory: its name, its size in bytes and how it was computed."""
 
@@ -51,7 +50,7 @@ class Term:
         return f"{self.name} {format_bytes(self.bytes)} ({self.why})"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class JobMemory:
     """The terms besides the weights, and what was assumed where the caller did not say. ``peak``: where
     the terms do not all coexist (training: activations are freed as gradients are made), the bytes

@@ -8,13 +8,14 @@ still name it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from whichdevice.core.frozen import frozen_record
 
 __all__ = ["LargestFit"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class LargestFit:
     """At ``batch_size``, ``max_length`` tokens at most; at ``max_length``, ``batch`` sequences at most
     (None: not even one token or one sequence fits, so there is no value resolve_device() would take;

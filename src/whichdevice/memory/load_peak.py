@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from whichdevice.core.dtypes import item_size
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.sizes import format_bytes
 
 __all__ = [
@@ -100,7 +100,7 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
-@dataclass(frozen=True)
+@frozen_record
 class LoadPeak:
     """The load's peak on ``device`` (a from_pretrained with a device_map), and the free memory it meets."""
 

@@ -12,10 +12,10 @@ another method on a quantized checkpoint: transformers would keep the checkpoint
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceUnavailableError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
 
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Verdict:
     """Whether ``method`` runs natively on a backend; else whether transformers dequantizes it there."""
 

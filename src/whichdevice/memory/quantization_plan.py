@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from whichdevice.core.frozen import frozen_record
 
 __all__ = ["QuantizationPlan"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class QuantizationPlan:
     """Load with bitsandbytes in ``bits`` bits, computing in ``compute_dtype``.
 

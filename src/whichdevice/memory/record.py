@@ -7,7 +7,7 @@ costs about a millisecond to create on Python 3.11 (docs/performance.md, the imp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from whichdevice.core.frozen import frozen_record
 
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
 TYPE_CHECKING = False
@@ -29,7 +29,7 @@ FIT_FRACTION = 0.8
 SPLIT_FRACTION = 0.9
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Placement:
     """Where a job's weights go and what placement decided with them: the one placement record, for
     inference and training alike. ``device_map`` and, when split, ``max_memory`` as from_pretrained takes

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from whichdevice.core.errors import DoesNotFitError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.progress import working
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.job import JobMemory
@@ -37,7 +37,7 @@ _WITH_WEIGHTS = ("gradients", "optimizer state")  # terms that sit beside the we
 _ROUNDS = 6
 
 
-@dataclass(frozen=True)
+@frozen_record
 class SplitCheck:
     """The device_map string and budgets that transformers' placement honours, and what each device holds."""
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import TraceStep
 from whichdevice.core.sizes import format_bytes
 
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TensorParallel:
     """Tensor parallelism over ``devices`` devices: bytes per device and whether it can run, or why not."""
 

@@ -7,9 +7,10 @@ optimizer), priced by memory/training_job.py; ``TrainingPlan`` every strategy fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.sizes import format_bytes
 
 __all__ = ["LORA_RANK", "OPTIMIZERS", "Strategy", "TrainingPlan", "TrainingSetup"]
@@ -27,7 +28,7 @@ OPTIMIZERS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TrainingSetup:
     """How a job trains: what (``full``, ``lora``, ``qlora``), the trained or frozen weights' dtype, the
     autocast dtype (None: none), checkpointing, the optimizer, LoRA's rank, and whether a sharding
@@ -100,7 +101,7 @@ _NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Strategy:
     """One way to train: its bytes per device, the formula, and whether (or why not) it can run here."""
 
@@ -124,7 +125,7 @@ class Strategy:
         return f"{self.name}: {self.formula} = {need} per device, {verdict} {format_bytes(budget)}"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TrainingPlan:
     """Every strategy for ``devices`` devices, and the first that fits (``chosen``, None if none does)."""
 

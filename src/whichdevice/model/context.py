@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import TraceStep
 
 __all__ = ["STRETCHED_BY", "Context", "context_steps", "model_context"]
@@ -44,7 +44,7 @@ STRETCHED_BY = {
 _FACTOR_FROM_LENGTHS = ("yarn", "longrope")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Context:
     """The longest sequence a model is made for (``tokens``), the positions its config states
     (``positions`` under ``key``) and, where RoPE scaling stretches them, how (``scaling``)."""

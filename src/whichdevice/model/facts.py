@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.progress import working
 from whichdevice.model.adapter import adapter_base_name
 from whichdevice.model.built import meta_linear_layout
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, eq=False)
+@frozen_record(eq=False)
 class ModelFacts:
     """What ``model=`` is, read once: its config, stored dtype, weights per dtype and shape."""
 

@@ -24,10 +24,10 @@ import shlex
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.sizes import format_bytes
 from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.model import hub_fetch
@@ -49,7 +49,7 @@ _MAX_REF = 10_000  # a ref whichdevice writes is about 100 bytes
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's reading of HF_HUB_OFFLINE
 
 
-@dataclass(frozen=True)
+@frozen_record
 class HubFetch:
     """Where a Hub model's metadata came from: the repo and commit, what this call fetched (bytes per
     file; none when the cache answered) and the cache folder it is kept in."""

@@ -9,15 +9,15 @@ code (``auto_map``) is not imported, so its classes are unknown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.model.facts import model_config
 
 __all__ = ["LayerClasses", "layer_classes"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class LayerClasses:
     """The model class and its no-split layer classes, or why they are unknown (``names`` empty)."""
 

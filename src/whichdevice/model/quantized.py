@@ -14,10 +14,10 @@ runnable. ``tests/model/test_quantized.py`` checks every row's packages against 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core.errors import DeviceError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.sizes import format_bytes
 
 __all__ = [
@@ -35,7 +35,7 @@ CAST_CODES = frozenset({"F64", "F32", "F16", "BF16"})
 _BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class MethodNeeds:
     """What a quantization method needs, as its transformers quantizer checks it."""
 
@@ -116,7 +116,7 @@ def quant_method_of(quantization_config: Any, where: str) -> str:
     return method
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CheckpointQuantization:
     """A pre-quantized checkpoint: its method, bit width, group size, compute dtype and stored size."""
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.model.context import Context, model_context
 
 __all__ = ["ModelShape", "has_experts", "shape_of_config"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ModelShape:
     """The config facts the KV cache and activations depend on."""
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, cast
 
 from whichdevice.core.dtypes import FLOAT_CODES, NAMES, SAFETENSORS_BITS, code_name, item_size
 from whichdevice.core.errors import DeviceError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.model.built import build_on_meta, linear_layout
 from whichdevice.model.files import (
     DamagedModelError,
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ModelSize:
     """Parameter counts of a model, split the way dtype and quantization treat them."""
 
@@ -123,7 +124,7 @@ def _is_token_embedding(name: str, shape: list[int]) -> bool:
     )
 
 
-@dataclass(frozen=True)
+@frozen_record
 class StoredWeights:
     """What a checkpoint's safetensors headers say: parameters and bytes per safetensors dtype."""
 
@@ -334,7 +335,7 @@ def adapter_bytes(folder: Path) -> int:
     return total or sum(f.stat().st_size for f in folder.glob("adapter_model*.bin"))
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CheckpointDtype:
     """The dtype a checkpoint's weights are stored in, its architecture, and where they were read."""
 

@@ -19,10 +19,10 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.progress import working
 
 __all__ = [
@@ -54,7 +54,7 @@ def support_flag(implementation: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ModelClass:
     """One transformers class a checkpoint may be loaded as, and its attention flags."""
 
@@ -71,7 +71,7 @@ class ModelClass:
         return flag is None or dict(self.flags).get(flag, False)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class AttentionSupport:
     """What the classes behind ``model=`` support, or why that could not be read (``unknown``)."""
 

@@ -20,10 +20,11 @@ import contextlib
 import re
 import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, NamedTuple
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError, printable
+from whichdevice.core.frozen import frozen_record
 from whichdevice.device.request import as_task
 
 __all__ = ["DEFAULT_MACHINES", "HardwarePlan", "PlanRow", "plan_hardware"]
@@ -50,7 +51,7 @@ DEFAULT_MACHINES: tuple[tuple[str, str], ...] = (
 COUNTS = (1, 2, 4, 8)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class PlanRow:
     """One machine with ``devices`` devices: what the resolver answered, or why nothing fits."""
 
@@ -71,7 +72,7 @@ class PlanRow:
     note: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class HardwarePlan:
     """The rows for every machine, and how the model was read (``fetched``: the Hub metadata's story)."""
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata, util
 from pathlib import Path
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import ProbeResult
 
 __all__ = ["HubKernelAtImport", "bitsandbytes_hub_kernel", "third_party_warnings"]
@@ -35,7 +35,7 @@ _LOGGED = re.compile(r"""["'](Failed to load CPU [^"'%{}]{1,120}?)(?::\s*)?%s"""
 _SOURCE_LIMIT = 1 << 20
 
 
-@dataclass(frozen=True)
+@frozen_record
 class HubKernelAtImport:
     """The Hub repository bitsandbytes' CPU backend fetches on import, and the line it logs on failure."""
 

@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.decode_forward import ensure_registered
 from whichdevice.core import packages
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import TraceStep
 from whichdevice.hardware.absent import trace_text
 from whichdevice.launch.distributed import process_group_backend
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["Resolution"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Resolution(FlatNames, DeprecatedNames):
     """The answer: pass ``model_kwargs()`` to from_pretrained, ``training_kwargs()`` to TrainingArguments.
 

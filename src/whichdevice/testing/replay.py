@@ -20,11 +20,12 @@ import os
 import types
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
+from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from whichdevice.core.errors import DeviceError, shown
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.packages import pip_install
 from whichdevice.core.records import Backend, ProbeResult, Visibility
 from whichdevice.core.untrusted import read_untrusted
@@ -84,7 +85,7 @@ def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {name: env[name] for name in steering_variables() if name in env}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class RecordedMachine:
     """A parsed report: the probe results, steering variables and versions of the machine that wrote it."""
 

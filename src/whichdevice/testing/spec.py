@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from whichdevice.core.errors import DeviceError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.sizes import format_bytes
 from whichdevice.hardware.probes.cuda import VARIANTS
 from whichdevice.hardware.probes.hpu import GAUDI_GENERATIONS, gaudi_generation
@@ -87,7 +88,7 @@ def family(backend: str) -> str:
     return _FAMILIES.get(backend, "module")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class SimulatedDevice:
     """One parsed spec: a backend, a physical device count, details and a mode."""
 

@@ -10,10 +10,11 @@ training wants. peft is imported only when this is called.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.import_noise import quiet_import_noise
 from whichdevice.resolve.arguments import check_checkpointing, check_lora_arguments
 from whichdevice.training.arguments import _CHECKPOINTING, check_resolution
@@ -41,7 +42,7 @@ _TASK_TYPES = (
 )
 
 
-@dataclass(frozen=True)
+@frozen_record
 class LoraTraining:
     """A PEFT LoRA model ready for ``Trainer`` and the settings that go with it.
 

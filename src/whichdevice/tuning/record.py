@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.attention.decode_forward import ATTENTION_NAME as DECODE_ATTENTION
+from whichdevice.core.frozen import frozen_record
 
 if TYPE_CHECKING:
     from whichdevice.measure.packing_plan import PackingPlan
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["Tuning"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Tuning:
     """What ``prepare(model)`` installs, each decided in ``tuning.decide`` with a trace line.
 

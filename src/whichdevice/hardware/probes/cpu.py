@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.hardware.probes.common import finish, installed_versions, read_env
 from whichdevice.hardware.probes.cpu_facts import (
@@ -36,7 +37,7 @@ __all__ = [
 ENV_VARIABLES = (ONEDNN_ISA_VARIABLE,)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CpuReadings:
     """The CPU's model name, its bf16-relevant flags, total and available memory and the variables read."""
 

@@ -10,12 +10,13 @@ under its index, marked ``unusable`` with the reason (compute_mode.py); resoluti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import whichdevice.hardware.probes.cuda_trial as cuda_trial
 import whichdevice.hardware.probes.nvidia as nvidia
 import whichdevice.hardware.probes.nvidia_platforms as platforms
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.hardware.compatibility import arch_problem, driver_problem, min_driver
 from whichdevice.hardware.envhooks import scoped_env
@@ -55,7 +56,7 @@ ENV_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DE
 VARIANTS = ("cuda", "rocm")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CudaReadings(RuntimeReadings):
     """``devices``: one per GPU torch counts, with properties only once CUDA is initialised.
 

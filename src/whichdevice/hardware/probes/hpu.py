@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.packages import package_version, requirement_on, version_before
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.envhooks import apply_env_defaults
@@ -72,7 +73,7 @@ GAUDI_GENERATIONS = ("gaudi1", "gaudi2", "gaudi3")
 _MIN_ACCELERATE = "1.5.0"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class HpuReadings(RuntimeReadings):
     """torch.hpu's readings, and the accelerate version (read first: it decides whether to import)."""
 

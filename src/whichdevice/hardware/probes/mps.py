@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.packages import version_at_least
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult
 from whichdevice.hardware.probes.common import finish, installed_versions, not_installed, raise_import_error
@@ -24,7 +24,7 @@ MPS_MIN_MACOS = "12.3"
 MACOS_RELEASES = (11, 12, 13, 14, 15, 26)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class MpsReadings(RuntimeReadings):
     """``installed``: torch has MPS built in; ``system`` and ``macos`` say which OS this is.
 

@@ -14,10 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.numbers import parse_tool_number
 from whichdevice.hardware.probes.readings import DeviceReading
 
@@ -76,7 +76,7 @@ def arch_list(torch: Any) -> tuple[str, ...]:
     return tuple(str(flags).split()) if flags else ()
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NvidiaStack:
     """What NVML or nvidia-smi listed: the GPUs, the driver version, and why it could not be read."""
 

@@ -9,14 +9,15 @@ runtime are the only users (``docs/performance.md``, the import profile).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import EnvAction
 
 __all__ = ["DeviceReading", "RuntimeReadings"]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DeviceReading:
     """What a runtime says about one device (a visible one, or one of a management library's list)."""
 
@@ -36,7 +37,7 @@ class DeviceReading:
     trial: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class RuntimeReadings:
     """Raw readings of a device runtime, before any rule is applied.
 

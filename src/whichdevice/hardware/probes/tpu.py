@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from importlib.util import find_spec
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.compatibility import plugin_problem
@@ -27,7 +27,7 @@ __all__ = ["ENV_VARIABLES", "TpuReadings", "interpret_tpu", "probe_tpu", "read_t
 ENV_VARIABLES = ("TPU_VISIBLE_CHIPS", "PJRT_DEVICE")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TpuReadings(RuntimeReadings):
     """``accelerator``: the type ``torch.accelerator.current_accelerator()`` reported (None: none);
     ``xla_version``: torch_xla's, when it is installed (read from its metadata, never imported)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichdevice.core.entry_points import AUTOLOAD_VARIABLE, TORCH_GROUP
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import Backend
 from whichdevice.hardware.probes.verdicts import (
     HUNG,
@@ -62,7 +63,7 @@ TORCH_PLUGIN_GROUP = TORCH_GROUP
 TORCH_IMPORT_ALLOWANCE_S = 120.0
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Step:
     """One import to try: ``module`` (a dotted name) or an entry point ``group``/``name``."""
 

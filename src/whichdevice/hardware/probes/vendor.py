@@ -8,8 +8,8 @@ third-party backends in simulations).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.packages import requirement_on
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.envhooks import apply_env_defaults, scoped_env
@@ -57,7 +57,7 @@ def variables_for(backend: Backend) -> tuple[str, ...]:
     return VISIBLE_VARIABLES.get(backend.name, backend.visible_devices_env)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class VendorReadings(RuntimeReadings):
     """What ``torch.<name>`` said after its package was imported (see :class:`RuntimeReadings`)."""
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from whichdevice.core.frozen import frozen_record
 from whichdevice.core.records import Backend, ProbeResult
 from whichdevice.hardware.probes.common import (
     finish_runtime,
@@ -23,7 +22,7 @@ __all__ = ["ENV_VARIABLES", "XpuReadings", "interpret_xpu", "probe_xpu", "read_x
 ENV_VARIABLES = ("ZE_AFFINITY_MASK",)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class XpuReadings(RuntimeReadings):
     """``installed``: torch was built with XPU support; ``torch_version`` names that torch."""
 
