@@ -1,8 +1,8 @@
 """The record of a multi-process run: where this process sits in it (``res.distributed``).
 
 Apart from :mod:`whichdevice.launch.distributed`, which reads the launchers' variables on every resolve:
-a process that no launcher started never builds one, and each frozen dataclass costs about a millisecond
-to create on Python 3.11 (docs/performance.md, the import profile). ``distributed.DistributedContext``
+a process that no launcher started never imports it (each module a fresh resolve imports costs it a
+few tenths of a millisecond; docs/performance.md, the import profile). ``distributed.DistributedContext``
 still names it.
 """
 

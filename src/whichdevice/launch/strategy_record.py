@@ -1,8 +1,8 @@
 """The record of the strategy a launch's variables carry: DeepSpeed ZeRO or FSDP, with its offloads.
 
 Apart from :mod:`whichdevice.launch.launch_strategy`, which reads those variables on every resolve: a
-process launched without DeepSpeed or FSDP never builds one, and each frozen dataclass costs about a
-millisecond to create on Python 3.11 (docs/performance.md, the import profile).
+process launched without DeepSpeed or FSDP never imports it (each module a fresh resolve imports
+costs it a few tenths of a millisecond; docs/performance.md, the import profile).
 ``launch_strategy.LaunchStrategy`` still names it.
 """
 

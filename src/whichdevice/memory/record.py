@@ -1,8 +1,8 @@
 """The placement record: where a job's weights go, in every resolution, and the shares of a device it is fitted to.
 
 Apart from :mod:`whichdevice.memory.fit`, which fits weights into devices and is imported only where a
-model is sized: a resolution without a model still carries a Placement, and each frozen dataclass
-costs about a millisecond to create on Python 3.11 (docs/performance.md, the import profile).
+model is sized: a resolution without a model still carries a Placement, and importing fit.py for it
+would cost a fresh resolve that module and what it imports (docs/performance.md, the import profile).
 """
 
 from __future__ import annotations

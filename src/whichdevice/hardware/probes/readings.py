@@ -1,9 +1,9 @@
 """The readings of a device runtime, before any rule is applied: what each probe's reader fills.
 
 Kept apart from :mod:`whichdevice.hardware.probes.common` so that a resolve on a machine whose torch
-has no GPU runtime at all (a CPU-only build, no vendor package) never builds these records: each
-frozen dataclass costs about a millisecond to create on Python 3.11, and the probes that read a
-runtime are the only users (``docs/performance.md``, the import profile).
+has no GPU runtime at all (a CPU-only build, no vendor package) never imports them: each module a
+fresh resolve imports costs it a few tenths of a millisecond, and the probes that read a runtime are
+the only users (``docs/performance.md``, the import profile).
 """
 
 from __future__ import annotations
