@@ -157,3 +157,83 @@ def test_a_plugin_row_may_reuse_a_vendor_probe(monkeypatch: pytest.MonkeyPatch) 
     result = presence.probe_npu(row)
     assert read == ["plugdev"]
     assert result.backend == "plugdev" and not result.installed
+
+
+def _probed_on_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The backends the runner hands to a probe thread from now on (the real hand-over, observed)."""
+    from whichdevice.hardware import probing
+
+    handed: list[str] = []
+    real = probing.run_bounded
+
+    def spy(call: object, name: str, limit: float | None) -> object:
+        handed.append(name)
+        return real(call, name, limit)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(probing, "run_bounded", spy)
+    return handed
+
+
+def test_an_absent_package_is_answered_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread hand-over for a row whose package (or torch build) is absent; the answer is the probe's own."""
+    presence = _presence()
+    handed = _probed_on_threads(monkeypatch)
+    absent = [*_absent_here(), *_not_built_here()]
+    assert absent, "this test needs a backend whose package is not installed"
+    for name in absent:
+        row = wd.get_backend(name)
+        result = wd.probe(name)
+        assert result == dataclasses.replace(row.probe(row), seconds=result.seconds), name
+        assert presence.absent_answer(row.probe, row) is not None, name
+    assert handed == []
+    # The CPU's probe reads the runtime: it still runs on a bounded thread.
+    wd.probe("cpu")
+    assert handed == ["cpu"]
+
+
+@pytest.mark.parametrize(("name", "top"), [("hpu", "habana_frameworks"), ("npu", "torch_npu")])
+def test_an_installed_package_is_imported_on_the_probe_thread(
+    name: str, top: str, tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed package may hang on import: it is never imported (nor a submodule found) on the caller's thread."""
+    if find_spec(top) is not None:
+        pytest.skip(f"{top} is installed here")
+    package = tmp_path / top  # type: ignore[operator]
+    package.mkdir()
+    (package / "__init__.py").write_text("import threading\nTHREAD = threading.current_thread().name\n")
+    if top == "habana_frameworks":
+        (package / "torch").mkdir()
+        (package / "torch" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, top, raising=False)
+    # Gaudi's env-setup hook sets PT_ENABLE_INT64_SUPPORT; undone after the test.
+    monkeypatch.setenv("PT_ENABLE_INT64_SUPPORT", "")
+    monkeypatch.delenv("PT_ENABLE_INT64_SUPPORT")
+    handed = _probed_on_threads(monkeypatch)
+    row = wd.get_backend(name)
+    assert _presence().absent_answer(row.probe, row) is None
+    assert top not in sys.modules  # the check found the top module without importing it
+    wd.probe(name)
+    assert handed == [name]
+    assert top in sys.modules  # imported by the probe (after a trial in a child), on its bounded thread
+    assert sys.modules[top].THREAD.startswith("whichdevice-probe")
+    for module in [m for m in sys.modules if m == top or m.startswith(f"{top}.")]:
+        monkeypatch.delitem(sys.modules, module)
+
+
+def test_a_torch_still_importing_is_not_read_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    presence = _presence()
+    row = wd.get_backend("cuda")
+    monkeypatch.setattr(torch.__spec__, "_initializing", True, raising=False)
+    assert presence.absent_answer(row.probe, row) is None
+    monkeypatch.undo()
+    if "cuda" in _not_built_here():
+        assert presence.absent_answer(row.probe, row) is not None
+
+
+def test_a_probe_not_of_presence_is_never_answered_here() -> None:
+    """A plugin's or a simulation's probe function runs as the runner runs every probe."""
+    row = wd.get_backend("npu")
+    assert _presence().absent_answer(lambda backend: ProbeResult(backend.name), row) is None
