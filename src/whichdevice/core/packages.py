@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -278,4 +277,6 @@ def stack_problems() -> list[str]:
 def pip_install(*requirements: str) -> str:
     """``pip install 'torch>=2.1'``: the command, each requirement quoted for a shell, since a version
     may come from a replayed report or a package's metadata and a pasted command must do only that."""
+    import shlex  # not on a resolve's path: imported when a command is written
+
     return shlex.join(["pip", "install", *requirements])

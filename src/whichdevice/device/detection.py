@@ -13,7 +13,6 @@ or driver to install, because the user's first kernel would fail anyway.
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, DeviceUnavailableError
@@ -245,6 +244,8 @@ def device_string(
 
 def _not_addressable(backend: Backend, result: ProbeResult, index: int) -> str:
     """Why '<name>:<index>' is refused where a process addresses one device, and the ways to run there."""
+    import shlex  # an error's suggestion only
+
     physical = result.visible.physical_id(index) if result.visible is not None else str(index)
     variable = backend.visible_devices_env[0] if backend.visible_devices_env else None
     alone = (

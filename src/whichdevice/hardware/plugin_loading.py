@@ -10,7 +10,6 @@ nonsense names the package to upgrade or remove instead of "a bug".
 
 from __future__ import annotations
 
-import shlex
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +69,8 @@ def fix_for(distribution: str | None, what: str) -> str:
     """What to do about a plugin of ``distribution`` that misbehaved: upgrade it, or uninstall it."""
     if distribution is None:
         return f"find the package that installs {what} (pip show -f) and upgrade or uninstall it"
+    import shlex  # a misbehaving plugin's message only
+
     return (
         f"upgrade it ({pip_install('--upgrade', distribution)}) or report it to its authors; "
         f"until then uninstall it ({shlex.join(['pip', 'uninstall', distribution])}) "

@@ -24,7 +24,6 @@ from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.plugin_loading import set_plugin_loader
 from whichdevice.hardware.probe_threads import run_bounded
 from whichdevice.hardware.probes.presence import absent_answer
-from whichdevice.hardware.probes.torch_import import torch_import_reason
 from whichdevice.hardware.registry import backends, get_backend, on_change
 from whichdevice.hardware.store import (  # the state and the time limit, kept below the runner
     DEFAULT_TIMEOUT_S,
@@ -232,6 +231,8 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
             # Every installed vendor package is tried in the same child (one torch import).
             trial.trial_imports(trial.risky_modules(backends()), timeout)
     except Exception as exc:
+        from whichdevice.hardware.probes.torch_import import torch_import_reason  # a failed import only
+
         return [], ProbeResult(backend.name, installed=False, available=False, reason=torch_import_reason(exc))
     bad = verdicts.bad_imports().get(backend.module.split(".")[0])
     if bad is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from whichdevice.core.records import TraceStep
-from whichdevice.launch.checks import check_training_launch, checked_when_resolved
 from whichdevice.launch.distributed import detect_distributed, process_group_backend
 from whichdevice.launch.leftovers import launch_leftovers, refuse_leftovers
 
@@ -21,11 +20,14 @@ def launch_of(backend: Backend, task: str) -> DistributedContext | None:
     """The run this process belongs to, as accelerate will see it with this backend's training settings."""
     # use_cpu=True (what whichdevice passes on the CPU) is the switch that makes accelerate read MPI's variables.
     dist = detect_distributed(cpu=backend.name == "cpu")
-    if task == "training":
-        # Variables no launcher left together, which transformers would read: refused here, before
-        # TrainingArguments fails on them (see whichdevice.launch.leftovers).
-        refuse_leftovers(launch_leftovers(cpu=backend.name == "cpu"))
-    if task == "training" and checked_when_resolved(dist):
+    if task != "training":
+        return dist
+    from whichdevice.launch.checks import check_training_launch, checked_when_resolved  # training only
+
+    # Variables no launcher left together, which transformers would read: refused here, before
+    # TrainingArguments fails on them (see whichdevice.launch.leftovers).
+    refuse_leftovers(launch_leftovers(cpu=backend.name == "cpu"))
+    if checked_when_resolved(dist):
         # A scheduler started the processes: without torch's variables each would train alone on the
         # same data, or fail inside torch. Say what to export instead. (torch's variables alone, a
         # launcher's or set by hand to try a rank, are checked by training_arguments().)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.records import TraceStep
 from whichdevice.measure.estimate import lost_figures
-from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow
 from whichdevice.precision.hardware import choose_dtype, parse_dtype, supports
 from whichdevice.precision.measured import MeasuredChoice, measured_dtype, measured_training
 from whichdevice.precision.record import Precision
@@ -112,6 +111,8 @@ def _unsafe(checkpoint: CheckpointDtype | None) -> str | None:
     not on the allow-list is unsafe; an fp16 checkpoint is its authors' choice and stays fp16."""
     if checkpoint is None:
         return None
+    from whichdevice.precision.fp16_safe import fp16_evidence, known_overflow  # read only for a model=
+
     overflow = known_overflow(checkpoint.model_type)
     if overflow is not None:
         return f"{checkpoint.model_type!r} is known to overflow in fp16 ({overflow})"
@@ -145,6 +146,8 @@ def _inference(target: Target, checkpoint: CheckpointDtype | None) -> tuple[str,
     if unsafe is not None:
         safe = "bfloat16" if supports(target, "bfloat16")[0] else "float32"
         return safe, [TraceStep("dtype", f"{safe}, not fp16: {unsafe}")]
+    from whichdevice.precision.fp16_safe import fp16_evidence
+
     evidence = fp16_evidence(checkpoint.model_type) if checkpoint is not None else None
     if stored in ("bfloat16", "float32") and evidence is not None:
         return "float16", [

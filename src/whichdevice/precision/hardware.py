@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.dtypes import NAMES, short_name
 from whichdevice.core.errors import DeviceError
-from whichdevice.precision.generations import amd_half_precision, nvidia_fp16
 
 if TYPE_CHECKING:
     from whichdevice.device.target import Target
@@ -56,6 +55,8 @@ def supports(target: Target, dtype: str) -> tuple[bool, str]:
 
 def _cuda(target: Target, dtype: str) -> tuple[bool, str]:
     """NVIDIA: the compute capability; AMD (the ROCm build of the cuda backend): the GPU's generation."""
+    from whichdevice.precision.generations import amd_half_precision, nvidia_fp16  # GPUs' tables: cuda only
+
     if target.variant == "rocm":
         slower = amd_half_precision(target.first_name(), target.capability)
         if dtype == "bfloat16" and slower is not None:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from whichdevice.core import envview
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import TraceStep
-from whichdevice.precision.full_fp32 import FULL_FP32_MATMULS, SOURCE
 
 if TYPE_CHECKING:
     from whichdevice.core.records import ProbeResult
@@ -133,6 +132,8 @@ def _architecture_problem(model: ModelFacts | None) -> str | None:
         return "no model= to check the architecture against (pass model=)"
     if model.config.get("auto_map"):
         return "the model brings its own code (auto_map), which whichdevice does not read"
+    from whichdevice.precision.full_fp32 import FULL_FP32_MATMULS, SOURCE  # training a model= only
+
     version = package_version("transformers") or "?"
     if version.split(".")[:2] != SOURCE.split(".")[:2]:
         return (
@@ -181,6 +182,8 @@ def decide_tf32(
     problem = _architecture_problem(model)
     if problem is not None:
         return None, [TraceStep("tf32", f"{gain}; tf32=True not handed over: {problem}")]
+    from whichdevice.precision.full_fp32 import SOURCE
+
     said = (
         f"tf32=True for TrainingArguments (training_kwargs()): {model.model_type if model else ''!r} computes no "
         f"matmul in fp32 on purpose (transformers {SOURCE}); TrainingArguments sets TF32 for the whole process, "

@@ -17,7 +17,6 @@ from typing import Any
 
 from whichdevice.core.packages import package_version
 from whichdevice.core.records import Backend, DeviceInfo, ProbeResult, Visibility
-from whichdevice.hardware.compatibility import plugin_problem
 
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
 TYPE_CHECKING = False
@@ -120,6 +119,8 @@ def plugin_incompatible(backend: Backend, readings: RuntimeReadings) -> tuple[st
     """A plugin package built for another torch than the installed one (empty: it fits, or unknown)."""
     if backend.package == "torch":
         return ()
+    from whichdevice.hardware.compatibility import plugin_problem  # read only where a plugin is installed
+
     v = readings.versions
     found = plugin_problem(backend.package, v.get(backend.package), v.get("torch"), readings.requires_torch)
     return (found,) if found else ()
