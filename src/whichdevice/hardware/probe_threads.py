@@ -1,10 +1,8 @@
 """The threads probes run on: kept between probes, so a probe costs no thread start, and given up when one hangs.
 
 A probe runs in a thread of its own so that a hung driver or vendor import can be given up on after
-its time limit (a row whose package, or torch's build of its runtime, is absent has nothing to hang on
-and is answered on the caller's thread: ``probes/presence.py``, ``absent_answer``). Starting a thread
-is not free: measured on a 2-vCPU VM, ``Thread.start`` + ``join`` of an empty function took 0.1-4.1 ms
-(often 3.7 ms: waking the other vCPU for a new thread), and
+its time limit. Starting a thread is not free: measured on a 2-vCPU VM, ``Thread.start`` + ``join``
+of an empty function took 0.1-4.1 ms (often 3.7 ms: waking the other vCPU for a new thread), and
 ten probes spent about 20 of their 30 ms there, a third of what ``resolve_device()`` took after
 ``import torch`` (64-71 ms). Handing a call to a thread that already runs took 0.02-0.04 ms.
 

@@ -23,7 +23,7 @@ from whichdevice.core.records import Backend, DeviceInfo, ProbeFunction, ProbeRe
 from whichdevice.hardware.envhooks import release_scopes
 from whichdevice.hardware.plugin_loading import set_plugin_loader
 from whichdevice.hardware.probe_threads import run_bounded
-from whichdevice.hardware.probes.presence import absent_answer
+from whichdevice.hardware.probes.torch_import import torch_import_reason
 from whichdevice.hardware.registry import backends, get_backend, on_change
 from whichdevice.hardware.store import (  # the state and the time limit, kept below the runner
     DEFAULT_TIMEOUT_S,
@@ -231,8 +231,6 @@ def _prepare(backend: Backend, timeout: float, store: _Store) -> tuple[list[str]
             # Every installed vendor package is tried in the same child (one torch import).
             trial.trial_imports(trial.risky_modules(backends()), timeout)
     except Exception as exc:
-        from whichdevice.hardware.probes.torch_import import torch_import_reason  # a failed import only
-
         return [], ProbeResult(backend.name, installed=False, available=False, reason=torch_import_reason(exc))
     bad = verdicts.bad_imports().get(backend.module.split(".")[0])
     if bad is None:
@@ -258,9 +256,6 @@ def _run(backend: Backend, function: ProbeFunction, timeout: float, store: _Stor
 
     before = outcomes.environment_snapshot()
     start = time.perf_counter()
-    absent = absent_answer(function, backend)
-    if absent is not None:  # found without a vendor import: no thread to hand it to (probes/presence.py)
-        return outcomes.with_notes(replace(absent, seconds=time.perf_counter() - start), notes, before)
     thread = run_bounded(target, backend.name, _join_limit(timeout))
     elapsed = time.perf_counter() - start
     if thread is not None:

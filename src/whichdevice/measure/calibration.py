@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from whichdevice.core import envview, progress
+from whichdevice.core.limits import limit_hit
 from whichdevice.hardware.owned_files import NotOwnedError, not_owned, read_owned
 from whichdevice.hardware.probes.cpu_facts import ONEDNN_ISA_VARIABLE, cpu_facts
 from whichdevice.hardware.probes.locks import ForkSafeLock
@@ -343,8 +344,6 @@ def calibration(measure: bool = True) -> tuple[Calibration | None, str]:
         try:
             calib = run_calibration(found=found)
         except (MemoryError, RuntimeError, OSError) as error:
-            from whichdevice.core.limits import limit_hit  # imports resource: only when a timing failed
-
             limit = limit_hit(error)
             if limit is None:
                 raise

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import platform
-import sys
 from importlib.util import find_spec
 
 import whichdevice.hardware.probes.nvidia_platforms as platforms
@@ -27,12 +26,10 @@ from whichdevice.hardware.probes.common import not_installed
 # typing costs several ms to import; mypy and ruff treat a module-level TYPE_CHECKING = False the same.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 __all__ = [
     "XLA_PACKAGE",
-    "absent_answer",
     "cpu_only_reason",
     "cuda_built",
     "hpu_installed",
@@ -81,47 +78,30 @@ def _full_probe(module: str, name: str, backend: Backend) -> ProbeResult:
     return result
 
 
-def _absent_hpu(backend: Backend) -> ProbeResult | None:
-    return None if hpu_installed() else not_installed(backend)
-
-
-def _absent_gaudi_bridge(backend: Backend) -> ProbeResult | None:
-    # Only the top module: finding habana_frameworks.torch imports habana_frameworks, a vendor import.
-    return None if find_spec("habana_frameworks") is not None else not_installed(backend)
-
-
-def _absent_tpu(backend: Backend) -> ProbeResult | None:
-    # Without torch-tpu but with torch_xla, the tpu probe's reason says whose devices those are.
-    present = tpu_installed(backend) or package_version(XLA_PACKAGE) is not None
-    return None if present else not_installed(backend)
-
-
-def _absent_vendor(backend: Backend) -> ProbeResult | None:
-    return None if vendor_installed(backend) else not_installed(backend)
-
-
 def probe_hpu(backend: Backend) -> ProbeResult:
-    return _absent_hpu(backend) or _full_probe("hpu", "probe_hpu", backend)
+    return _full_probe("hpu", "probe_hpu", backend) if hpu_installed() else not_installed(backend)
 
 
 def probe_tpu(backend: Backend) -> ProbeResult:
-    return _absent_tpu(backend) or _full_probe("tpu", "probe_tpu", backend)
+    # Without torch-tpu but with torch_xla, the tpu probe's reason says whose devices those are.
+    present = tpu_installed(backend) or package_version(XLA_PACKAGE) is not None
+    return _full_probe("tpu", "probe_tpu", backend) if present else not_installed(backend)
 
 
 def probe_npu(backend: Backend) -> ProbeResult:
-    return _absent_vendor(backend) or _full_probe("vendor", "probe_npu", backend)
+    return _full_probe("vendor", "probe_npu", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def probe_mlu(backend: Backend) -> ProbeResult:
-    return _absent_vendor(backend) or _full_probe("vendor", "probe_mlu", backend)
+    return _full_probe("vendor", "probe_mlu", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def probe_musa(backend: Backend) -> ProbeResult:
-    return _absent_vendor(backend) or _full_probe("vendor", "probe_musa", backend)
+    return _full_probe("vendor", "probe_musa", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def probe_neuron(backend: Backend) -> ProbeResult:
-    return _absent_vendor(backend) or _full_probe("vendor", "probe_neuron", backend)
+    return _full_probe("vendor", "probe_neuron", backend) if vendor_installed(backend) else not_installed(backend)
 
 
 def cuda_built(torch: Any) -> bool:
@@ -154,71 +134,26 @@ def no_mps_reason(system: str) -> str:
     return f"MPS needs macOS on Apple Silicon with a macOS build of torch; this is {system}"
 
 
-def _absent_cuda(backend: Backend, torch: Any) -> ProbeResult | None:
-    if cuda_built(torch):
-        return None
-    return not_installed(backend, cpu_only_reason(str(torch.__version__), backend.install_command))
-
-
-def _absent_xpu(backend: Backend, torch: Any) -> ProbeResult | None:
-    if xpu_built(torch):
-        return None
-    return not_installed(backend, no_xpu_reason(str(torch.__version__), backend.install_command))
-
-
-def _absent_mps(backend: Backend, torch: Any) -> ProbeResult | None:
-    system = platform.system()
-    return None if mps_built(torch, system) else not_installed(backend, no_mps_reason(system))
-
-
 def probe_cuda(backend: Backend) -> ProbeResult:
     import torch
 
-    return _absent_cuda(backend, torch) or _full_probe("cuda", "probe_cuda", backend)
+    if cuda_built(torch):
+        return _full_probe("cuda", "probe_cuda", backend)
+    return not_installed(backend, cpu_only_reason(str(torch.__version__), backend.install_command))
 
 
 def probe_xpu(backend: Backend) -> ProbeResult:
     import torch
 
-    return _absent_xpu(backend, torch) or _full_probe("xpu", "probe_xpu", backend)
+    if xpu_built(torch):
+        return _full_probe("xpu", "probe_xpu", backend)
+    return not_installed(backend, no_xpu_reason(str(torch.__version__), backend.install_command))
 
 
 def probe_mps(backend: Backend) -> ProbeResult:
     import torch
 
-    return _absent_mps(backend, torch) or _full_probe("mps", "probe_mps", backend)
-
-
-# Each probe above -> its "not installed" answer. These read only find_spec, package metadata, a
-# release file and the flags of a torch already imported: nothing that waits on a driver or runs a
-# vendor import, so the runner asks them on the calling thread (absent_answer) and hands the probe
-# to a bounded thread only when the package is there (measured: a hand-over costs 0.1-0.3 ms, the
-# first one 1.3 ms with its thread start; docs/performance.md).
-_ABSENT_VENDOR: dict[Callable[[Backend], ProbeResult], Callable[[Backend], ProbeResult | None]] = {
-    probe_hpu: _absent_gaudi_bridge,
-    probe_tpu: _absent_tpu,
-    probe_npu: _absent_vendor,
-    probe_mlu: _absent_vendor,
-    probe_musa: _absent_vendor,
-    probe_neuron: _absent_vendor,
-}
-_ABSENT_TORCH_BUILD: dict[Callable[[Backend], ProbeResult], Callable[[Backend, Any], ProbeResult | None]] = {
-    probe_cuda: _absent_cuda,
-    probe_xpu: _absent_xpu,
-    probe_mps: _absent_mps,
-}
-
-
-def absent_answer(probe: Callable[[Backend], ProbeResult], backend: Backend) -> ProbeResult | None:
-    """The "not installed" result of ``probe`` when it is one of this module's and its package (or
-    torch's build of the runtime) is absent, found without a vendor import; None otherwise: the package
-    is there, torch is not imported yet (or still importing), or the probe is another's (a plugin's, a
-    simulation's), and the probe must run as the runner runs every probe."""
-    vendor = _ABSENT_VENDOR.get(probe)
-    if vendor is not None:
-        return vendor(backend)
-    build = _ABSENT_TORCH_BUILD.get(probe)
-    torch = sys.modules.get("torch")
-    if build is None or torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
-        return None
-    return build(backend, torch)
+    system = platform.system()
+    if mps_built(torch, system):
+        return _full_probe("mps", "probe_mps", backend)
+    return not_installed(backend, no_mps_reason(system))
