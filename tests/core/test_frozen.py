@@ -228,3 +228,132 @@ def test_a_fresh_resolve_compiles_no_dataclass_method():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ------------------------------------------------------------------------------------------ NamedTuple
+
+
+def _package_tuples() -> list[type]:
+    _package_classes()  # imports every module
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("whichdevice."):
+            for value in vars(module).values():
+                is_tuple = inspect.isclass(value) and issubclass(value, tuple) and hasattr(value, "_fields")
+                if is_tuple and value.__module__ == name:
+                    found[f"{name}.{value.__qualname__}"] = value
+    return [found[k] for k in sorted(found)]
+
+
+TUPLES = _package_tuples()
+
+
+def _typing_twin(cls: type) -> type:
+    """The same class source, made by typing.NamedTuple in the module's own namespace."""
+    import textwrap
+    import typing
+
+    namespace = dict(vars(sys.modules[cls.__module__]), NamedTuple=typing.NamedTuple)
+    exec(compile(textwrap.dedent(inspect.getsource(cls)), inspect.getsourcefile(cls) or "?", "exec"), namespace)
+    twin: type = namespace[cls.__name__]
+    return twin
+
+
+def _annotations_as_written(cls: type) -> dict[str, str]:
+    return {k: getattr(v, "__forward_arg__", v) for k, v in cls.__annotations__.items()}
+
+
+def test_every_named_tuple_of_the_package_is_made_without_typing():
+    """Each is made by core.frozen's NamedTuple: its annotations are the strings written, not ForwardRefs."""
+    assert len(TUPLES) >= 28
+    for cls in TUPLES:
+        assert all(isinstance(v, str) for v in cls.__annotations__.values()), cls
+
+
+@pytest.mark.parametrize("cls", TUPLES, ids=lambda c: f"{c.__module__}.{c.__qualname__}")
+def test_a_named_tuple_is_the_class_typing_makes(cls):
+    import typing
+
+    twin = _typing_twin(cls)
+    assert cls.__mro__[1:] == twin.__mro__[1:] == (tuple, object)
+    assert type(cls) is type(twin) is type
+    assert (cls._fields, cls._field_defaults, cls.__match_args__) == (
+        twin._fields,
+        twin._field_defaults,
+        twin.__match_args__,
+    )
+    assert (cls.__doc__, cls.__module__, cls.__qualname__) == (twin.__doc__, twin.__module__, twin.__qualname__)
+    assert _annotations_as_written(cls) == _annotations_as_written(twin)
+    assert cls.__new__.__annotations__ == cls.__annotations__
+    assert cls.__orig_bases__ == twin.__orig_bases__ == (typing.NamedTuple,)
+    # __slotnames__: copyreg's cache, set on a class once an instance was copied or pickled
+    own = {k: v for k, v in vars(cls).items() if k != "__slotnames__"}
+    assert sorted(own) == sorted(vars(twin))
+    for name, value in own.items():  # the class body's own methods and constants, carried over alike
+        other = vars(twin)[name]
+        if inspect.isfunction(value):
+            assert value.__code__.co_code == other.__code__.co_code, name
+        elif isinstance(value, property):
+            assert value.fget.__code__.co_code == other.fget.__code__.co_code, name
+    required = [f for f in cls._fields if f not in cls._field_defaults]
+    values = [f"v-{f}" for f in required]
+    one, two = cls(*values), twin(*values)
+    assert tuple(one) == tuple(two) and one == tuple(two)
+    assert repr(one) == repr(two)
+    assert one._asdict() == two._asdict() and one._replace(**{cls._fields[0]: 1})[0] == 1
+    assert pickle.loads(pickle.dumps(one)) == one and type(pickle.loads(pickle.dumps(one))) is cls
+    assert copy.deepcopy(one) == one and hash(one) == hash(tuple(one))
+    for args, kwargs in (((), {}), ((*values, *range(len(cls._fields) + 1)), {}), (values, {"nope": 1})):
+        assert _outcome(lambda a=args, k=kwargs: cls(*a, **k)) == _outcome(lambda a=args, k=kwargs: twin(*a, **k))
+
+
+def test_a_named_tuple_refuses_what_typing_refuses():
+    import typing
+
+    def bodies(base):
+        def non_default_after_default():
+            class A(base):
+                x: int = 1
+                y: int
+
+        def prohibited():
+            class B(base):
+                x: int
+
+                def _replace(self):
+                    return self
+
+        def two_bases():
+            class C(base, dict):  # type: ignore[misc]
+                x: int
+
+        return non_default_after_default, prohibited, two_bases
+
+    for ours, theirs in zip(bodies(frozen.NamedTuple), bodies(typing.NamedTuple), strict=True):
+        with pytest.raises((TypeError, AttributeError)) as mine:
+            ours()
+        with pytest.raises((TypeError, AttributeError)) as typings:
+            theirs()
+        assert type(mine.value) is type(typings.value)
+        if ours.__name__ != "two_bases":  # typing's message for extra bases differs by Python version
+            assert str(mine.value) == str(typings.value)
+
+
+def test_the_call_form_is_typings():
+    made = frozen.NamedTuple("Pair", [("a", int), ("b", str)])
+    assert made._fields == ("a", "b") and made.__annotations__ == {"a": int, "b": str}
+
+
+def test_no_module_of_the_package_makes_its_named_tuples_with_typing():
+    """typing.NamedTuple compiles each string annotation (1.3 ms of a fresh resolve): core.frozen's is used."""
+    import ast
+    from pathlib import Path
+
+    root = Path(whichdevice.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            from_typing = isinstance(node, ast.ImportFrom) and node.module == "typing"
+            if from_typing and "NamedTuple" in [a.name for a in node.names] and path.name != "frozen.py":
+                offenders.append(str(path.relative_to(root)))
+    assert offenders == []

@@ -20,9 +20,10 @@ is downloaded here: kernels itself falls back to the original forward when it la
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import DeviceError
+from whichdevice.core.frozen import NamedTuple
 
 if TYPE_CHECKING:
     from whichdevice.core.records import ProbeResult, TraceStep

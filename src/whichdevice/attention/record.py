@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any, NamedTuple
+from typing import Any
 
-from whichdevice.core.frozen import frozen_record
+from whichdevice.core.frozen import NamedTuple, frozen_record
 
 __all__ = ["Attention", "Serving"]
 

@@ -9,26 +9,34 @@ defaults) and gives every class the same six functions, which read the class's f
 return, raise and print is what the generated ones would (tests/core/test_frozen.py compares them on
 every record of the package). One difference: a plain subclass of a record cannot set attributes of
 its own either.
+
+``NamedTuple`` is ``typing.NamedTuple`` for mypy and, when the module runs, a class base that makes the
+same tuple class without typing's check of each annotation: under ``from __future__ import annotations``
+each annotation is a string, and typing compiles every one into a ``ForwardRef`` (15 us a field, 1.3 ms
+of a fresh resolve for its 87; docs/performance.md). The class is ``collections.namedtuple``'s, as
+typing's is, with the annotations kept as the strings written.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import inspect
 import operator
 import reprlib
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import Field, FrozenInstanceError, field
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
 else:  # typing_extensions comes with torch
     from typing_extensions import dataclass_transform
 
-__all__ = ["frozen_record"]
+__all__ = ["NamedTuple", "frozen_record"]
 
 C = TypeVar("C", bound=type)
 
@@ -181,3 +189,61 @@ def _make(cls: Any, eq: bool) -> Any:
     if not had_doc:
         cls.__doc__ = cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
     return cls
+
+
+# ------------------------------------------------------------------------------------------ NamedTuple
+
+# What typing refuses or skips in a NamedTuple's class body (typing._prohibited and _special, the same
+# on Python 3.10 to 3.13).
+_PROHIBITED = frozenset(
+    {"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults", "_make", "_replace"}
+    | {"_asdict", "_source"}
+)
+_SPECIAL = frozenset({"__module__", "__name__", "__annotations__"})
+
+
+class _TupleRecordMeta(type):
+    """``class X(NamedTuple)`` as typing.NamedTupleMeta makes it, the annotations left as written."""
+
+    def __new__(mcls, typename: str, bases: tuple[type, ...], ns: dict[str, Any]) -> Any:
+        if bases != (_TupleRecordBase,):
+            raise TypeError("can only inherit from a NamedTuple type")
+        types: dict[str, Any] = ns.get("__annotations__", {})
+        default_names: list[str] = []
+        for field_name in types:
+            if field_name in ns:
+                default_names.append(field_name)
+            elif default_names:
+                raise TypeError(
+                    f"Non-default namedtuple field {field_name} cannot follow default field"
+                    f"{'s' if len(default_names) > 1 else ''} {', '.join(default_names)}"
+                )
+        make_tuple: Any = collections.namedtuple  # mypy wants literal arguments: these are the class's own
+        made = make_tuple(typename, list(types), defaults=[ns[n] for n in default_names], module=ns["__module__"])
+        made.__annotations__ = made.__new__.__annotations__ = dict(types)
+        for key, value in ns.items():
+            if key in _PROHIBITED:
+                raise AttributeError("Cannot overwrite NamedTuple attribute " + key)
+            if key in _SPECIAL:
+                continue
+            if key not in made._fields:
+                setattr(made, key, value)
+            if sys.version_info >= (3, 13) and hasattr(type(value), "__set_name__"):
+                type(value).__set_name__(value, made, key)  # as typing does from 3.13
+        if "__orig_bases__" in ns:
+            made.__orig_bases__ = (typing.NamedTuple,)
+        return made
+
+
+_TupleRecordBase = type.__new__(_TupleRecordMeta, "NamedTuple", (), {})
+
+
+if TYPE_CHECKING:
+    from typing import NamedTuple as NamedTuple
+else:
+
+    def NamedTuple(typename, fields=None, /, **kwargs):  # noqa: N802  # typing's name
+        """The call form, ``NamedTuple("X", [("a", int)])``: typing's own."""
+        return typing.NamedTuple(typename, fields, **kwargs)
+
+    NamedTuple.__mro_entries__ = lambda bases: (_TupleRecordBase,)

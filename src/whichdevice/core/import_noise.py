@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import NamedTuple
+
+from whichdevice.core.frozen import NamedTuple
 
 __all__ = ["IMPORT_NOISE", "Noise", "quiet_import_noise"]
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core import envview
 from whichdevice.core.errors import DeviceError, shown
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.numbers import parse_number
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from whichdevice.core.errors import ConfigConflictError
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.numbers import parse_number
 from whichdevice.launch.distributed import (
     _LAUNCHED,

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from whichdevice.core.dtypes import short_name
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.measure.figures import PROMPT_ROWS
 
 __all__ = ["BATCHES", "BUDGET_S", "HALF_DTYPES", "HOPELESS", "PROMPT_ROWS", "STEADY", "WIDTH", "Measured", "measure"]

@@ -22,9 +22,10 @@ The dtype choice (``precision.measured``) and the tuning both read this module; 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import item_size
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.job import Job, new_tokens
 from whichdevice.measure.figures import PROMPT_ROWS
 from whichdevice.measure.packing_plan import PACK_MARGIN, PackingPlan

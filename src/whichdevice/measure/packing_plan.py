@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from whichdevice.core.frozen import NamedTuple
 
 __all__ = ["PACK_MARGIN", "PackingPlan"]
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
+
+from whichdevice.core.frozen import NamedTuple
 
 __all__ = ["BANDWIDTHS", "Bandwidth", "bandwidth_of", "bytes_per_token"]
 

@@ -39,8 +39,9 @@ parameters), which changes the result, so they come last.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.job import JobMemory
 from whichdevice.memory.training_records import Strategy, TrainingPlan

@@ -19,9 +19,10 @@ weights peft's ``prepare_model_for_kbit_training`` upcasts to float32.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import item_size
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.sizes import format_bytes
 from whichdevice.memory.activations import ActivationMode, Activations, training_activations
 from whichdevice.memory.job import WORKSPACE, JobMemory, Term

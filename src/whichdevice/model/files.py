@@ -15,10 +15,11 @@ import re
 import stat
 import struct
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from whichdevice.core.dtypes import SAFETENSORS_BITS
 from whichdevice.core.errors import DamagedModelError, DeviceError
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.untrusted import UntrustedFileError, read_untrusted
 from whichdevice.model.header_rules import layout_problem, metadata_problem, size_problem
 

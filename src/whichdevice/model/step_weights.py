@@ -3,7 +3,7 @@ cache is sized by."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from whichdevice.core.frozen import NamedTuple
 
 __all__ = ["StepWeights"]
 

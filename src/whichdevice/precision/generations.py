@@ -13,7 +13,7 @@ bf16 arithmetic or matrix instructions (bf16 WMMA arrives with RDNA 3).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from whichdevice.core.frozen import NamedTuple
 
 __all__ = ["NVIDIA_FP16_RATE", "amd_half_precision", "nvidia_fp16"]
 

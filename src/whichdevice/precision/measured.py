@@ -15,9 +15,10 @@ not fp16-unsafe; bf16 (fp32's range) always is; the measurement never turns on w
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import short_name
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.job import Job
 from whichdevice.measure.estimate import (
     ASSUMED_PARAMETERS,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from whichdevice.core.dtypes import from_short
+from whichdevice.core.frozen import NamedTuple
 
 if TYPE_CHECKING:
     from whichdevice.measure.estimate import CpuJob

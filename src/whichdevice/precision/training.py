@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 from whichdevice.core.errors import ConfigConflictError
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.precision.hardware import supports
 
 if TYPE_CHECKING:

@@ -21,10 +21,10 @@ import re
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from whichdevice.core.errors import DeviceError, DoesNotFitError, printable
-from whichdevice.core.frozen import frozen_record
+from whichdevice.core.frozen import NamedTuple, frozen_record
 from whichdevice.device.request import as_task
 
 __all__ = ["DEFAULT_MACHINES", "HardwarePlan", "PlanRow", "plan_hardware"]

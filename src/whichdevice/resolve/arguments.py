@@ -9,9 +9,10 @@ read: Python reads every non-empty string as true, and which words mean "no" is 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from whichdevice.core.errors import ConfigConflictError, DeviceError, shown
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.job import Job
 from whichdevice.device.request import TASKS, _is_index, parse_device
 from whichdevice.hardware.registry import backends

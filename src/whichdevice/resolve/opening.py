@@ -4,8 +4,9 @@ its value and its trace lines; ``_resolve`` runs them in order."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.job import Job
 from whichdevice.core.packages import stack_problems
 from whichdevice.core.records import Trace, TraceStep

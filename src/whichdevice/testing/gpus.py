@@ -11,7 +11,8 @@ generic name ("NVIDIA GPU (cc 7.5, 48 GiB)").
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+
+from whichdevice.core.frozen import NamedTuple
 
 __all__ = ["GpuModel", "capabilities", "gpu_details", "host_conflict", "known_model", "name_conflict"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import platform as _platform
 import re
 from collections.abc import Iterable
-from typing import NamedTuple
 
+from whichdevice.core.frozen import NamedTuple
 from whichdevice.core.records import ProbeResult, TraceStep
 
 __all__ = [
