@@ -43,7 +43,13 @@ def test_a_fresh_resolve_leaves_out_what_it_does_not_use() -> None:
     # inference without Hub kernels: the training launch's steps and the kernels' layer check stay out
     assert "whichdevice.device.launch_command" not in imported
     assert "whichdevice.attention.kernel_layers" not in imported
+    # tables read only on paths not taken here: a checkpoint's architecture (fp16_safe), training a model=
+    # (full_fp32), a GPU's generation (generations), a training launch (checks); an installed plugin's
+    # torch pin (compatibility) where none is installed
+    for module in ("precision.fp16_safe", "precision.full_fp32", "precision.generations", "launch.checks"):
+        assert f"whichdevice.{module}" not in imported
     if not vendor_modules(wd.backends()) and not entry_points(TORCH_GROUP):
+        assert "whichdevice.hardware.compatibility" not in imported
         # nothing to try in a child: the trial's machinery stays out, its verdicts are still asked
         assert "whichdevice.hardware.probes.trial" not in imported
         assert "whichdevice.hardware.probes.verdicts" in imported
@@ -67,3 +73,23 @@ def test_the_records_moved_are_still_named_where_they_were() -> None:
     assert fit.Placement is record.Placement
     assert fit.LargestFit is largest.LargestFit is largest_record.LargestFit
     assert trial.bad_imports is verdicts.bad_imports and trial.HUNG == verdicts.HUNG
+
+
+def test_the_argument_aliases_are_made_when_read() -> None:
+    """resolve_device's argument aliases are typing's objects, built on first read, not at import."""
+    from typing import ForwardRef, Literal, Union
+
+    from whichdevice.resolve import resolver
+    from whichdevice.resolve.resolver import DeviceLike, DtypeLike, ModelLike, Quantize
+
+    assert Quantize == Literal["auto", "4bit", "8bit"]
+    assert DeviceLike == Union[str, ForwardRef("torch.device")]  # noqa: UP007
+    assert DtypeLike == Union[str, ForwardRef("torch.dtype")]  # noqa: UP007
+    assert ModelLike == Union[str, ForwardRef("os.PathLike[str]"), ForwardRef("PretrainedConfig")]  # noqa: UP007
+    assert resolver.DeviceLike is DeviceLike  # made once
+    code = (
+        "import whichdevice; from whichdevice.resolve import resolver; whichdevice.resolve_device(); "
+        "print(sorted(vars(resolver)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert "DeviceLike" not in out.stdout and "resolve_device" in out.stdout

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from whichdevice.model.quantized import CheckpointQuantization
 
     # What resolve_device() takes, as its checks accept it (resolve/arguments.py, model/facts.py): anything
-    # else is refused there with the form to write instead. Named for the annotations only (0.15 ms of
-    # typing's work at import otherwise).
+    # else is refused there with the form to write instead. At run time they are made when first read
+    # (__getattr__ below): typing's work for them was 0.15 ms of every import.
     Quantize = Literal["auto", "4bit", "8bit"]
     DeviceLike = str | torch.device
     DtypeLike = str | torch.dtype
@@ -388,3 +388,19 @@ def _placed(
         return Placement(target.device, note=ZERO3_LOADING), [TraceStep("placement", ZERO3_LOADING)]
     note = "the whole model on the chosen device (pass model= to check that it fits)"
     return Placement(target.device, note=note), [TraceStep("placement", f"device_map={target.device!r}: {note}")]
+
+
+def __getattr__(name: str) -> object:
+    """The argument aliases (``DeviceLike``, ...), made when a caller first reads them."""
+    from typing import Union
+
+    aliases: dict[str, object] = {
+        "Quantize": Literal["auto", "4bit", "8bit"],
+        "DeviceLike": Union[str, "torch.device"],  # forward references: torch is imported for mypy alone
+        "DtypeLike": Union[str, "torch.dtype"],
+        "ModelLike": Union[str, "os.PathLike[str]", "PretrainedConfig"],
+    }
+    if name not in aliases:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = aliases[name]
+    return aliases[name]
