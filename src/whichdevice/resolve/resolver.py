@@ -46,18 +46,8 @@ from whichdevice.tuning.decide import decide_tuning
 from whichdevice.tuning.record import Tuning
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import PretrainedConfig
-
     from whichdevice.model.quantized import CheckpointQuantization
-
-    # What resolve_device() takes, as its checks accept it (resolve/arguments.py, model/facts.py): anything
-    # else is refused there with the form to write instead. At run time they are made when first read
-    # (__getattr__ below): typing's work for them was 0.15 ms of every import.
-    Quantize = Literal["auto", "4bit", "8bit"]
-    DeviceLike = str | torch.device
-    DtypeLike = str | torch.dtype
-    ModelLike = str | os.PathLike[str] | PretrainedConfig
+    from whichdevice.resolve.arguments import DeviceLike, DtypeLike, ModelLike, Quantize
 
 __all__ = ["ENV_DEVICE", "TASKS", "Resolution", "TraceStep", "parse_device", "resolve_device"]
 
@@ -391,16 +381,7 @@ def _placed(
 
 
 def __getattr__(name: str) -> object:
-    """The argument aliases (``DeviceLike``, ...), made when a caller first reads them."""
-    from typing import Union
+    """``DeviceLike`` and the other argument aliases (resolve/arguments.py), made when first read."""
+    from whichdevice.resolve.arguments import argument_alias
 
-    aliases: dict[str, object] = {
-        "Quantize": Literal["auto", "4bit", "8bit"],
-        "DeviceLike": Union[str, "torch.device"],  # forward references: torch is imported for mypy alone
-        "DtypeLike": Union[str, "torch.dtype"],
-        "ModelLike": Union[str, "os.PathLike[str]", "PretrainedConfig"],
-    }
-    if name not in aliases:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = aliases[name]
-    return aliases[name]
+    return argument_alias(name, globals())
