@@ -1,6 +1,8 @@
 """``@frozen_record`` (whichdevice.core.frozen) behaves as ``@dataclass(frozen=True)`` on every record of
 the package: each is rebuilt here as a plain frozen dataclass with the same fields and compared on
-construction, repr, equality, hashing, assignment, the signature, ``replace``, ``asdict`` and pickling."""
+construction, repr, equality, hashing, assignment, the signature, ``replace``, ``asdict`` and pickling.
+Its ``NamedTuple`` makes the class ``typing.NamedTuple`` makes: each of the package's is compared with the
+one typing makes from the same source."""
 
 from __future__ import annotations
 
