@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from whichdevice.core.dtypes import item_size
 from whichdevice.core.job import Job, new_tokens
 from whichdevice.core.records import TraceStep
+from whichdevice.tuning.compile_support import cannot_compile_here
 
 if TYPE_CHECKING:
     from whichdevice.attention.record import Attention
@@ -65,8 +66,6 @@ def static_cache_step(
         # Measured on NVIDIA alone (a CPU's settings are measured by its calibration), and only
         # for a job that says its sequences: a resolution that knows nothing of one says nothing.
         return False, []
-    from whichdevice.tuning.compile_support import cannot_compile_here  # NVIDIA only, as above
-
     dtype = placement.weights
     refusal = (
         _unusual(target, placement, attention, quantized)
