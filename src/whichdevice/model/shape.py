@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +40,7 @@ class ModelShape:
     state_size: int = 0
     decoder_layers: int = 0
     # The head shares the input embedding's weight (tie_word_embeddings): one vocab x hidden matrix
-    # outside the layers, not two. Absent from the config: not tied (every class but a few sets it).
+    # outside the layers, not two. Absent from the config: what the installed config class sets.
     tied_embeddings: bool = False
 
     @property
@@ -109,9 +110,37 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         **_experts(config, intermediate),
         state_size=_positive(config.get("state_size")) if config.get("ssm_cfg") is None else 0,
         decoder_layers=_positive(_first(config, "num_decoder_layers", "decoder_layers")),
-        tied_embeddings=_first(config, "tie_word_embeddings") is True
-        or (config is not data and data.get("tie_word_embeddings") is True),
+        tied_embeddings=_tied(config, data),
     )
+
+
+def _tied(config: Mapping[str, Any], data: Mapping[str, Any]) -> bool:
+    stated = [c["tie_word_embeddings"] for c in (config, data) if c.get("tie_word_embeddings") is not None]
+    if stated:
+        return any(value is True for value in stated)
+    # transformers before 5 wrote a config's value only where it differed from the default, so GPT-2's,
+    # Gemma's and Mamba's config.json on the Hub leave it out, and their classes tie: the absent value is
+    # the one the installed config class gives when it loads the file.
+    # Where no class of the installed transformers answers (a model with its own code, whose config class
+    # is never imported; a model_type it does not know), tied: the larger training estimate
+    # (memory/activations.py), since the head's matrix then counts with the layers' parameters.
+    model_type = data.get("model_type")
+    if data.get("auto_map") or not isinstance(model_type, str):
+        return True
+    return _ties_by_default(model_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _ties_by_default(model_type: str) -> bool:
+    """tie_word_embeddings of transformers' config class for ``model_type`` built with its defaults (True
+    where none answers)."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(model_type)
+    except Exception:
+        return True
+    return getattr(config, "tie_word_embeddings", True) is not False
 
 
 def _positive(value: Any) -> int:
