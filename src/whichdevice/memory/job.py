@@ -25,6 +25,7 @@ __all__ = [
     "headroom_tokens",
     "job_memory",
     "kv_cache_bytes",
+    "state_cache_bytes",
 ]
 
 # A generation's hidden states and MLP intermediates, per token, as multiples of hidden and intermediate
@@ -89,6 +90,17 @@ def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype: str) -> in
     return per_token * (full_layers * tokens + shape.sliding_layers * window_tokens)
 
 
+def state_cache_bytes(shape: ModelShape, batch: int, dtype: str) -> int:
+    """A state-space model's cache, the same at any length: per layer and sequence, the convolution's last
+    ``conv_kernel`` inputs of its channels (the intermediate ones, and Mamba2's B and C groups) in ``dtype``,
+    and the scan's state (intermediate x state size) in float32, as transformers' cache layers hold them."""
+    if not shape.state_size:
+        return 0
+    channels = shape.intermediate + 2 * shape.ssm_groups * shape.state_size
+    per_layer = channels * shape.conv_kernel * item_size(dtype) + shape.intermediate * shape.state_size * 4
+    return shape.layers * batch * per_layer
+
+
 def headroom_tokens(shape: ModelShape, headroom: int, dtype: str) -> int:
     """How many tokens of one sequence's KV cache fit in ``headroom`` bytes."""
     per_token = kv_cache_bytes(shape, 1, 1, dtype)
@@ -96,7 +108,7 @@ def headroom_tokens(shape: ModelShape, headroom: int, dtype: str) -> int:
 
 
 def _scores(shape: ModelShape, tokens: int, batch: int, size: int, eager: bool) -> tuple[int, str]:
-    if not eager:
+    if not eager or not shape.heads:  # no attention (a state-space model): no scores
         return 0, ""
     # eager attention holds the scores and their softmax, T x T per head
     return 2 * batch * shape.heads * tokens * tokens * size, ", eager attention's T x T scores"
@@ -143,6 +155,15 @@ def job_memory(
     if max_length is None:
         assumed.append(f"max_length={tokens} assumed (the model's context, at most 2048)")
     terms.append(Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch"))
+    if shape.state_size:
+        why = (
+            f"{shape.layers} layers x {batch} sequences x (a convolution window of {shape.conv_kernel} over "
+            f"{shape.intermediate + 2 * shape.ssm_groups * shape.state_size} channels in {dtype}, and a scan "
+            f"state of {shape.intermediate} x {shape.state_size} in float32), at any length"
+        )
+        terms.append(Term("state cache", state_cache_bytes(shape, batch, dtype), why))
+        terms.append(_inference_activations(shape, tokens, batch, dtype, eager))
+        return JobMemory(tuple(terms), tuple(assumed))
     kv = kv_cache_bytes(shape, tokens, batch, dtype)
     window = (
         f", {shape.sliding_layers} sliding layers keep {shape.sliding_window}"

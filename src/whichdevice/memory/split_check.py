@@ -32,7 +32,7 @@ from whichdevice.memory.job import JobMemory
 
 __all__ = ["SplitCheck", "check_split"]
 
-_PER_LAYER = ("KV cache",)  # terms held by each layer's device, in proportion to its layers
+_PER_LAYER = ("KV cache", "state cache")  # terms held by each layer's device, in proportion to its layers
 _WITH_WEIGHTS = ("gradients", "optimizer state")  # terms that sit beside the weights they belong to
 _ROUNDS = 6
 

@@ -39,6 +39,10 @@ class ModelShape:
     dense_intermediate: int | None = None
     state_size: int = 0
     decoder_layers: int = 0
+    # A state-space layer's convolution: its window (conv_kernel) and the groups of B and C that Mamba2
+    # convolves beside the intermediate channels (n_groups; 0 for Mamba, whose conv has only those).
+    conv_kernel: int = 0
+    ssm_groups: int = 0
     # The head shares the input embedding's weight (tie_word_embeddings): one vocab x hidden matrix
     # outside the layers, not two. Absent from the config: what the installed config class sets.
     tied_embeddings: bool = False
@@ -74,8 +78,9 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
     layers = _first(config, "num_hidden_layers", "n_layer", "num_layers", "encoder_layers")
     heads = _first(config, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
     hidden = _first(config, "hidden_size", "n_embd", "d_model")
-    if _positive(config.get("state_size")) and _positive(heads) == 0:
-        heads = 0  # a state-space model (Mamba): no attention, so no heads and no KV cache
+    state_space = _positive(config.get("state_size")) > 0 and _first(config, "num_attention_heads", "n_head") is None
+    if state_space:
+        heads = 0  # Mamba, Mamba2: no attention, so no KV cache (Mamba2's num_heads are its scan's heads)
     elif not all(isinstance(v, int) and v > 0 for v in (heads,)):
         return None
     if not all(isinstance(v, int) and v > 0 for v in (layers, hidden)):
@@ -83,7 +88,7 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
     kv_heads = _first(config, "num_key_value_heads", "n_head_kv", "num_kv_heads")
     if config.get("multi_query") is True:
         kv_heads = 1
-    head_dim = _first(config, "head_dim", "d_kv") or (hidden // heads if heads else 0)
+    head_dim = (_first(config, "head_dim", "d_kv") or hidden // heads) if heads else 0
     context = model_context(config)
     window = _first(config, "sliding_window", "attention_chunk_size")
     types = config.get("layer_types")
@@ -91,8 +96,10 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         sliding = sum(1 for t in types if "sliding" in str(t) or t == "chunked_attention")
     else:
         sliding = layers if window else 0  # transformers' DynamicCache: every layer slides then
+    # Mamba2 states no intermediate size: its mixer's is expand x hidden (transformers' Mamba2Mixer).
+    widened = _positive(config.get("expand")) * hidden if state_space else 0
     intermediate = int(
-        _first(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim") or 4 * hidden
+        _first(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim") or widened or 4 * hidden
     )
     return ModelShape(
         layers=layers,
@@ -110,6 +117,8 @@ def shape_of_config(data: Mapping[str, Any] | None) -> ModelShape | None:
         **_experts(config, intermediate),
         state_size=_positive(config.get("state_size")) if config.get("ssm_cfg") is None else 0,
         decoder_layers=_positive(_first(config, "num_decoder_layers", "decoder_layers")),
+        conv_kernel=_positive(config.get("conv_kernel")) if state_space else 0,
+        ssm_groups=_positive(config.get("n_groups")) if state_space else 0,
         tied_embeddings=_tied(config, data),
     )
 

@@ -231,7 +231,7 @@ def _row(facts: Any, name: str, spec: str, count: int, job: _Job) -> PlanRow:
 
 def _answer(facts: Any, res: Any, row: PlanRow, task: str, batch: int, length: int) -> PlanRow:
     from whichdevice.memory.bandwidth import bandwidth_of, bytes_per_token
-    from whichdevice.memory.job import kv_cache_bytes
+    from whichdevice.memory.job import kv_cache_bytes, state_cache_bytes
 
     quant = res.quantization.method if res.quantization is not None else None
     if quant is None and facts.quantization is not None:
@@ -247,7 +247,9 @@ def _answer(facts: Any, res: Any, row: PlanRow, task: str, batch: int, length: i
     row_bandwidth = bandwidth_of(row.device_name) if row.spec else _cpu_bandwidth()
     if task == "inference" and row_bandwidth is not None:
         read, _ = bytes_per_token([t for _, t in facts.headers], facts.config, weights)
-        kv = kv_cache_bytes(facts.shape, length, 1, dtype) if facts.shape is not None else 0
+        shape = facts.shape
+        # Each decode step reads the KV cache, or a state-space model's states (the same at any length).
+        kv = kv_cache_bytes(shape, length, 1, dtype) + state_cache_bytes(shape, 1, dtype) if shape is not None else 0
         speed = parallel * row_bandwidth.gb_per_s * 1e9 / max(1, read + kv)
         source = row_bandwidth.source
     return PlanRow(
