@@ -1,9 +1,9 @@
 """Whether a model's head shares its embedding's weight, read from config.json as transformers loads it.
 
-transformers before 5 wrote ``tie_word_embeddings`` into config.json only where it differed from the
-default, so GPT-2's, Gemma's and Mamba's files on the Hub leave it out. Each case here takes the
-installed config class's own dict, drops the key, saves it, and holds the shape's answer to what
-``AutoConfig.from_pretrained`` makes of that file, and (for three) to what the built model shares.
+transformers 4 saved only the values of a config that differ from the defaults, so the config.json of a
+class that ties by default leaves ``tie_word_embeddings`` out (GPT-2's on the Hub, for one). Each case here
+takes the installed config class's own dict, drops the key, saves it, and holds the shape's answer to
+what ``AutoConfig.from_pretrained`` makes of that file, and (for three) to what the built model shares.
 """
 
 from __future__ import annotations

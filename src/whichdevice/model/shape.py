@@ -39,13 +39,13 @@ class ModelShape:
     dense_intermediate: int | None = None
     state_size: int = 0
     decoder_layers: int = 0
+    # The head shares the input embedding's weight (tie_word_embeddings): one vocab x hidden matrix
+    # outside the layers, not two. Absent from the config: what the installed config class sets.
+    tied_embeddings: bool = False
     # A state-space layer's convolution: its window (conv_kernel) and the groups of B and C that Mamba2
     # convolves beside the intermediate channels (n_groups; 0 for Mamba, whose conv has only those).
     conv_kernel: int = 0
     ssm_groups: int = 0
-    # The head shares the input embedding's weight (tie_word_embeddings): one vocab x hidden matrix
-    # outside the layers, not two. Absent from the config: what the installed config class sets.
-    tied_embeddings: bool = False
 
     @property
     def mlp_intermediate(self) -> int:
@@ -127,12 +127,12 @@ def _tied(config: Mapping[str, Any], data: Mapping[str, Any]) -> bool:
     stated = [c["tie_word_embeddings"] for c in (config, data) if c.get("tie_word_embeddings") is not None]
     if stated:
         return any(value is True for value in stated)
-    # transformers before 5 wrote a config's value only where it differed from the default, so GPT-2's,
-    # Gemma's and Mamba's config.json on the Hub leave it out, and their classes tie: the absent value is
-    # the one the installed config class gives when it loads the file.
-    # Where no class of the installed transformers answers (a model with its own code, whose config class
-    # is never imported; a model_type it does not know), tied: the larger training estimate
-    # (memory/activations.py), since the head's matrix then counts with the layers' parameters.
+    # transformers 4 saved only the values that differ from the defaults (to_diff_dict), so the config.json
+    # of a class that ties by default leaves the key out (GPT-2's on the Hub, for one): the absent value
+    # is the one the installed config class gives when it loads the file. Where no class of the installed
+    # transformers answers (a model with its own code, whose config class is never imported; a model_type
+    # it does not know), tied: the larger training estimate (memory/activations.py), since the head's
+    # matrix then counts with the layers' parameters.
     model_type = data.get("model_type")
     if data.get("auto_map") or not isinstance(model_type, str):
         return True
