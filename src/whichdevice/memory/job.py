@@ -96,8 +96,7 @@ def state_cache_bytes(shape: ModelShape, batch: int, dtype: str) -> int:
     and the scan's state (intermediate x state size) in float32, as transformers' cache layers hold them."""
     if not shape.state_size:
         return 0
-    channels = shape.intermediate + 2 * shape.ssm_groups * shape.state_size
-    per_layer = channels * shape.conv_kernel * item_size(dtype) + shape.intermediate * shape.state_size * 4
+    per_layer = shape.conv_channels * shape.conv_kernel * item_size(dtype) + shape.intermediate * shape.state_size * 4
     return shape.layers * batch * per_layer
 
 
@@ -125,6 +124,27 @@ def _inference_activations(shape: ModelShape, tokens: int, batch: int, dtype: st
         stream + scores + logits,
         f"the largest forward pass: {batch} x {tokens} tokens through one layer{said}, and the next-token logits",
     )
+
+
+def _cache(shape: ModelShape, tokens: int, batch: int, dtype: str) -> Term:
+    """What generating keeps between steps: a state-space model's states, else the KV cache."""
+    if shape.state_size:
+        why = (
+            f"{shape.layers} layers x {batch} sequences x (a convolution window of {shape.conv_kernel} over "
+            f"{shape.conv_channels} channels in {dtype}, and a scan state of {shape.intermediate} x "
+            f"{shape.state_size} in float32), at any length"
+        )
+        return Term("state cache", state_cache_bytes(shape, batch, dtype), why)
+    window = (
+        f", {shape.sliding_layers} sliding layers keep {shape.sliding_window}"
+        if shape.sliding_layers and shape.sliding_window and shape.sliding_window < tokens
+        else ""
+    )
+    why = (
+        f"2 x {shape.layers} layers x {shape.kv_heads} KV heads x {shape.head_dim} x {tokens} tokens x "
+        f"{batch} sequences in {dtype}{window}"
+    )
+    return Term("KV cache", kv_cache_bytes(shape, tokens, batch, dtype), why)
 
 
 def job_memory(
@@ -155,24 +175,5 @@ def job_memory(
     if max_length is None:
         assumed.append(f"max_length={tokens} assumed (the model's context, at most 2048)")
     terms.append(Term("workspace", WORKSPACE, "the runtime's allocator caches and kernels' scratch"))
-    if shape.state_size:
-        why = (
-            f"{shape.layers} layers x {batch} sequences x (a convolution window of {shape.conv_kernel} over "
-            f"{shape.intermediate + 2 * shape.ssm_groups * shape.state_size} channels in {dtype}, and a scan "
-            f"state of {shape.intermediate} x {shape.state_size} in float32), at any length"
-        )
-        terms.append(Term("state cache", state_cache_bytes(shape, batch, dtype), why))
-        terms.append(_inference_activations(shape, tokens, batch, dtype, eager))
-        return JobMemory(tuple(terms), tuple(assumed))
-    kv = kv_cache_bytes(shape, tokens, batch, dtype)
-    window = (
-        f", {shape.sliding_layers} sliding layers keep {shape.sliding_window}"
-        if shape.sliding_layers and shape.sliding_window and shape.sliding_window < tokens
-        else ""
-    )
-    why = (
-        f"2 x {shape.layers} layers x {shape.kv_heads} KV heads x {shape.head_dim} x {tokens} tokens x "
-        f"{batch} sequences in {dtype}{window}"
-    )
-    terms += [Term("KV cache", kv, why), _inference_activations(shape, tokens, batch, dtype, eager)]
+    terms += [_cache(shape, tokens, batch, dtype), _inference_activations(shape, tokens, batch, dtype, eager)]
     return JobMemory(tuple(terms), tuple(assumed))

@@ -48,6 +48,12 @@ class ModelShape:
     ssm_groups: int = 0
 
     @property
+    def conv_channels(self) -> int:
+        """The channels a state-space layer's convolution runs over: the intermediate ones, and Mamba2's
+        B and C (n_groups x state size each)."""
+        return self.intermediate + 2 * self.ssm_groups * self.state_size
+
+    @property
     def mlp_intermediate(self) -> int:
         """The dense MLP width every token goes through: the intermediate size, or beside routed experts
         a shared expert's (0 where every MLP is routed)."""
